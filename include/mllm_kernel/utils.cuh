@@ -1,0 +1,194 @@
+// Shared CUDA helpers: float conversion for the dtype aliases, vectorised
+// global loads/stores, warp and block reductions, and the kernel launcher that
+// every op uses (torch's current stream, the tensor's device, launch checked).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "mllm_kernel/utils.hpp"
+
+namespace mllm_kernel {
+
+// ---------------------------------------------------------------------------
+// Conversions: kernels compute in float and store in the tensor's dtype.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(fp16_t x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_float(bf16_t x) {
+  return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ fp16_t from_float<fp16_t>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ---------------------------------------------------------------------------
+// Vectorised access: N elements of T moved as one aligned transaction
+// (16 bytes is the widest single load a thread can issue).
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  static_assert((N & (N - 1)) == 0, "vector width must be a power of two");
+  T data[N];
+
+  __device__ __forceinline__ void load(const T* ptr) { *this = *reinterpret_cast<const Vec*>(ptr); }
+  __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<Vec*>(ptr) = *this; }
+  /// Streaming load (read once, do not keep in L1).
+  __device__ __forceinline__ void load_stream(const T* ptr) {
+    if constexpr (sizeof(Vec) == 16) {
+      const int4 raw = __ldcs(reinterpret_cast<const int4*>(ptr));
+      *this = *reinterpret_cast<const Vec*>(&raw);
+    } else {
+      load(ptr);
+    }
+  }
+  __device__ __forceinline__ T& operator[](int i) { return data[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return data[i]; }
+};
+
+/// Elements of T per 16-byte vector.
+template <typename T>
+inline constexpr int kVecWidth = 16 / sizeof(T);
+
+/// True when `ptr` is aligned for Vec<T, N> access.
+template <typename T, int N>
+__host__ __device__ __forceinline__ bool is_vec_aligned(const void* ptr) {
+  return reinterpret_cast<std::uintptr_t>(ptr) % (sizeof(T) * N) == 0;
+}
+
+// ---------------------------------------------------------------------------
+// Reductions.
+// ---------------------------------------------------------------------------
+inline constexpr int kWarpSize = 32;
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  static constexpr float kIdentity = 0.0f;
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  static constexpr float kIdentity = -INFINITY;
+};
+
+/// Reduces `value` across the warp; every lane gets the result.
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float value, Op op = Op{}) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+__device__ __forceinline__ float warp_reduce_sum(float value) {
+  return warp_reduce<SumOp>(value);
+}
+__device__ __forceinline__ float warp_reduce_max(float value) {
+  return warp_reduce<MaxOp>(value);
+}
+
+/// Reduces `value` across the block (blockDim.x a multiple of 32, at most 1024);
+/// every thread gets the result. Safe to call several times in a row.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float value, Op op = Op{}) {
+  __shared__ float partials[kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  value = warp_reduce(value, op);
+  __syncthreads();  // `partials` may still be read by a previous call
+  if (lane == 0) partials[warp] = value;
+  __syncthreads();
+  value = lane < num_warps ? partials[lane] : Op::kIdentity;
+  return warp_reduce(value, op);
+}
+
+__device__ __forceinline__ float block_reduce_sum(float value) {
+  return block_reduce<SumOp>(value);
+}
+__device__ __forceinline__ float block_reduce_max(float value) {
+  return block_reduce<MaxOp>(value);
+}
+
+// ---------------------------------------------------------------------------
+// Launching.
+// ---------------------------------------------------------------------------
+
+/// The stream torch (or whichever framework) has current for `device`.
+inline cudaStream_t current_stream(DLDevice device) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+}
+
+/// Launches on `device` (guarded: the caller's current device is restored) and
+/// on that device's current stream, then raises RuntimeError naming the call
+/// site if the launch failed. An empty grid launches nothing.
+///
+///   KernelLauncher(grid, block, input.device())(my_kernel<T>, out_ptr, in_ptr, n);
+class KernelLauncher {
+ public:
+  KernelLauncher(dim3 grid, dim3 block, DLDevice device, std::size_t shared_mem_bytes = 0,
+                 source_location loc = source_location::current())
+      : grid_(grid), block_(block), device_(device), shared_mem_(shared_mem_bytes), loc_(loc) {}
+
+  template <typename... KernelArgs, typename... Args>
+  void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
+    if (grid_.x == 0 || grid_.y == 0 || grid_.z == 0) return;
+    ::tvm::ffi::CUDADeviceGuard guard(device_.device_id);
+    if (shared_mem_ > 48 * 1024) {
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(shared_mem_)));
+    }
+    kernel<<<grid_, block_, shared_mem_, current_stream(device_)>>>(
+        static_cast<KernelArgs>(std::forward<Args>(args))...);
+    check(cudaGetLastError());
+  }
+
+ private:
+  void check(cudaError_t status) const {
+    if (status != cudaSuccess) {
+      detail::throw_error("RuntimeError",
+                          detail::concat("CUDA launch failed: ", cudaGetErrorName(status), ": ",
+                                         cudaGetErrorString(status)),
+                          loc_);
+    }
+  }
+
+  dim3 grid_;
+  dim3 block_;
+  DLDevice device_;
+  std::size_t shared_mem_;
+  source_location loc_;
+};
+
+/// The number of streaming multiprocessors of `device` (cached per device).
+inline int num_sms(DLDevice device) {
+  static int cache[64] = {};
+  const int id = device.device_id;
+  if (id >= 0 && id < 64 && cache[id] > 0) return cache[id];
+  int count = 0;
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, id);
+  if (id >= 0 && id < 64) cache[id] = count;
+  return count;
+}
+
+}  // namespace mllm_kernel

@@ -1,0 +1,290 @@
+// Shared host-side helpers for every kernel, CPU or CUDA: error raising with the
+// caller's source location, dtype aliases and traits, small integer helpers.
+#pragma once
+
+#include <tvm/ffi/error.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "mllm_kernel/source_location.hpp"
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
+// ---------------------------------------------------------------------------
+// dtype aliases. make_cpp_args() spells torch dtypes with these names, so they
+// live in the global namespace next to int8_t and friends. In device code the
+// 16-bit floats are CUDA's own types; in host-only C++ they are 16-bit storage
+// types with float conversion (see to_float / from_float below).
+// ---------------------------------------------------------------------------
+using fp32_t = float;
+using fp64_t = double;
+using bool_t = bool;
+#if defined(__CUDACC__) || defined(__HIPCC__)
+using fp16_t = __half;
+using bf16_t = __nv_bfloat16;
+using fp8_e4m3_t = __nv_fp8_e4m3;
+using fp8_e5m2_t = __nv_fp8_e5m2;
+#else
+struct fp16_t {
+  std::uint16_t bits;
+};
+struct bf16_t {
+  std::uint16_t bits;
+};
+struct fp8_e4m3_t {
+  std::uint8_t bits;
+};
+struct fp8_e5m2_t {
+  std::uint8_t bits;
+};
+#endif
+
+namespace mllm_kernel {
+
+// ---------------------------------------------------------------------------
+// Errors. Each throw becomes the named Python exception through tvm-ffi, with
+// the kernel source location appended so a user sees which check fired.
+// ---------------------------------------------------------------------------
+namespace detail {
+
+template <typename... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+
+inline std::string where(const source_location& loc) {
+  return concat(" [at ", loc.file_name(), ":", loc.line(), "]");
+}
+
+[[noreturn]] inline void throw_error(const char* kind, const std::string& message,
+                                     const source_location& loc) {
+  // The location is in the message; a C++ backtrace would only show this helper.
+  throw ::tvm::ffi::Error(kind, message + where(loc), std::string());
+}
+
+}  // namespace detail
+
+/// Throws `kind` (a Python exception name: "ValueError", "TypeError",
+/// "RuntimeError", ...) carrying the streamed message and the caller's location.
+///   Panic("rmsnorm: unsupported hidden size ", d);
+template <typename... Args>
+struct Panic {
+  [[noreturn]] explicit Panic(Args&&... args, source_location loc = source_location::current()) {
+    detail::throw_error("RuntimeError", detail::concat(std::forward<Args>(args)...), loc);
+  }
+};
+template <typename... Args>
+Panic(Args&&...) -> Panic<Args...>;
+
+/// Raises RuntimeError with the streamed message when `condition` is false.
+///   RuntimeCheck(n % 2 == 0, "silu_and_mul: last dim must be even, got ", n);
+template <typename... Args>
+struct RuntimeCheck {
+  explicit RuntimeCheck(bool condition, Args&&... args,
+                        source_location loc = source_location::current()) {
+    if (!condition) {
+      detail::throw_error("RuntimeError", detail::concat(std::forward<Args>(args)...), loc);
+    }
+  }
+};
+template <typename... Args>
+RuntimeCheck(bool, Args&&...) -> RuntimeCheck<Args...>;
+
+/// Like RuntimeCheck but raises ValueError: for a bad argument value.
+template <typename... Args>
+struct ValueCheck {
+  explicit ValueCheck(bool condition, Args&&... args,
+                      source_location loc = source_location::current()) {
+    if (!condition) {
+      detail::throw_error("ValueError", detail::concat(std::forward<Args>(args)...), loc);
+    }
+  }
+};
+template <typename... Args>
+ValueCheck(bool, Args&&...) -> ValueCheck<Args...>;
+
+// ---------------------------------------------------------------------------
+// Integer helpers.
+// ---------------------------------------------------------------------------
+template <typename T>
+constexpr T div_ceil(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+template <typename T>
+constexpr T round_up(T a, T b) {
+  return div_ceil(a, b) * b;
+}
+
+/// `for (int64_t i : irange(n))`: a half-open integer range [begin, end).
+template <typename T>
+class irange {
+ public:
+  struct iterator {
+    T value;
+    constexpr T operator*() const { return value; }
+    constexpr iterator& operator++() {
+      ++value;
+      return *this;
+    }
+    constexpr bool operator!=(const iterator& other) const { return value != other.value; }
+  };
+  constexpr explicit irange(T end) : begin_(0), end_(end) {}
+  constexpr irange(T begin, T end) : begin_(begin), end_(end < begin ? begin : end) {}
+  constexpr iterator begin() const { return {begin_}; }
+  constexpr iterator end() const { return {end_}; }
+
+ private:
+  T begin_, end_;
+};
+
+// ---------------------------------------------------------------------------
+// dtype traits: the DLPack code of each alias, and readable names for errors.
+// ---------------------------------------------------------------------------
+template <typename T>
+struct dtype_trait;
+
+#define MLLM_KERNEL_DTYPE_TRAIT(TYPE, CODE, BITS, NAME)                     \
+  template <>                                                               \
+  struct dtype_trait<TYPE> {                                                \
+    static constexpr DLDataType value{static_cast<uint8_t>(CODE), BITS, 1}; \
+    static constexpr const char* name = NAME;                               \
+  };
+MLLM_KERNEL_DTYPE_TRAIT(fp32_t, kDLFloat, 32, "float32")
+MLLM_KERNEL_DTYPE_TRAIT(fp64_t, kDLFloat, 64, "float64")
+MLLM_KERNEL_DTYPE_TRAIT(fp16_t, kDLFloat, 16, "float16")
+MLLM_KERNEL_DTYPE_TRAIT(bf16_t, kDLBfloat, 16, "bfloat16")
+MLLM_KERNEL_DTYPE_TRAIT(fp8_e4m3_t, kDLFloat8_e4m3fn, 8, "float8_e4m3fn")
+MLLM_KERNEL_DTYPE_TRAIT(fp8_e5m2_t, kDLFloat8_e5m2, 8, "float8_e5m2")
+MLLM_KERNEL_DTYPE_TRAIT(bool_t, kDLBool, 8, "bool")
+MLLM_KERNEL_DTYPE_TRAIT(int8_t, kDLInt, 8, "int8")
+MLLM_KERNEL_DTYPE_TRAIT(int16_t, kDLInt, 16, "int16")
+MLLM_KERNEL_DTYPE_TRAIT(int32_t, kDLInt, 32, "int32")
+MLLM_KERNEL_DTYPE_TRAIT(int64_t, kDLInt, 64, "int64")
+MLLM_KERNEL_DTYPE_TRAIT(uint8_t, kDLUInt, 8, "uint8")
+MLLM_KERNEL_DTYPE_TRAIT(uint16_t, kDLUInt, 16, "uint16")
+MLLM_KERNEL_DTYPE_TRAIT(uint32_t, kDLUInt, 32, "uint32")
+MLLM_KERNEL_DTYPE_TRAIT(uint64_t, kDLUInt, 64, "uint64")
+#undef MLLM_KERNEL_DTYPE_TRAIT
+
+inline bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+template <typename T>
+inline bool is_dtype(DLDataType dtype) {
+  return same_dtype(dtype, dtype_trait<T>::value);
+}
+
+inline std::string dtype_name(DLDataType dtype) {
+  const char* base = "unknown";
+  switch (dtype.code) {
+    case kDLFloat: base = "float"; break;
+    case kDLBfloat: base = "bfloat"; break;
+    case kDLInt: base = "int"; break;
+    case kDLUInt: base = "uint"; break;
+    case kDLBool: return "bool";
+    case kDLFloat8_e4m3fn: return "float8_e4m3fn";
+    case kDLFloat8_e5m2: return "float8_e5m2";
+    default: break;
+  }
+  std::string name = detail::concat(base, static_cast<int>(dtype.bits));
+  if (dtype.lanes != 1) name += detail::concat("x", static_cast<int>(dtype.lanes));
+  return name;
+}
+
+inline std::string device_name(DLDevice device) {
+  switch (device.device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return detail::concat("cuda:", device.device_id);
+    case kDLCUDAHost: return "cuda_host";
+    case kDLCUDAManaged: return "cuda_managed";
+    default:
+      return detail::concat("device_type=", static_cast<int>(device.device_type), ":",
+                            device.device_id);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host conversion for the 16-bit float storage types (host-only code). Device
+// code uses CUDA's intrinsics on __half / __nv_bfloat16 instead.
+// ---------------------------------------------------------------------------
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+inline float bits_to_float(std::uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline std::uint32_t float_to_bits(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+inline float to_float(float x) {
+  return x;
+}
+inline float to_float(bf16_t x) {
+  return bits_to_float(static_cast<std::uint32_t>(x.bits) << 16);
+}
+inline float to_float(fp16_t x) {
+  // IEEE binary16 -> binary32, exact for every input (normals, subnormals, inf, nan).
+  const std::uint32_t sign = static_cast<std::uint32_t>(x.bits & 0x8000u) << 16;
+  const std::uint32_t exp = (x.bits >> 10) & 0x1fu;
+  const std::uint32_t mant = x.bits & 0x3ffu;
+  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
+  // Subnormal or zero: value = mant * 2^-24.
+  const float magnitude = static_cast<float>(mant) * 5.9604644775390625e-8f;
+  return sign ? -magnitude : magnitude;
+}
+
+template <typename T>
+inline T from_float(float f);
+template <>
+inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+inline bf16_t from_float<bf16_t>(float f) {
+  std::uint32_t bits = float_to_bits(f);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu)) {
+    return bf16_t{static_cast<std::uint16_t>((bits >> 16) | 0x40u)};  // keep NaN a NaN
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return bf16_t{static_cast<std::uint16_t>(bits >> 16)};
+}
+template <>
+inline fp16_t from_float<fp16_t>(float f) {
+  // binary32 -> binary16 with round-to-nearest-even, overflow to inf, subnormals.
+  const std::uint32_t bits = float_to_bits(f);
+  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or nan
+    return fp16_t{static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u))};
+  }
+  if (abs >= 0x477ff000u) return fp16_t{static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520
+  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+    const float magnitude = bits_to_float(abs);
+    // Scaling by 2^24 puts the subnormal grid on integers; nearbyint rounds to even.
+    const float scaled = magnitude * 16777216.0f;
+    auto mant = static_cast<std::uint32_t>(__builtin_nearbyintf(scaled));
+    return fp16_t{static_cast<std::uint16_t>(sign | mant)};
+  }
+  std::uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return fp16_t{static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13))};
+}
+#endif
+
+}  // namespace mllm_kernel

@@ -1,0 +1,1 @@
+"""CPU kernels: sources in ``csrc/``, Python entry points in :mod:`mllm_kernel.cpu.jit`."""

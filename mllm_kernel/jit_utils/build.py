@@ -1,0 +1,226 @@
+"""Compiling and linking one module in a staging directory, and explaining failures."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from mllm_kernel.jit_utils import env, paths, toolchain
+from mllm_kernel.jit_utils.cache import file_digest
+from mllm_kernel.jit_utils.cuda_arch import gencode_flags
+from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.spec import BuildSpec
+from mllm_kernel.logging_setup import get_logger
+
+_logger = get_logger()
+
+# gcc/clang: "file:12:5: error: msg"; nvcc: "file(12): error: msg".
+_GCC_ERROR = re.compile(
+    r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(?P<msg>.*)$"
+)
+_NVCC_ERROR = re.compile(
+    r"^(?P<file>\S[^(]*)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.*)$"
+)
+_ANY_ERROR = re.compile(r"(?i)\berror\b|undefined reference|cannot find -l|nvcc fatal")
+
+_HINTS = (
+    (
+        re.compile(r"No such file or directory|cannot open source file|file not found"),
+        "a header or source is missing: check the #include, and add its directory with "
+        "extra_include_paths=[...]",
+    ),
+    (
+        re.compile(r"cannot find -lcudart|libcudart"),
+        "libcudart was not found: point CUDA_HOME at a toolkit whose lib64/ or lib/ "
+        "has libcudart.so",
+    ),
+    (
+        re.compile(
+            r"(?i)unsupported gpu architecture|invalid value for --gpu-architecture|"
+            r"is not defined for option 'gpu-architecture'"
+        ),
+        "this nvcc does not support the requested arch: set MLLM_KERNEL_CUDA_ARCH_LIST to one it "
+        "supports (nvcc --list-gpu-arch)",
+    ),
+    (
+        re.compile(r"nvcc: not found|nvcc: No such file"),
+        "nvcc is missing: install the CUDA toolkit or set CUDA_HOME",
+    ),
+    (
+        re.compile(r"undefined reference"),
+        "a symbol is declared but not defined: is a source file missing from cpp_files/cuda_files?",
+    ),
+)
+
+
+@dataclass
+class BuildResult:
+    artifact: Path
+    deps: dict[str, str]
+    seconds: float
+    toolchain: dict[str, str]
+
+
+def _compile_command(spec: BuildSpec, unit: Path, obj: Path, depfile: Path) -> list[str]:
+    includes = [f"-I{paths.include_dir()}", *(f"-I{p}" for p in spec.include_paths)]
+    # tvm-ffi's headers are covered by its version in the key, so keep them out of
+    # the dependency output (-MMD skips system headers).
+    includes += [f"-isystem{p}" for p in paths.tvm_ffi_include_dirs()]
+    cxx = str(toolchain.find_cxx().path)
+    if unit.suffix == ".cu":
+        nvcc = toolchain.find_cuda().nvcc
+        return [
+            str(nvcc.path),
+            "-ccbin",
+            cxx,
+            *spec.cuda_flags,
+            *gencode_flags(spec.cuda_archs),
+            *includes,
+            "-MMD",
+            "-MF",
+            str(depfile),
+            "-c",
+            str(unit),
+            "-o",
+            str(obj),
+        ]
+    return [
+        cxx,
+        *spec.cxx_flags,
+        *includes,
+        "-MMD",
+        "-MF",
+        str(depfile),
+        "-c",
+        str(unit),
+        "-o",
+        str(obj),
+    ]
+
+
+def _link_command(spec: BuildSpec, objects: list[Path], artifact: Path) -> list[str]:
+    tvm_lib = paths.tvm_ffi_library()
+    command = [
+        str(toolchain.find_cxx().path),
+        "-shared",
+        "-o",
+        str(artifact),
+        *map(str, objects),
+        f"-L{tvm_lib.parent}",
+        "-ltvm_ffi",
+        f"-Wl,-rpath,{tvm_lib.parent}",
+    ]
+    if spec.device == "cuda":
+        lib_dir = toolchain.find_cuda().lib_dir
+        command += [f"-L{lib_dir}", "-lcudart", f"-Wl,-rpath,{lib_dir}"]
+    return command + list(spec.ldflags)
+
+
+def parse_depfile(text: str) -> list[str]:
+    """The prerequisites of a make-style depfile (``-MMD`` output)."""
+    body = text.replace("\\\n", " ")
+    deps: list[str] = []
+    for rule in body.splitlines():
+        if ":" not in rule:
+            continue
+        _, _, prerequisites = rule.partition(": ")
+        # Escaped spaces belong to the path; unescaped ones separate paths.
+        for token in re.split(r"(?<!\\)\s+", prerequisites.strip()):
+            if token:
+                deps.append(token.replace("\\ ", " ").replace("$$", "$"))
+    return deps
+
+
+def first_error(log: str) -> str:
+    """The first compiler/linker error in ``log`` as ``file:line: message``."""
+    lines = log.splitlines()
+    for line in lines:
+        for pattern in (_GCC_ERROR, _NVCC_ERROR):
+            match = pattern.match(line.strip())
+            if match:
+                return f"{match['file']}:{match['line']}: {match['msg'].strip()}"
+    for line in lines:
+        if _ANY_ERROR.search(line):
+            return line.strip()
+    return lines[-1].strip() if lines else "unknown error (empty compiler output)"
+
+
+def hint_for(log: str) -> str | None:
+    for pattern, hint in _HINTS:
+        if pattern.search(log):
+            return hint
+    return None
+
+
+def _run(command: list[str], cwd: Path) -> tuple[int, str]:
+    if env.verbose():
+        _logger.info("$ %s", shlex.join(command))
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
+    """Compiles and links ``spec`` inside ``staging``; raises KernelBuildError on failure."""
+    started = time.monotonic()
+    units = []
+    for filename, text in spec.translation_units().items():
+        unit = staging / filename
+        unit.write_text(text)
+        units.append(unit)
+    jobs = [(u, staging / f"{u.name}.o", staging / f"{u.name}.d") for u in units]
+    commands = [_compile_command(spec, u, o, d) for u, o, d in jobs]
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        outcomes = list(pool.map(lambda c: _run(c, staging), commands))
+    log = "".join(
+        f"$ {shlex.join(c)}\n{out}\n" for c, (_, out) in zip(commands, outcomes, strict=False)
+    )
+    failed = any(code != 0 for code, _ in outcomes)
+    artifact = staging / f"{spec.name}.so"
+    if not failed:
+        link = _link_command(spec, [o for _, o, _ in jobs], artifact)
+        code, out = _run(link, staging)
+        log += f"$ {shlex.join(link)}\n{out}\n"
+        failed = code != 0
+    if failed:
+        log_path.write_text(log)
+        raise _build_error(spec, log, log_path)
+
+    deps: dict[str, str] = {}
+    for _, _, depfile in jobs:
+        for dep in parse_depfile(depfile.read_text()):
+            path = (staging / dep).resolve()
+            if path.parent != staging.resolve():  # generated units are covered by the key
+                deps[str(path)] = file_digest(path)
+    for _, obj, depfile in jobs:  # only the .so and the generated sources are kept
+        obj.unlink()
+        depfile.unlink()
+    tools = {"cxx": toolchain.find_cxx().version()}
+    if spec.device == "cuda":
+        tools["nvcc"] = toolchain.find_cuda().nvcc.version()
+    return BuildResult(artifact, deps, time.monotonic() - started, tools)
+
+
+def _build_error(spec: BuildSpec, log: str, log_path: Path) -> KernelBuildError:
+    error = first_error(log)
+    hint = hint_for(log)
+    args = ", ".join(spec.template_args)
+    message = (
+        f"{error}\n"
+        f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
+        f"  full log: {log_path}"
+    )
+    if hint:
+        message += f"\n  hint: {hint}"
+    return KernelBuildError(
+        message,
+        module=spec.name,
+        template_args=spec.template_args,
+        first_error=error,
+        log_path=str(log_path),
+        hint=hint,
+    )

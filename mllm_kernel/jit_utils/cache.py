@@ -1,0 +1,250 @@
+"""The on-disk cache: manifests, validation, the build lock and atomic installs.
+
+Layout under the cache root::
+
+    <dirname>/                  one module: <name>.so + manifest.json
+    .staging/<dirname>.<pid>.*  builds in progress (never loaded from here by others)
+    .locks/<dirname>.lock       cross-process build lock (+ .owner: who holds it)
+    .logs/<dirname>.log         the full log of the last failed build
+
+A module directory only ever appears by an atomic rename of a complete,
+verified staging directory, so a reader sees all of a build or none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import filelock
+
+from mllm_kernel.jit_utils import env
+from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.errors import CacheLockTimeout
+from mllm_kernel.jit_utils.spec import CACHE_FORMAT
+from mllm_kernel.logging_setup import get_logger
+
+MANIFEST = "manifest.json"
+_logger = get_logger()
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Manifest:
+    """What a module directory holds and what it was built from."""
+
+    name: str
+    device: str
+    template_args: list[str]
+    key_hash: str
+    artifact: str
+    artifact_size: int
+    artifact_sha256: str
+    deps: dict[str, str]  # absolute path -> sha256 of the include closure
+    exports: list[str]
+    built_at: float
+    build_seconds: float
+    toolchain: dict[str, str] = field(default_factory=dict)
+    cuda_archs: list[str] = field(default_factory=list)
+    format: int = CACHE_FORMAT
+
+    def write(self, directory: Path) -> None:
+        tmp = directory / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
+        os.replace(tmp, directory / MANIFEST)
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest:
+        data = json.loads((directory / MANIFEST).read_text())
+        if data.get("format") != CACHE_FORMAT:
+            raise ValueError(f"manifest format {data.get('format')} != {CACHE_FORMAT}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The state of a module in the cache.
+
+    ``status`` is ``hit`` (load ``artifact``), ``missing``, ``stale`` (a source or
+    header changed: rebuild quietly) or ``corrupt`` (rebuild with a warning).
+    """
+
+    status: str
+    artifact: Path | None = None
+    reason: str = ""
+    manifest: Manifest | None = None
+
+
+def lookup(key: ModuleKey) -> Lookup:
+    """Validates ``key``'s directory without spawning anything."""
+    directory = key.path
+    if not (directory / MANIFEST).exists():
+        return Lookup("missing")
+    try:
+        manifest = Manifest.read(directory)
+    except (OSError, ValueError, TypeError) as exc:
+        return Lookup("corrupt", reason=f"unreadable manifest ({exc})")
+    if manifest.key_hash != key.hash:
+        return Lookup("corrupt", reason="manifest belongs to another key", manifest=manifest)
+    artifact = directory / manifest.artifact
+    try:
+        size = artifact.stat().st_size
+    except OSError:
+        return Lookup("corrupt", reason=f"{artifact.name} is missing", manifest=manifest)
+    if size != manifest.artifact_size:
+        return Lookup(
+            "corrupt",
+            reason=f"{artifact.name} is {size} bytes, not {manifest.artifact_size} (truncated?)",
+            manifest=manifest,
+        )
+    if file_digest(artifact) != manifest.artifact_sha256:
+        return Lookup(
+            "corrupt",
+            reason=f"{artifact.name} content does not match its checksum",
+            manifest=manifest,
+        )
+    for dep, digest in manifest.deps.items():
+        try:
+            current = file_digest(Path(dep))
+        except OSError:
+            return Lookup("stale", reason=f"{dep} no longer exists", manifest=manifest)
+        if current != digest:
+            return Lookup("stale", reason=f"{dep} changed", manifest=manifest)
+    return Lookup("hit", artifact=artifact, manifest=manifest)
+
+
+# ---------------------------------------------------------------------------
+# Locking: a thread lock (threads of one process) plus a file lock (processes).
+# flock() locks die with their process, so a killed builder never blocks others.
+# ---------------------------------------------------------------------------
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+def _owner_text(owner_file: Path) -> str:
+    try:
+        data = json.loads(owner_file.read_text())
+        since = time.strftime("%H:%M:%S", time.localtime(data["since"]))
+        return f"pid {data['pid']} on {data['host']} ({data['purpose']}, since {since})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextlib.contextmanager
+def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> Iterator[None]:
+    """Holds the build lock of ``key``; while waiting, logs who holds it."""
+    timeout = env.lock_timeout() if timeout is None else timeout
+    locks_dir = key.root / ".locks"
+    locks_dir.mkdir(parents=True, exist_ok=True)
+    owner_file = locks_dir / f"{key.dirname}.owner"
+    with _thread_locks_guard:
+        thread_lock = _thread_locks.setdefault(key.dirname, threading.Lock())
+    deadline = time.monotonic() + timeout
+    if not thread_lock.acquire(timeout=max(timeout, 0)):
+        raise CacheLockTimeout(f"waited {timeout:.0f}s for another thread building {key.dirname}")
+    try:
+        lock = filelock.FileLock(str(locks_dir / f"{key.dirname}.lock"), thread_local=False)
+        next_report = 0.0
+        while True:
+            try:
+                lock.acquire(timeout=min(2.0, max(deadline - time.monotonic(), 0)))
+                break
+            except filelock.Timeout:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise CacheLockTimeout(
+                        f"waited {timeout:.0f}s for the build lock of {key.dirname}, held by "
+                        f"{_owner_text(owner_file)}; raise MLLM_KERNEL_LOCK_TIMEOUT or stop that "
+                        "process"
+                    ) from None
+                if now >= next_report:
+                    _logger.info("waiting for %s: held by %s", key.dirname, _owner_text(owner_file))
+                    next_report = now + 30.0
+        try:
+            owner = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "purpose": purpose,
+                "since": time.time(),
+            }
+            owner_file.write_text(json.dumps(owner))
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                owner_file.unlink()
+            lock.release()
+    finally:
+        thread_lock.release()
+
+
+def try_module_lock(key: ModuleKey, purpose: str) -> contextlib.AbstractContextManager | None:
+    """The lock of ``key`` if it is free right now, else None (a build is running)."""
+    lock_file = key.root / ".locks" / f"{key.dirname}.lock"
+    if not lock_file.exists():
+        return contextlib.nullcontext()
+    lock = filelock.FileLock(str(lock_file), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return None
+
+    @contextlib.contextmanager
+    def held() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            lock.release()
+
+    return held()
+
+
+# ---------------------------------------------------------------------------
+# Staging and installing. Callers hold module_lock(key).
+# ---------------------------------------------------------------------------
+def new_staging_dir(key: ModuleKey) -> Path:
+    """A fresh, empty staging directory for ``key``, after clearing dead ones."""
+    staging_root = key.root / ".staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    # We hold the lock, so any other staging dir of this key was left by a killed build.
+    for leftover in staging_root.glob(f"{key.dirname}.*"):
+        _logger.info("removing an interrupted build: %s", leftover)
+        shutil.rmtree(leftover, ignore_errors=True)
+    path = staging_root / f"{key.dirname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def install(staging: Path, key: ModuleKey) -> Path:
+    """Moves a verified staging directory to ``key.path`` atomically."""
+    final = key.path
+    if final.exists():
+        trash = key.root / ".staging" / f"{key.dirname}.old.{uuid.uuid4().hex[:8]}"
+        os.replace(final, trash)
+        os.replace(staging, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+    return final
+
+
+def failure_log_path(key: ModuleKey) -> Path:
+    logs = key.root / ".logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs / f"{key.dirname}.log"

@@ -1,0 +1,77 @@
+"""Every environment variable the package reads, in one place.
+
+=============================  ===================================================
+``MLLM_KERNEL_CACHE_DIR``      cache root (default ``~/.cache/mllm_kernel``)
+``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
+``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
+``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset
+``MLLM_KERNEL_LOCK_TIMEOUT``   seconds to wait for another process's build (900)
+``MLLM_KERNEL_CHECK_BOUNDS``   ``1``: kernels that take indices check their range
+``MLLM_KERNEL_LOG_LEVEL``      level of the ``mllm_kernel`` logger (``INFO``)
+``CUDA_HOME`` / ``CUDA_PATH``  the CUDA toolkit (else nvcc on PATH, /usr/local/cuda)
+``CXX``                        the host C++ compiler (else c++, g++, clang++)
+=============================  ===================================================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def cache_root() -> Path:
+    """The cache root: ``MLLM_KERNEL_CACHE_DIR`` or ``~/.cache/mllm_kernel``."""
+    value = os.environ.get("MLLM_KERNEL_CACHE_DIR")
+    if value:
+        return Path(value).expanduser().absolute()
+    return Path.home() / ".cache" / "mllm_kernel"
+
+
+def verbose() -> bool:
+    return _flag("MLLM_KERNEL_VERBOSE")
+
+
+def check_bounds() -> bool:
+    return _flag("MLLM_KERNEL_CHECK_BOUNDS")
+
+
+def log_level() -> str:
+    return os.environ.get("MLLM_KERNEL_LOG_LEVEL", "INFO").upper()
+
+
+def lock_timeout() -> float:
+    value = os.environ.get("MLLM_KERNEL_LOCK_TIMEOUT", "900")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(
+            f"MLLM_KERNEL_LOCK_TIMEOUT must be a number of seconds, got {value!r}"
+        ) from None
+
+
+def cuda_arch_list() -> tuple[str, str] | None:
+    """``(value, variable name)`` of the arch list the user set, if any."""
+    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value, name
+    return None
+
+
+def cuda_home() -> tuple[str, str] | None:
+    """``(path, variable name)`` from ``CUDA_HOME`` or ``CUDA_PATH``, if set."""
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value, name
+    return None
+
+
+def cxx() -> str | None:
+    return os.environ.get("CXX", "").strip() or None

@@ -1,0 +1,238 @@
+"""load_cpu_jit / load_cuda_jit: build (once) or find in the cache, then load."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mllm_kernel.jit_utils import build, cache, paths, registry
+from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
+from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
+from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
+from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.logging_setup import get_logger
+
+_logger = get_logger()
+
+# -march=native: CPU kernels are built for the machine they run on (the host
+# ISA then joins the cache key), so the compiler can vectorise for it.
+DEFAULT_CXX_FLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden", "-march=native")
+DEFAULT_CUDA_HOST_CXX_FLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden")
+DEFAULT_CUDA_FLAGS = (
+    "-std=c++20",
+    "-O3",
+    "-Xcompiler=-fPIC",
+    "-Xcompiler=-fvisibility=hidden",
+    "--expt-relaxed-constexpr",
+)
+
+WrapperList = Sequence[tuple[str, str]] | None
+
+
+def resolve_source(path: str | Path, device: str) -> Path:
+    """An absolute source path; relative ones are looked up in the package's
+    ``<device>`` kernel directory, then the current directory."""
+    path = Path(path)
+    if path.is_absolute():
+        if path.is_file():
+            return path
+        raise FileNotFoundError(f"kernel source {path} does not exist")
+    looked = []
+    package_dir = paths.kernel_source_dir(device)
+    for base in ([package_dir] if package_dir else []) + [Path.cwd()]:
+        candidate = base / path
+        looked.append(str(candidate))
+        if candidate.is_file():
+            return candidate.resolve()
+    note = (
+        ""
+        if package_dir
+        else (
+            f" (this install has no {device} kernel sources: it was built with "
+            f"MLLM_KERNEL_BUILD_{device.upper()}=OFF)"
+        )
+    )
+    raise FileNotFoundError(
+        f"kernel source {str(path)!r} not found; looked in: {', '.join(looked)}{note}"
+    )
+
+
+def _template_args(args: Iterable[Any]) -> tuple[str, ...]:
+    out = []
+    for arg in args:
+        text = arg if isinstance(arg, str) else to_cpp_arg(arg)
+        if "\n" in text or not text.strip():
+            raise ValueError(f"template argument {arg!r} must be one non-empty line of C++")
+        out.append(text)
+    return tuple(out)
+
+
+def _wrappers(wrappers: WrapperList, what: str) -> tuple[Wrapper, ...]:
+    result = []
+    for item in wrappers or ():
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise TypeError(f"each of {what} must be (export_name, cpp_expression), got {item!r}")
+        result.append(Wrapper(str(item[0]), str(item[1])))
+    return tuple(result)
+
+
+def _paths(items: Iterable[str | Path] | None) -> tuple[Path, ...]:
+    return tuple(Path(p).absolute() for p in items or ())
+
+
+def load_cpu_jit(
+    name: str,
+    *template_args: Any,
+    cpp_files: Sequence[str | Path],
+    cpp_wrappers: WrapperList,
+    extra_cxx_flags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str | Path] | None = None,
+) -> Any:
+    """Builds (or loads from the cache) a CPU module and returns the tvm-ffi module.
+
+    Each ``(export_name, cpp_expression)`` in ``cpp_wrappers`` becomes
+    ``module.export_name``. Template arguments are only recorded (for the cache
+    directory name and the registry); put them into the expressions yourself::
+
+        args = make_cpp_args(16)
+        mod = load_cpu_jit("my_kernel", *args, cpp_files=["my_kernel.cpp"],
+                           cpp_wrappers=[("my_kernel", f"my_ns::my_kernel<{args}>")])
+        mod.my_kernel(x, y)
+
+    Raises FileNotFoundError (a source), ToolchainError (no compiler),
+    KernelBuildError (the compiler failed; the message leads with its first error).
+    """
+    spec = BuildSpec(
+        name=name,
+        device="cpu",
+        template_args=_template_args(template_args),
+        cpp_files=tuple(resolve_source(p, "cpu") for p in cpp_files),
+        cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
+        cxx_flags=(*DEFAULT_CXX_FLAGS, *(extra_cxx_flags or ())),
+        ldflags=tuple(extra_ldflags or ()),
+        include_paths=_paths(extra_include_paths),
+    )
+    return load_spec(spec)
+
+
+def load_cuda_jit(
+    name: str,
+    *template_args: Any,
+    cpp_files: Sequence[str | Path] | None = None,
+    cuda_files: Sequence[str | Path] | None = None,
+    cpp_wrappers: WrapperList = None,
+    cuda_wrappers: WrapperList = None,
+    extra_cxx_flags: Sequence[str] | None = None,
+    extra_cuda_flags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str | Path] | None = None,
+    device_index: int | None = None,
+) -> Any:
+    """Builds (or loads from the cache) a CUDA module and returns the tvm-ffi module.
+
+    Like :func:`load_cpu_jit`, with ``cuda_files`` compiled by nvcc and exported
+    through ``cuda_wrappers``. The target arch comes from
+    ``MLLM_KERNEL_CUDA_ARCH_LIST`` / ``TORCH_CUDA_ARCH_LIST``, else the GPU
+    ``device_index`` (default: torch's current device); see :mod:`.cuda_arch`.
+    """
+    spec = BuildSpec(
+        name=name,
+        device="cuda",
+        template_args=_template_args(template_args),
+        cpp_files=tuple(resolve_source(p, "cuda") for p in cpp_files or ()),
+        cuda_files=tuple(resolve_source(p, "cuda") for p in cuda_files or ()),
+        cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
+        cuda_wrappers=_wrappers(cuda_wrappers, "cuda_wrappers"),
+        cxx_flags=(*DEFAULT_CUDA_HOST_CXX_FLAGS, *(extra_cxx_flags or ())),
+        cuda_flags=(*DEFAULT_CUDA_FLAGS, *(extra_cuda_flags or ())),
+        ldflags=tuple(extra_ldflags or ()),
+        include_paths=_paths(extra_include_paths),
+        cuda_archs=resolve_cuda_archs(device_index),
+    )
+    return load_spec(spec)
+
+
+def load_spec(spec: BuildSpec) -> Any:
+    """Loads ``spec``'s module: from the cache if valid, else builds it first."""
+    registry.intercept(spec)  # show-config / precompile plan builds without running them
+    key = module_key(spec)
+    found = cache.lookup(key)
+    if found.status == "hit":
+        module = _try_load(found.artifact, spec)
+        if module is not None:
+            registry.record_loaded(spec)
+            return module
+    return build_and_load(spec, key)
+
+
+def _try_load(artifact: Path, spec: BuildSpec) -> Any | None:
+    import tvm_ffi
+
+    try:
+        module = tvm_ffi.load_module(str(artifact))
+        for export in spec.exports:
+            module.get_function(export)
+    except Exception as exc:  # a cached .so that cannot load is treated as corrupt
+        _logger.warning("cached %s failed to load (%s); rebuilding", artifact, exc)
+        return None
+    return module
+
+
+def build_and_load(spec: BuildSpec, key: ModuleKey | None = None) -> Any:
+    """Builds ``spec`` under the cross-process lock (unless another process just
+    did), installs it atomically and returns the loaded module."""
+    import tvm_ffi
+
+    key = key or module_key(spec)
+    with cache.module_lock(key, purpose=f"building {spec.describe()}"):
+        found = cache.lookup(key)
+        if found.status == "hit":
+            module = _try_load(found.artifact, spec)
+            if module is not None:
+                registry.record_loaded(spec)
+                return module
+        elif found.status == "corrupt":
+            _logger.warning("cache entry %s is corrupt (%s); rebuilding", key.path, found.reason)
+        elif found.status == "stale":
+            _logger.info("rebuilding %s: %s", spec.describe(), found.reason)
+        _logger.info("compiling %s ...", spec.describe())
+        staging = cache.new_staging_dir(key)
+        try:
+            result = build.build(spec, staging, cache.failure_log_path(key))
+            cache.Manifest(
+                name=spec.name,
+                device=spec.device,
+                template_args=list(spec.template_args),
+                key_hash=key.hash,
+                artifact=result.artifact.name,
+                artifact_size=result.artifact.stat().st_size,
+                artifact_sha256=cache.file_digest(result.artifact),
+                deps=result.deps,
+                exports=list(spec.exports),
+                built_at=time.time(),
+                build_seconds=round(result.seconds, 3),
+                toolchain=result.toolchain,
+                cuda_archs=[str(a) for a in spec.cuda_archs],
+            ).write(staging)
+            # Load once from staging: a module that cannot load never reaches the cache.
+            module = tvm_ffi.load_module(str(result.artifact))
+            missing = [e for e in spec.exports if not module.implements_function(e)]
+            if missing:
+                raise KernelBuildError(
+                    f"module {spec.name!r} built but does not export {missing}",
+                    module=spec.name,
+                    template_args=spec.template_args,
+                    first_error=f"missing exports {missing}",
+                    log_path="",
+                )
+            cache.install(staging, key)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    _logger.info("built %s in %.1fs: %s", spec.describe(), result.seconds, key.path)
+    registry.record_loaded(spec)
+    return module

@@ -1,0 +1,67 @@
+"""Where the package's headers, kernel sources and CMake config are.
+
+An installed wheel carries them inside the package (``include/``,
+``<device>/sources/``, ``share/cmake/``); a source checkout (``PYTHONPATH=.``
+or an editable install) has them at ``include/`` and ``<device>/csrc/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_CHECKOUT_DIR = PACKAGE_DIR.parent
+
+DEVICES = ("cpu", "cuda")
+
+
+def include_dir() -> Path:
+    """The directory holding ``mllm_kernel/*.hpp`` (to pass as ``-I``)."""
+    for candidate in (PACKAGE_DIR / "include", _CHECKOUT_DIR / "include"):
+        if (candidate / "mllm_kernel" / "utils.hpp").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"mllm-kernel's C++ headers are missing: looked in {PACKAGE_DIR / 'include'} and "
+        f"{_CHECKOUT_DIR / 'include'}. Reinstall the package (pip install mllm-kernel)."
+    )
+
+
+def kernel_source_dir(device: str) -> Path | None:
+    """The package's kernel sources for ``device``, or None if not installed.
+
+    A wheel built with ``MLLM_KERNEL_BUILD_<DEVICE>=OFF`` has none.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    for candidate in (PACKAGE_DIR / device / "csrc", PACKAGE_DIR / device / "sources"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def cmake_dir() -> Path | None:
+    """The directory holding ``MllmKernelConfig.cmake`` (installed wheels only).
+
+    Pass it to CMake as ``-DMllmKernel_DIR=...`` to ``find_package(MllmKernel)``.
+    """
+    candidate = PACKAGE_DIR / "share" / "cmake" / "MllmKernel"
+    return candidate if (candidate / "MllmKernelConfig.cmake").is_file() else None
+
+
+def tvm_ffi_include_dirs() -> list[Path]:
+    """tvm-ffi's and DLPack's include directories (deduplicated)."""
+    from tvm_ffi import libinfo
+
+    dirs: list[Path] = []
+    for found in (libinfo.find_include_path(), libinfo.find_dlpack_include_path()):
+        path = Path(found)
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
+def tvm_ffi_library() -> Path:
+    """The ``libtvm_ffi`` shared library every module links against."""
+    from tvm_ffi import libinfo
+
+    return Path(libinfo.find_libtvm_ffi())

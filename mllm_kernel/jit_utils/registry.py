@@ -1,0 +1,173 @@
+"""Which kernels exist: the package's own (registered at import, before any call)
+and users' (recorded when loaded), with their variants and cache status.
+
+A kernel's builder is the ``cache_once`` function that calls load_cpu_jit /
+load_cuda_jit. To learn a variant's cache key without building it, the builder
+is run in *planning* mode: the loader stops at the finished BuildSpec and hands
+it back. show-config and precompile use this, so they name cache directories
+exactly as the loader does.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mllm_kernel.jit_utils.spec import BuildSpec
+
+BUILTIN_OP_MODULES = ("mllm_kernel.cpu.jit", "mllm_kernel.cuda.jit")
+
+_planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mllm_kernel_planning", default=False
+)
+
+
+class PlannedBuild(Exception):
+    """Carries the BuildSpec out of a builder run in planning mode."""
+
+    def __init__(self, spec: BuildSpec) -> None:
+        super().__init__(spec.describe())
+        self.spec = spec
+
+
+@dataclass
+class KernelEntry:
+    """A kernel: its builder and the argument tuples (variants) it is built with."""
+
+    name: str
+    device: str
+    builder: Callable[..., Any] | None
+    variants: list[tuple[Any, ...]] = field(default_factory=list)
+    builtin: bool = True
+    loaded: set[tuple[str, ...]] = field(default_factory=set)
+
+    def plan(self, variant: tuple[Any, ...]) -> BuildSpec:
+        """The BuildSpec of ``variant`` (no compiler runs)."""
+        if self.builder is None:
+            raise ValueError(f"kernel {self.name!r} has no registered builder")
+        return plan(self.builder, *variant)
+
+    def build(self, variant: tuple[Any, ...]) -> Any:
+        """Builds (or loads) ``variant`` and returns its module."""
+        if self.builder is None:
+            raise ValueError(f"kernel {self.name!r} has no registered builder")
+        return self.builder(*variant)
+
+
+_entries: dict[tuple[str, str], KernelEntry] = {}
+_lock = threading.Lock()
+
+
+def register_kernel(
+    name: str, *, device: str, variants: Iterable[tuple[Any, ...]] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Registers a module builder so tools see it before its first call.
+
+    ``variants`` are the argument tuples the builder is called with (all of
+    them, where the set is finite)::
+
+        @register_kernel("add_constant", device="cpu", variants=[(c,) for c in (1, 2, 4)])
+        @cache_once
+        def _add_constant_module(c: int):
+            ...
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+    def decorate(builder: Callable[..., Any]) -> Callable[..., Any]:
+        with _lock:
+            entry = _entries.get((name, device))
+            if entry is None:
+                _entries[(name, device)] = KernelEntry(name, device, builder, list(variants))
+            else:  # a user kernel first seen at load time, registered afterwards
+                entry.builder, entry.variants, entry.builtin = builder, list(variants), True
+        return builder
+
+    return decorate
+
+
+def plan(builder: Callable[..., Any], *args: Any) -> BuildSpec:
+    """Runs ``builder(*args)`` up to its BuildSpec, building nothing."""
+    target = getattr(builder, "uncached", builder)
+    token = _planning.set(True)
+    try:
+        target(*args)
+    except PlannedBuild as planned:
+        return planned.spec
+    finally:
+        _planning.reset(token)
+    raise RuntimeError(f"{builder.__qualname__} did not call load_cpu_jit/load_cuda_jit")
+
+
+def intercept(spec: BuildSpec) -> None:
+    """Called by the loader with each finished spec; stops it when planning."""
+    if _planning.get():
+        raise PlannedBuild(spec)
+
+
+def record_loaded(spec: BuildSpec) -> None:
+    """Remembers a loaded module, so user kernels appear in the registry too."""
+    with _lock:
+        entry = _entries.get((spec.name, spec.device))
+        if entry is None:
+            entry = _entries[(spec.name, spec.device)] = KernelEntry(
+                spec.name, spec.device, builder=None, builtin=False
+            )
+        entry.loaded.add(spec.template_args)
+
+
+def load_builtin_kernels() -> None:
+    """Imports the package's op modules, which register their kernels."""
+    for module in BUILTIN_OP_MODULES:
+        importlib.import_module(module)
+
+
+def kernels(device: str | None = None, *, include_builtin: bool = True) -> list[KernelEntry]:
+    """Registered kernels (importing the built-in ones first), sorted by device and name."""
+    if include_builtin:
+        load_builtin_kernels()
+    with _lock:
+        found = [e for e in _entries.values() if device in (None, e.device)]
+    return sorted(found, key=lambda e: (e.device, e.name))
+
+
+@dataclass(frozen=True)
+class VariantStatus:
+    """One variant's cache state: ``cached``, ``not built``, ``stale``, ``corrupt`` or
+    ``unknown`` (its key cannot be computed here: ``detail`` says why)."""
+
+    kernel: str
+    device: str
+    template_args: tuple[str, ...]
+    status: str
+    path: Path | None = None
+    size_bytes: int | None = None
+    detail: str = ""
+
+
+def variant_status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
+    from mllm_kernel.jit_utils import cache
+    from mllm_kernel.jit_utils.cache_key import module_key
+
+    try:
+        spec = entry.plan(variant)
+        key = module_key(spec)
+    except Exception as exc:  # no toolchain, no arch, sources not installed: say so
+        return VariantStatus(
+            entry.name,
+            entry.device,
+            tuple(map(str, variant)),
+            "unknown",
+            detail=str(exc).splitlines()[0],
+        )
+    found = cache.lookup(key)
+    status = {"hit": "cached", "missing": "not built"}.get(found.status, found.status)
+    size = found.artifact.stat().st_size if found.artifact else None
+    return VariantStatus(
+        entry.name, entry.device, spec.template_args, status, key.path, size, found.reason
+    )

@@ -1,0 +1,67 @@
+"""Shared fixtures: an isolated cache per test session, and the cuda / nvcc markers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _has_nvcc() -> bool:
+    from mllm_kernel.jit_utils import toolchain
+    from mllm_kernel.jit_utils.errors import ToolchainError
+
+    try:
+        toolchain.find_cuda()
+    except ToolchainError:
+        return False
+    return True
+
+
+HAS_GPU = _has_gpu()
+HAS_NVCC = _has_nvcc()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
+    skip_nvcc = pytest.mark.skip(reason="needs the CUDA toolkit (nvcc not found)")
+    for item in items:
+        if "cuda" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+        if "nvcc" in item.keywords and not HAS_NVCC:
+            item.add_marker(skip_nvcc)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """Every test session builds into its own cache unless one is given."""
+    if os.environ.get("MLLM_KERNEL_TEST_KEEP_CACHE"):
+        yield
+        return
+    root = tmp_path_factory.mktemp("mllm_kernel_cache")
+    previous = os.environ.get("MLLM_KERNEL_CACHE_DIR")
+    os.environ["MLLM_KERNEL_CACHE_DIR"] = str(root)
+    yield
+    if previous is None:
+        os.environ.pop("MLLM_KERNEL_CACHE_DIR", None)
+    else:
+        os.environ["MLLM_KERNEL_CACHE_DIR"] = previous
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """A private, empty cache root for one test."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
+    return root
