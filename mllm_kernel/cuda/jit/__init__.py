@@ -1,0 +1,3 @@
+"""CUDA ops, compiled for the tensor's GPU on first use and cached."""
+
+__all__: list[str] = []
