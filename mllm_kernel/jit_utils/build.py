@@ -70,7 +70,8 @@ def _compile_command(spec: BuildSpec, unit: Path, obj: Path, depfile: Path) -> l
     includes = [f"-I{paths.include_dir()}", *(f"-I{p}" for p in spec.include_paths)]
     # tvm-ffi's headers are covered by its version in the key, so keep them out of
     # the dependency output (-MMD skips system headers).
-    includes += [f"-isystem{p}" for p in paths.tvm_ffi_include_dirs()]
+    for path in paths.tvm_ffi_include_dirs():
+        includes += ["-isystem", str(path)]  # nvcc rejects the joined -isystem<path> form
     cxx = str(toolchain.find_cxx().path)
     if unit.suffix == ".cu":
         nvcc = toolchain.find_cuda().nvcc

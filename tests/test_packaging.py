@@ -1,0 +1,177 @@
+"""The package as installed: wheel contents, CMake options, find_package, a
+kernel compiled from an installed copy with no source tree in reach."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(
+    not (REPO / "pyproject.toml").is_file() or shutil.which("cmake") is None,
+    reason="needs the source checkout and cmake",
+)
+
+
+def _build_wheel(out_dir: Path, *defines: str) -> Path:
+    settings = [f"--config-settings=cmake.define.{d}" for d in defines]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(REPO),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out_dir),
+            *settings,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (wheel,) = out_dir.glob("mllm_kernel-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_wheel_holds_headers_sources_and_cmake_config(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    for header in ("source_location.hpp", "tensor.hpp", "utils.hpp", "utils.cuh"):
+        assert f"mllm_kernel/include/mllm_kernel/{header}" in names
+    assert "mllm_kernel/cpu/sources/add_constant.cpp" in names
+    assert any(n.startswith("mllm_kernel/cuda/sources/") for n in names) or not any(
+        (REPO / "mllm_kernel" / "cuda" / "csrc").iterdir()
+    )
+    assert "mllm_kernel/share/cmake/MllmKernel/MllmKernelConfig.cmake" in names
+    assert "mllm_kernel/jit_utils/loader.py" in names
+    # Nothing lands at the top level of site-packages, and no checkout csrc/ copy.
+    assert all(n.startswith(("mllm_kernel/", "mllm_kernel-")) for n in names), names
+    assert not any("/csrc/" in n or "__pycache__" in n for n in names)
+
+
+def _cmake_install(tmp_path: Path, *defines: str) -> subprocess.CompletedProcess:
+    build, prefix = tmp_path / "build", tmp_path / "prefix"
+    configure = subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(REPO),
+            "-B",
+            str(build),
+            f"-DCMAKE_INSTALL_PREFIX={prefix}",
+            *(f"-D{d}" for d in defines),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if configure.returncode != 0:
+        return configure
+    return subprocess.run(["cmake", "--install", str(build)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("cpu", ["ON", "OFF"])
+@pytest.mark.parametrize("cuda", ["ON", "OFF"])
+def test_backend_options_decide_installed_kernel_trees(tmp_path, cpu, cuda):
+    result = _cmake_install(
+        tmp_path, f"MLLM_KERNEL_BUILD_CPU={cpu}", f"MLLM_KERNEL_BUILD_CUDA={cuda}"
+    )
+    assert result.returncode == 0, result.stderr
+    share = tmp_path / "prefix" / "share" / "mllm_kernel"
+    assert (share / "cpu" / "sources").is_dir() == (cpu == "ON")
+    assert (share / "cuda" / "sources").is_dir() == (cuda == "ON")
+    assert (tmp_path / "prefix" / "include" / "mllm_kernel" / "tensor.hpp").is_file()
+
+
+def test_ascend_on_stops_configure_with_a_clear_message(tmp_path):
+    result = _cmake_install(tmp_path, "MLLM_KERNEL_BUILD_ASCEND=ON")
+    assert result.returncode != 0
+    assert "no Ascend backend" in result.stderr
+    assert "MLLM_KERNEL_BUILD_ASCEND=OFF" in result.stderr
+
+
+def test_pip_config_settings_override_an_option(tmp_path):
+    wheel = _build_wheel(tmp_path, "MLLM_KERNEL_BUILD_CUDA=OFF")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mllm_kernel/cpu/sources/add_constant.cpp" in names
+    assert not any(n.startswith("mllm_kernel/cuda/sources/") for n in names)
+
+
+@pytest.fixture
+def site(tmp_path, wheel) -> Path:
+    """The wheel unpacked into a private site dir beside the real tvm_ffi."""
+    import tvm_ffi
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    (site / "tvm_ffi").symlink_to(Path(tvm_ffi.__file__).parent)
+    return site
+
+
+def test_find_package_gives_headers_to_a_cmake_project(tmp_path, site):
+    project = tmp_path / "consumer"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(
+        textwrap.dedent("""
+        cmake_minimum_required(VERSION 3.21)
+        project(Consumer LANGUAGES CXX)
+        find_package(MllmKernel 0.1 REQUIRED)
+        add_library(consumer SHARED consumer.cpp)
+        target_link_libraries(consumer PRIVATE MllmKernel::headers)
+    """)
+    )
+    (project / "consumer.cpp").write_text(
+        textwrap.dedent("""
+        #include <mllm_kernel/tensor.hpp>
+        #include <tvm/ffi/function.h>
+        static_assert(__cplusplus >= 202002L, "MllmKernel::headers must bring C++20");
+        int64_t rank(tvm::ffi::TensorView x) {
+          mllm_kernel::TensorMatcher().verify(x, "x");
+          return x.ndim();
+        }
+        TVM_FFI_DLL_EXPORT_TYPED_FUNC(rank, rank);
+    """)
+    )
+    config_dir = site / "mllm_kernel" / "share" / "cmake" / "MllmKernel"
+    build = tmp_path / "build"
+    configure = subprocess.run(
+        ["cmake", "-S", str(project), "-B", str(build), f"-DMllmKernel_DIR={config_dir}"],
+        capture_output=True,
+        text=True,
+    )
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    compiled = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+
+
+def test_installed_copy_compiles_a_kernel_without_the_source_tree(tmp_path, site):
+    script = textwrap.dedent("""
+        import torch, mllm_kernel
+        from mllm_kernel.jit_utils import paths
+        assert mllm_kernel.__file__.startswith(SITE), mllm_kernel.__file__
+        assert str(paths.include_dir()).startswith(SITE), paths.include_dir()
+        from mllm_kernel.cpu.jit import add_constant
+        x = torch.arange(6, dtype=torch.float32)
+        assert torch.equal(add_constant(x, 4), x + 4)
+        print("ok")
+    """).replace("SITE", repr(str(site)))
+    env = {**os.environ, "PYTHONPATH": str(site), "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "c")}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -1,0 +1,168 @@
+"""The C++ checks of include/mllm_kernel/{tensor,utils}.hpp, through a test kernel."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from mllm_kernel.jit_utils import cache_once, load_cpu_jit
+
+SOURCE = Path(__file__).parent / "csrc" / "tensor_checks.cpp"
+EXPORTS = [
+    "row_dot",
+    "fixed_strides",
+    "needs_cuda",
+    "any_rank",
+    "runtime_check",
+    "value_check",
+    "panic",
+    "round_trip_fp16",
+    "round_trip_bf16",
+    "widen_fp16",
+]
+LOCATION = re.compile(r"\[at .*tensor_checks\.cpp:\d+\]")
+
+
+@cache_once
+def _module():
+    return load_cpu_jit(
+        "tensor_checks",
+        cpp_files=[str(SOURCE)],
+        cpp_wrappers=[(name, f"check_kernels::{name}") for name in EXPORTS],
+    )
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return _module()
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.double() * w.double()).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (16, 33)])
+def test_row_dot_matches_reference(mod, dtype, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape).to(dtype)
+    w = torch.randn(shape[1]).to(dtype)
+    out = torch.full((shape[0],), float("nan"))
+    mod.row_dot(out, x, w)
+    torch.testing.assert_close(out.double(), _reference(x, w), rtol=1e-3, atol=1e-3)
+
+
+def test_strided_rows_are_read_with_their_stride(mod):
+    torch.manual_seed(1)
+    base = torch.randn(5, 12)
+    x = base[:, 2:9]  # row stride 12, last dim contiguous
+    w = torch.randn(7)
+    out = torch.full((5,), float("nan"))
+    mod.row_dot(out, x, w)
+    torch.testing.assert_close(out.double(), _reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_dtype_error_is_type_error_naming_argument_and_location(mod):
+    x, w, out = torch.randn(2, 3).double(), torch.randn(3).double(), torch.empty(2)
+    with pytest.raises(TypeError) as info:
+        mod.row_dot(out, x, w)
+    message = str(info.value)
+    assert "argument 'x'" in message
+    assert "float32, float16" in message and "float64" in message
+    assert LOCATION.search(message), message
+
+
+def test_shared_symbolic_size_mismatch_names_both_arguments(mod):
+    x, w, out = torch.randn(2, 3), torch.randn(4), torch.empty(2)
+    with pytest.raises(ValueError) as info:
+        mod.row_dot(out, x, w)
+    message = str(info.value)
+    assert "argument 'w'" in message and "hidden" in message and "'x'" in message
+    assert "to be 3" in message and "got 4" in message
+    assert LOCATION.search(message)
+
+
+def test_dtype_bound_by_another_argument(mod):
+    x, w, out = torch.randn(2, 3), torch.randn(3).half(), torch.empty(2)
+    with pytest.raises(TypeError, match=r"argument 'w'.*float32.*float16"):
+        mod.row_dot(out, x, w)
+
+
+def test_rank_mismatch(mod):
+    x, w, out = torch.randn(2, 3, 1), torch.randn(3), torch.empty(2)
+    with pytest.raises(ValueError, match=r"argument 'x': expected 2 dims .* got 3 dims"):
+        mod.row_dot(out, x, w)
+
+
+def test_last_dim_contiguity(mod):
+    x = torch.randn(3, 2).t()  # [2, 3] with last-dim stride 2
+    with pytest.raises(ValueError, match=r"argument 'x': expected stride 1 in the last dim"):
+        mod.row_dot(torch.empty(2), x, torch.randn(3))
+
+
+def test_contiguous_required(mod):
+    w = torch.randn(6)[::2]
+    with pytest.raises(ValueError, match=r"argument 'w': expected a contiguous tensor"):
+        mod.row_dot(torch.empty(2), torch.randn(2, 3), w)
+
+
+def test_literal_dims_and_strides(mod):
+    mod.fixed_strides(torch.empty(3, 4))
+    with pytest.raises(ValueError, match=r"argument 'x': expected dim 1 to be 4 but got 5"):
+        mod.fixed_strides(torch.empty(3, 5))
+    with pytest.raises(ValueError, match=r"argument 'x': expected stride 0 to be 4 but got 8"):
+        mod.fixed_strides(torch.empty(3, 8)[:, :4])
+
+
+def test_device_type_mismatch(mod):
+    with pytest.raises(
+        ValueError, match=r"argument 'x': expected a tensor on cuda.*got one on cpu"
+    ):
+        mod.needs_cuda(torch.empty(1))
+
+
+def test_empty_matcher_accepts_anything(mod):
+    assert mod.any_rank(torch.empty(())) == 0
+    assert mod.any_rank(torch.empty(2, 0, 3, dtype=torch.int8)) == 3
+
+
+def test_runtime_check_value_check_and_panic(mod):
+    mod.runtime_check(1)
+    with pytest.raises(RuntimeError, match=r"value must be >= 0, got -3 \[at .*:\d+\]"):
+        mod.runtime_check(-3)
+    mod.value_check(2)
+    with pytest.raises(ValueError, match=r"value must be even, got 3"):
+        mod.value_check(3)
+    with pytest.raises(RuntimeError, match=r"panic with code 7 \[at .*tensor_checks\.cpp:\d+\]"):
+        mod.panic(7)
+
+
+def _special_floats() -> torch.Tensor:
+    torch.manual_seed(2)
+    values = [0.0, -0.0, 1.0, -2.5, 65504.0, 65520.0, 1e-8, 6e-8, 3e-5, 1e30, -1e30]
+    values += [float("inf"), float("-inf")]
+    return torch.cat([torch.tensor(values), torch.randn(1000) * 100, torch.randn(100) * 1e-6])
+
+
+@pytest.mark.parametrize(
+    ("export", "dtype"), [("round_trip_fp16", torch.float16), ("round_trip_bf16", torch.bfloat16)]
+)
+def test_host_half_conversions_round_like_torch(mod, export, dtype):
+    x = _special_floats()
+    out = torch.empty(x.shape, dtype=dtype)
+    getattr(mod, export)(out, x)
+    assert torch.equal(out.view(torch.int16), x.to(dtype).view(torch.int16))
+
+
+def test_host_half_widening_is_exact(mod):
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.float16)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    mod.widen_fp16(out, x)
+    expected = x.float()
+    finite = ~torch.isnan(expected)
+    assert torch.equal(out[finite], expected[finite])
+    assert torch.isnan(out[~finite]).all()
