@@ -1,0 +1,366 @@
+"""The cache across processes: rebuild on header edits, warm loads that spawn no
+compiler, one build for many processes, recovery from SIGKILL and corruption,
+and build errors that say what to fix."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import mllm_kernel
+from mllm_kernel.jit_utils import (
+    CacheLockTimeout,
+    KernelBuildError,
+    ToolchainError,
+    cache_once,
+    load_cpu_jit,
+    make_cpp_args,
+    toolchain,
+)
+from mllm_kernel.jit_utils.cache_key import module_key
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+
+PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
+
+PROBE = textwrap.dedent("""
+    import sys
+    from mllm_kernel.jit_utils import load_cpu_jit, make_cpp_args
+    args = make_cpp_args(int(sys.argv[2]))
+    mod = load_cpu_jit("probe", *args, cpp_files=[sys.argv[1]],
+                       cpp_wrappers=[("value", f"probe::value<{args}>")])
+    print(mod.value(10))
+""")
+
+
+@pytest.fixture
+def kernel(tmp_path) -> Path:
+    """A kernel whose result depends on an included header: value(x) = x*K + H."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "helper.h").write_text("#pragma once\n#define HELPER_VALUE 1\n")
+    (src / "probe.cpp").write_text(
+        textwrap.dedent("""
+        #include "helper.h"
+        #include "mllm_kernel/utils.hpp"
+        namespace probe {
+        template <int K>
+        int64_t value(int64_t x) { return x * K + HELPER_VALUE; }
+        }  // namespace probe
+    """)
+    )
+    return src / "probe.cpp"
+
+
+@pytest.fixture
+def spy(tmp_path) -> dict[str, str]:
+    """Environment for a child process whose C++ compiler logs each call."""
+    log = tmp_path / "spy.log"
+    log.touch()
+    real = toolchain.find_cxx().real_path
+    compiler = tmp_path / "spy-c++"
+    compiler.write_text(
+        f'#!/bin/sh\necho "$@" >> "{log}"\n'
+        f'if [ -n "$SPY_SLEEP" ]; then sleep "$SPY_SLEEP"; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    compiler.chmod(0o755)
+    return {
+        **os.environ,
+        "CXX": str(compiler),
+        "SPY_LOG": str(log),
+        "PYTHONPATH": PACKAGE_PARENT,
+        "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "cache"),
+    }
+
+
+def _spy_calls(env: dict[str, str]) -> list[str]:
+    """Every compiler invocation (a cold build also asks for ``--version``)."""
+    return Path(env["SPY_LOG"]).read_text().splitlines()
+
+
+def _builds(env: dict[str, str]) -> list[str]:
+    """Compile and link invocations only."""
+    return [c for c in _spy_calls(env) if c.strip() != "--version"]
+
+
+def _probe(env, kernel, k=3, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, str(kernel), str(k)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def _module_dirs(env) -> list[Path]:
+    root = Path(env["MLLM_KERNEL_CACHE_DIR"])
+    return [p for p in root.iterdir() if not p.name.startswith(".")]
+
+
+def test_warm_load_spawns_no_compiler_and_header_edit_rebuilds(kernel, spy):
+    first = _probe(spy, kernel)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "31"
+    assert "built probe<3> (cpu) in" in first.stderr  # one INFO line with the duration
+    assert len(_builds(spy)) == 2  # one compile, one link
+    cold_calls = len(_spy_calls(spy))
+
+    warm = _probe(spy, kernel)
+    assert warm.stdout.strip() == "31"
+    assert len(_spy_calls(spy)) == cold_calls, "a warm load must not run the compiler"
+    assert "compiling" not in warm.stderr
+
+    (kernel.parent / "helper.h").write_text("#pragma once\n#define HELPER_VALUE 5\n")
+    edited = _probe(spy, kernel)
+    assert edited.stdout.strip() == "35"
+    assert "helper.h changed" in edited.stderr
+    assert len(_builds(spy)) == 4
+    assert len(_module_dirs(spy)) == 1  # rebuilt in place, not beside
+
+    calls = len(_spy_calls(spy))
+    again = _probe(spy, kernel)
+    assert again.stdout.strip() == "35" and len(_spy_calls(spy)) == calls
+
+
+def test_template_args_and_flags_get_their_own_directories(kernel, spy):
+    assert _probe(spy, kernel, k=2).stdout.strip() == "21"
+    assert _probe(spy, kernel, k=4).stdout.strip() == "41"
+    names = sorted(p.name for p in _module_dirs(spy))
+    assert (
+        len(names) == 2
+        and names[0].startswith("probe_cpu_2_")
+        and names[1].startswith("probe_cpu_4_")
+    )
+
+
+def test_four_processes_build_a_cold_module_once(kernel, spy):
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROBE, str(kernel), "7"],
+            env=spy,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    assert [out.strip() for out, _ in outputs] == ["71"] * 4
+    compiles = [c for c in _builds(spy) if " -c " in f" {c} "]
+    assert len(compiles) == 1, compiles
+    assert sum("compiling" in err for _, err in outputs) == 1
+    assert len(_module_dirs(spy)) == 1
+
+
+def test_sigkill_mid_build_leaves_nothing_loadable(kernel, spy):
+    slow = {**spy, "SPY_SLEEP": "60"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(kernel), "9"],
+        env=slow,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not _builds(spy) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _builds(spy), "the build never started"
+    os.killpg(proc.pid, signal.SIGKILL)  # the python process and its compiler
+    proc.wait()
+    assert _module_dirs(spy) == []  # only staging leftovers, never a module dir
+
+    rerun = _probe(spy, kernel, k=9)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.strip() == "91"
+    assert "removing an interrupted build" in rerun.stderr
+    staging = Path(spy["MLLM_KERNEL_CACHE_DIR"]) / ".staging"
+    assert list(staging.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupt_artifact_is_rebuilt_with_a_warning(kernel, spy, damage):
+    assert _probe(spy, kernel).returncode == 0
+    (module_dir,) = _module_dirs(spy)
+    artifact = module_dir / "probe.so"
+    data = artifact.read_bytes()
+    if damage == "truncate":
+        artifact.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        artifact.write_bytes(
+            data[:middle]
+            + bytes(b ^ 0xFF for b in data[middle : middle + 64])
+            + data[middle + 64 :]
+        )
+    rerun = _probe(spy, kernel)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.strip() == "31"
+    assert "WARNING" in rerun.stderr and "corrupt" in rerun.stderr
+    assert len(_builds(spy)) == 4
+
+
+def test_garbage_manifest_is_rebuilt(kernel, spy):
+    assert _probe(spy, kernel).returncode == 0
+    (module_dir,) = _module_dirs(spy)
+    (module_dir / "manifest.json").write_text("{not json")
+    rerun = _probe(spy, kernel)
+    assert rerun.stdout.strip() == "31" and "corrupt" in rerun.stderr
+
+
+# --------------------------------------------------------------------------- errors
+def _load(source: Path, *args, **kwargs):
+    cpp_args = make_cpp_args(*args)
+    return load_cpu_jit(
+        "broken",
+        *cpp_args,
+        cpp_files=[str(source)],
+        cpp_wrappers=[("f", f"broken::f<{cpp_args}>")],
+        **kwargs,
+    )
+
+
+def test_syntax_error_leads_with_file_and_line(tmp_path, fresh_cache):
+    source = tmp_path / "broken.cpp"
+    source.write_text("namespace broken {\ntemplate <int K>\nint f() { return K +; }\n}\n")
+    with pytest.raises(KernelBuildError) as info:
+        _load(source, 3)
+    error = info.value
+    message = str(error)
+    assert message.startswith(f"{source}:3: "), message
+    assert "module 'broken'" in message and "<3>" in message
+    assert error.first_error.startswith(f"{source}:3:")
+    assert Path(error.log_path).is_file() and "-c" in Path(error.log_path).read_text()
+    assert "full log: " + error.log_path in message
+    assert isinstance(error, RuntimeError)
+    modules = [p for p in fresh_cache.iterdir() if not p.name.startswith(".")]
+    assert modules == []
+    assert list((fresh_cache / ".staging").iterdir()) == []
+
+
+def test_missing_header_has_a_hint(tmp_path, fresh_cache):
+    source = tmp_path / "broken.cpp"
+    source.write_text('#include "not_there.h"\nnamespace broken { template <int K> int f(); }\n')
+    with pytest.raises(KernelBuildError, match=r"not_there\.h") as info:
+        _load(source, 1)
+    assert "extra_include_paths" in str(info.value)
+
+
+def test_extra_include_paths_are_used(tmp_path, fresh_cache):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "there.h").write_text("#define THERE 42\n")
+    source = tmp_path / "ok.cpp"
+    source.write_text(
+        '#include "there.h"\n#include <cstdint>\n'
+        "namespace broken { template <int K> int64_t f() { return THERE + K; } }\n"
+    )
+    assert _load(source, 1, extra_include_paths=[inc]).f() == 43
+
+
+def test_missing_source_lists_where_it_looked(tmp_path, monkeypatch, fresh_cache):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        load_cpu_jit("nothing", cpp_files=["no_such_kernel.cpp"], cpp_wrappers=[("f", "f")])
+    message = str(info.value)
+    assert "no_such_kernel.cpp" in message
+    assert str(tmp_path / "no_such_kernel.cpp") in message
+    assert "csrc" in message or "sources" in message
+
+
+def test_relative_source_in_the_current_directory(tmp_path, monkeypatch, fresh_cache):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_kernel.cpp").write_text(
+        textwrap.dedent("""
+        #include <cstdint>
+        namespace my_namespace {
+        template <int A, int B>
+        int64_t my_kernel(int64_t x) { return x * A + B; }
+        }  // namespace my_namespace
+    """)
+    )
+
+    @cache_once
+    def _jit_my_kernel_module(a: int, b: int):
+        args = make_cpp_args(a, b)
+        return load_cpu_jit(
+            "my_kernel",
+            *args,
+            cpp_files=["my_kernel.cpp"],
+            cpp_wrappers=[("my_kernel", f"my_namespace::my_kernel<{args}>")],
+        )
+
+    assert _jit_my_kernel_module(2, 5).my_kernel(10) == 25
+    assert _jit_my_kernel_module(2, 5) is _jit_my_kernel_module(2, 5)
+
+
+def test_missing_compiler_fails_before_any_build(tmp_path, monkeypatch, fresh_cache):
+    source = tmp_path / "ok.cpp"
+    source.write_text("namespace broken { template <int K> int f() { return K; } }\n")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    toolchain.reset()
+    try:
+        with pytest.raises(ToolchainError, match="No C\\+\\+ compiler found"):
+            _load(source, 1)
+    finally:
+        toolchain.reset()
+    assert not fresh_cache.exists() or not (fresh_cache / ".staging").exists()
+
+
+def test_lock_timeout_names_the_holder(tmp_path, fresh_cache, monkeypatch):
+    source = tmp_path / "ok.cpp"
+    source.write_text("namespace broken { template <int K> int f() { return K; } }\n")
+    spec = BuildSpec(
+        name="broken",
+        device="cpu",
+        template_args=("1",),
+        cpp_wrappers=(Wrapper("f", "broken::f<1>"),),
+    )
+    key = module_key(spec)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import time
+            from pathlib import Path
+            from mllm_kernel.jit_utils import cache
+            from mllm_kernel.jit_utils.cache_key import ModuleKey
+            root = Path({str(key.root)!r})
+            key = ModuleKey(hash={key.hash!r}, dirname={key.dirname!r}, root=root)
+            with cache.module_lock(key, purpose="holding it for the test"):
+                print("held", flush=True)
+                time.sleep(60)
+        """),
+        ],
+        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("MLLM_KERNEL_LOCK_TIMEOUT", "1")
+        from mllm_kernel.jit_utils import loader
+
+        with pytest.raises(CacheLockTimeout) as info:
+            loader.build_and_load(spec, key)
+        assert f"pid {holder.pid}" in str(info.value)
+        assert "holding it for the test" in str(info.value)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_verbose_logs_compiler_commands(kernel, spy):
+    result = _probe({**spy, "MLLM_KERNEL_VERBOSE": "1"}, kernel, k=5)
+    assert result.stdout.strip() == "51"
+    assert "$ " in result.stderr and " -c " in result.stderr and "-shared" in result.stderr
