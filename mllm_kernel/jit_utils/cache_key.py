@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import tvm_ffi
+
+from mllm_kernel import __version__
 from mllm_kernel.jit_utils import env, paths, toolchain
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, BuildSpec, stable_hash
 
@@ -33,10 +36,6 @@ def key_material(spec: BuildSpec) -> dict:
     include closure (from the compiler's dependency output) and the loader
     rebuilds when any of it changed.
     """
-    import tvm_ffi
-
-    from mllm_kernel import __version__
-
     material = {
         "format": CACHE_FORMAT,
         "spec": asdict(spec),

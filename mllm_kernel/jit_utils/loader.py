@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import tvm_ffi
+
 from mllm_kernel.jit_utils import build, cache, paths, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
@@ -171,8 +173,6 @@ def load_spec(spec: BuildSpec) -> Any:
 
 
 def _try_load(artifact: Path, spec: BuildSpec) -> Any | None:
-    import tvm_ffi
-
     try:
         module = tvm_ffi.load_module(str(artifact))
         for export in spec.exports:
@@ -186,8 +186,6 @@ def _try_load(artifact: Path, spec: BuildSpec) -> Any | None:
 def build_and_load(spec: BuildSpec, key: ModuleKey | None = None) -> Any:
     """Builds ``spec`` under the cross-process lock (unless another process just
     did), installs it atomically and returns the loaded module."""
-    import tvm_ffi
-
     key = key or module_key(spec)
     with cache.module_lock(key, purpose=f"building {spec.describe()}"):
         found = cache.lookup(key)

@@ -9,7 +9,7 @@ only read for builds and for ``show-env``.
 from __future__ import annotations
 
 import json
-import platform
+import os
 import re
 import shutil
 import subprocess
@@ -196,7 +196,7 @@ def find_cuda() -> CudaToolkit:
 
 def host_isa() -> str:
     """The host CPU's instruction-set fingerprint, for keys of ``-march=native`` builds."""
-    machine = platform.machine()
+    machine = os.uname().machine
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
