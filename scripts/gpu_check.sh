@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU check, for a machine with an NVIDIA GPU (the lent H100/H200 or your own):
+# installs what the image lacks from wheels in .whl/ (made by
+# ../shared/tools/device-wheels.sh), runs the cuda-marked tests and the
+# benchmarks, and writes a results table.
+#
+#   bash scripts/gpu_check.sh [OUT_DIR]        # default: gpu_results/
+#   GPU_CHECK_TESTS=0 / GPU_CHECK_BENCH=0      # skip a part
+#   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mkdir -p "${1:-$repo/gpu_results}" && cd "${1:-$repo/gpu_results}" && pwd)
+cd "$repo"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$repo:${PYTHONPATH:-}"
+export MLLM_KERNEL_CACHE_DIR="${MLLM_KERNEL_CACHE_DIR:-/tmp/mllm_kernel_cache}"
+
+{
+  echo "# GPU check: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/- GPU: /'
+  python3 -c 'import torch, tvm_ffi; print(f"- torch {torch.__version__}, tvm_ffi {tvm_ffi.__version__}, GPUs {torch.cuda.device_count()}")'
+} | tee "$out/summary.md"
+
+status=0
+if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
+  python3 -m pytest tests -q -m "cuda or nvcc" -p no:cacheprovider -rs ${GPU_CHECK_PYTEST_ARGS:-} \
+    2>&1 | tee "$out/pytest.txt"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || status=$rc
+  echo "- tests (cuda + nvcc): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
+fi
+if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
+  for bench in benchmarks/bench_cuda.py benchmarks/bench_jit.py; do
+    [ -f "$bench" ] || continue
+    name=$(basename "$bench" .py)
+    python3 "$bench" --out "$out/$name.md" 2>&1 | tee "$out/$name.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] || status=$rc
+    echo "- $name: exit $rc, table in $name.md" >> "$out/summary.md"
+  done
+fi
+cat "$out/summary.md"
+exit "$status"
