@@ -1,5 +1,15 @@
 """CPU ops, compiled for this machine on first use and cached."""
 
-from mllm_kernel.cpu.jit.add_constant import add_constant
+from mllm_kernel.cpu.jit.add_constant import add_constant, add_constant_runtime
+from mllm_kernel.cpu.jit.rmsnorm import fused_add_rmsnorm, rmsnorm
+from mllm_kernel.cpu.jit.silu_and_mul import silu_and_mul
+from mllm_kernel.cpu.jit.softmax import softmax
 
-__all__ = ["add_constant"]
+__all__ = [
+    "add_constant",
+    "add_constant_runtime",
+    "fused_add_rmsnorm",
+    "rmsnorm",
+    "silu_and_mul",
+    "softmax",
+]

@@ -1,9 +1,12 @@
-"""add_constant: ``x + c`` with ``c`` a compile-time constant."""
+"""add_constant: ``x + c`` element-wise, with ``c`` a compile-time or run-time constant."""
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
+from mllm_kernel.cpu.jit.compile_flags import CXX_FLAGS, LDFLAGS
 from mllm_kernel.jit_utils import cache_once, load_cpu_jit, make_cpp_args, register_kernel
 
 ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
@@ -18,17 +21,55 @@ def _module(c: int):
         *args,
         cpp_files=["add_constant.cpp"],
         cpp_wrappers=[("add_constant", f"mllm_kernel::cpu::add_constant<{args}>")],
+        extra_cxx_flags=CXX_FLAGS,
+        extra_ldflags=LDFLAGS,
     )
 
 
-def add_constant(x: torch.Tensor, c: int) -> torch.Tensor:
-    """Returns ``x + c`` for ``c`` in {1, 2, 4, 8, 16} (one compiled kernel per ``c``).
+@register_kernel("add_constant_runtime", device="cpu", variants=[()])
+@cache_once
+def _runtime_module():
+    return load_cpu_jit(
+        "add_constant_runtime",
+        cpp_files=["add_constant.cpp"],
+        cpp_wrappers=[("add_constant_runtime", "mllm_kernel::cpu::add_constant_runtime")],
+        extra_cxx_flags=CXX_FLAGS,
+        extra_ldflags=LDFLAGS,
+    )
+
+
+def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns ``x + c`` for ``c`` in {1, 2, 4, 8, 16}, one compiled kernel per ``c``.
+
+    ``x``: any shape and strides; float32, float64, bfloat16, float16, int32 or
+    int64. ``out``: written in place if given (``x``'s shape and dtype, any strides).
 
     >>> add_constant(torch.zeros(3), 8)
     tensor([8., 8., 8.])
     """
-    if c not in ALLOWED_CONSTANTS or isinstance(c, bool):
+    # A template argument: checked here. 2.0 == 2 and True == 1, so check the type too.
+    if not isinstance(c, numbers.Integral) or isinstance(c, bool) or c not in ALLOWED_CONSTANTS:
         raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
-    out = torch.empty_like(x)
-    _module(c).add_constant(out, x)
+    if out is None:
+        out = torch.empty_like(x)
+    _module(int(c)).add_constant(out, x, torch.get_num_threads())
+    return out
+
+
+def add_constant_runtime(
+    x: torch.Tensor, c: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Returns ``x + c`` for any float ``c`` (one kernel for every value).
+
+    ``x``: any shape and strides; float32, float64, bfloat16 or float16, computed
+    in float32 for the 16-bit types. Unlike torch, ``c`` is not first rounded to
+    ``x``'s dtype, so 16-bit results may differ from torch's by one unit in the
+    last place (they are closer to the exact sum). ``out`` as for :func:`add_constant`.
+
+    >>> add_constant_runtime(torch.zeros(2), 0.5)
+    tensor([0.5000, 0.5000])
+    """
+    if out is None:
+        out = torch.empty_like(x)
+    _runtime_module().add_constant_runtime(out, x, float(c), torch.get_num_threads())
     return out

@@ -1,0 +1,36 @@
+// One list of dtypes per kernel, used both to validate a tensor (TypeError
+// naming the dtype) and to pick the template instantiation at run time.
+#pragma once
+
+#include <type_traits>
+#include <utility>
+
+#include "mllm_kernel/tensor.hpp"
+#include "mllm_kernel/utils.hpp"
+
+namespace mllm_kernel::cpu {
+
+template <typename... Ts>
+struct DtypeList {
+  /// `matcher` restricted to these dtypes.
+  static TensorMatcher allow(TensorMatcher matcher) {
+    matcher.dtype<Ts...>();
+    return matcher;
+  }
+
+  /// Calls f(std::type_identity<T>{}) for the T whose dtype is `dtype`.
+  ///   FloatDtypes::dispatch(x.dtype(), [&](auto tag) { using T = typename decltype(tag)::type; });
+  template <typename F>
+  static void dispatch(DLDataType dtype, F&& f, source_location loc = source_location::current()) {
+    const bool found = ((is_dtype<Ts>(dtype) ? (f(std::type_identity<Ts>{}), true) : false) || ...);
+    if (!found) {
+      detail::throw_error("TypeError", detail::concat("unsupported dtype ", dtype_name(dtype)),
+                          loc);
+    }
+  }
+};
+
+/// The floating dtypes LLM ops take; they compute in float32.
+using FloatDtypes = DtypeList<fp32_t, bf16_t, fp16_t>;
+
+}  // namespace mllm_kernel::cpu
