@@ -76,6 +76,16 @@ __host__ __device__ __forceinline__ bool is_vec_aligned(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % (sizeof(T) * N) == 0;
 }
 
+/// 2^x with the hardware approximation (2 ulp; 2^-inf = 0). Softmax-style code
+/// folds log2(e) into its scale and calls this instead of expf.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // ---------------------------------------------------------------------------
 // Reductions.
 // ---------------------------------------------------------------------------
@@ -189,6 +199,57 @@ inline int num_sms(DLDevice device) {
   cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, id);
   if (id >= 0 && id < 64) cache[id] = count;
   return count;
+}
+
+/// The most dynamic shared memory one block of `device` may opt in to, in bytes
+/// (227 KiB on Hopper; cached per device).
+inline std::size_t max_shared_memory_per_block(DLDevice device) {
+  static int cache[64] = {};
+  const int id = device.device_id;
+  if (id >= 0 && id < 64 && cache[id] > 0) return static_cast<std::size_t>(cache[id]);
+  int bytes = 0;
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, id);
+  if (id >= 0 && id < 64) cache[id] = bytes;
+  return static_cast<std::size_t>(bytes);
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch and grid sizing (host).
+// ---------------------------------------------------------------------------
+
+/// A type carried as a value, so a generic lambda can receive it.
+template <typename T>
+struct type_tag {
+  using type = T;
+};
+
+/// Calls `fn(type_tag<T>{})` for the T in Ts whose dtype is `dtype`; raises
+/// TypeError naming `arg` when none is (the matchers normally caught it already).
+///
+///   dispatch_dtype<fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
+///     using T = typename decltype(tag)::type;
+///     ...
+///   });
+template <typename... Ts, typename Fn>
+void dispatch_dtype(DLDataType dtype, const char* arg, Fn&& fn,
+                    source_location loc = source_location::current()) {
+  const bool found = ((is_dtype<Ts>(dtype) ? (fn(type_tag<Ts>{}), true) : false) || ...);
+  if (!found) {
+    std::string expected;
+    ((expected += (expected.empty() ? "" : ", ") + std::string(dtype_trait<Ts>::name)), ...);
+    detail::throw_error("TypeError",
+                        detail::concat("argument '", arg, "': expected dtype in {", expected,
+                                       "} but got ", dtype_name(dtype)),
+                        loc);
+  }
+}
+
+/// Blocks for a grid-stride loop over `work_items` with `threads` per block: enough
+/// to cover the work, at most what fits on the device at once (full occupancy).
+inline unsigned grid_stride_blocks(int64_t work_items, int threads, DLDevice device) {
+  const int64_t needed = div_ceil<int64_t>(work_items, threads);
+  const int64_t resident = static_cast<int64_t>(num_sms(device)) * (2048 / threads);
+  return static_cast<unsigned>(needed < resident ? needed : resident);
 }
 
 }  // namespace mllm_kernel

@@ -1,0 +1,93 @@
+// Gated activations: out[..., :d] = act(input[..., :d]) * input[..., d:], in fp32.
+// A 2-D grid: y walks rows, x walks 16-byte vectors within a row (no division per
+// element). Rows whose half-width or alignment does not allow vectors move one
+// element at a time.
+#include "mllm_kernel/cuda/activation.cuh"
+#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/tensor.hpp"
+#include "mllm_kernel/utils.cuh"
+
+namespace mllm_kernel::cuda {
+namespace act {
+
+struct Params {
+  void* out;
+  int64_t out_stride;
+  const void* in;
+  int64_t in_stride;
+  int64_t rows;
+  int64_t vecs_per_row;  // of the output row (d / N)
+};
+
+inline constexpr int kThreads = 128;
+inline constexpr int64_t kMaxGridY = 65535;
+
+template <typename T, int N, typename Act>
+__global__ void act_and_mul_kernel(const Params p) {
+  const int64_t d = p.vecs_per_row * N;
+  for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
+    T* out = static_cast<T*>(p.out) + row * p.out_stride;
+    for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+         v < p.vecs_per_row; v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      Vec<T, N> x, y, result;
+      x.load_stream(in + v * N);
+      y.load_stream(in + d + v * N);
+#pragma unroll
+      for (int i = 0; i < N; ++i) result[i] = from_float<T>(Act{}(to_float(x[i])) * to_float(y[i]));
+      result.store(out + v * N);
+    }
+  }
+}
+
+template <typename Act>
+void act_and_mul(TensorView out, TensorView input, const char* op) {
+  SymbolicDevice device;
+  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(input, "input");
+  TensorMatcher().dtype(input.dtype()).device(kDLCUDA, device).verify(out, "out");
+  const RowMatrix x = as_rows(input, "input");
+  const RowMatrix y = as_rows(out, "out");
+  ValueCheck(x.cols % 2 == 0, "argument 'input': ", op, " needs an even last dim (2 * d), got ",
+             x.cols);
+  bool same = out.ndim() == input.ndim() && y.cols * 2 == x.cols;
+  for (int64_t i = 0; same && i + 1 < input.ndim(); ++i) same = out.size(i) == input.size(i);
+  ValueCheck(same, "argument 'out': expected the shape of 'input' with the last dim halved (",
+             x.cols / 2, ")");
+  if (x.rows == 0 || y.cols == 0) return;
+
+  dispatch_dtype<fp32_t, fp16_t, bf16_t>(input.dtype(), "input", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int W = kVecWidth<T>;
+    // The second half starts d elements into the row: it is aligned when d is.
+    const bool aligned =
+        rows_vec_aligned(x, sizeof(T), W) && rows_vec_aligned(y, sizeof(T), W) && y.cols % W == 0;
+    Params p{y.data, y.row_stride, x.data, x.row_stride, x.rows, 0};
+    auto run = [&](auto kernel, int64_t vecs_per_row) {
+      p.vecs_per_row = vecs_per_row;
+      const int64_t blocks_x = div_ceil<int64_t>(vecs_per_row, kThreads);
+      const dim3 grid(static_cast<unsigned>(blocks_x),
+                      static_cast<unsigned>(x.rows < kMaxGridY ? x.rows : kMaxGridY));
+      KernelLauncher(grid, dim3(kThreads), device.value())(kernel, p);
+    };
+    RuntimeCheck(y.cols / kThreads < (int64_t{1} << 31), op, ": last dim too large");
+    if (aligned) {
+      run(act_and_mul_kernel<T, W, Act>, y.cols / W);
+    } else {
+      run(act_and_mul_kernel<T, 1, Act>, y.cols);
+    }
+  });
+}
+
+}  // namespace act
+
+inline void silu_and_mul(TensorView out, TensorView input) {
+  act::act_and_mul<Silu>(out, input, "silu_and_mul");
+}
+inline void gelu_and_mul(TensorView out, TensorView input) {
+  act::act_and_mul<Gelu>(out, input, "gelu_and_mul");
+}
+inline void gelu_tanh_and_mul(TensorView out, TensorView input) {
+  act::act_and_mul<GeluTanh>(out, input, "gelu_tanh_and_mul");
+}
+
+}  // namespace mllm_kernel::cuda

@@ -1,0 +1,90 @@
+// out = x + c, elementwise over contiguous tensors of any shape, with c a
+// compile-time constant (one module per c) or a runtime value. A grid-stride loop
+// over 16-byte vectors sized to fill the GPU; a misaligned buffer goes element by
+// element. Floating types add in fp32 and round once.
+#include <cmath>
+
+#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/tensor.hpp"
+#include "mllm_kernel/utils.cuh"
+
+namespace mllm_kernel::cuda {
+namespace add {
+
+inline constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ T add_value(T x, int32_t c_int, float c_float) {
+  if constexpr (std::is_same_v<T, int32_t>) {
+    return x + c_int;
+  } else {
+    return from_float<T>(to_float(x) + c_float);
+  }
+}
+
+template <typename T, int N>
+__global__ void add_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, int32_t c_int,
+                           float c_float) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t num_vecs = n / N;
+  for (int64_t v = first; v < num_vecs; v += stride) {
+    Vec<T, N> a;
+    a.load_stream(in + v * N);
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] = add_value(a[i], c_int, c_float);
+    a.store(out + v * N);
+  }
+  for (int64_t i = num_vecs * N + first; i < n; i += stride)
+    out[i] = add_value(in[i], c_int, c_float);
+}
+
+inline void run(TensorView out, TensorView x, int32_t c_int, double c_value) {
+  SymbolicDevice device;
+  TensorMatcher()
+      .dtype<int32_t, fp32_t, fp16_t, bf16_t>()
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(x, "x");
+  TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).contiguous().verify(out, "out");
+  check_same_shape(out, "out", x, "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_dtype<int32_t, fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int W = kVecWidth<T>;
+    const T* in = data_ptr<const T>(x);
+    T* dst = data_ptr<T>(out);
+    const float c_float = static_cast<float>(c_value);
+    if (is_vec_aligned<T, W>(in) && is_vec_aligned<T, W>(dst)) {
+      const unsigned blocks = grid_stride_blocks(div_ceil<int64_t>(n, W), kThreads, device.value());
+      KernelLauncher(dim3(blocks), dim3(kThreads), device.value())(add_kernel<T, W>, dst, in, n,
+                                                                   c_int, c_float);
+    } else {
+      const unsigned blocks = grid_stride_blocks(n, kThreads, device.value());
+      KernelLauncher(dim3(blocks), dim3(kThreads), device.value())(add_kernel<T, 1>, dst, in, n,
+                                                                   c_int, c_float);
+    }
+  });
+}
+
+}  // namespace add
+
+/// out = x + C (C compile-time).
+template <int C>
+void add_constant(TensorView out, TensorView x) {
+  add::run(out, x, C, C);
+}
+
+/// out = x + c (c at run time; for int32 tensors it must be an int32 value).
+template <typename = void>
+void add_constant_runtime(TensorView out, TensorView x, double c) {
+  if (is_dtype<int32_t>(x.dtype())) {
+    ValueCheck(std::nearbyint(c) == c && c >= -2147483648.0 && c <= 2147483647.0,
+               "argument 'c': an int32 tensor needs an integer constant in int32 range, got ", c);
+  }
+  const int32_t c_int = is_dtype<int32_t>(x.dtype()) ? static_cast<int32_t>(c) : 0;
+  add::run(out, x, c_int, c);
+}
+
+}  // namespace mllm_kernel::cuda

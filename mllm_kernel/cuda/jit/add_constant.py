@@ -1,0 +1,62 @@
+"""add_constant: ``x + c`` on the GPU, ``c`` compile-time (one module per ``c``) or runtime."""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, make_cpp_args, register_kernel
+
+ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
+
+
+@register_kernel("add_constant", device="cuda", variants=[(c,) for c in ALLOWED_CONSTANTS])
+@cache_once
+def _module(c: int):
+    args = make_cpp_args(c)
+    return load_cuda_jit(
+        "add_constant",
+        *args,
+        cuda_files=["add_constant.cu"],
+        cuda_wrappers=[("add_constant", f"mllm_kernel::cuda::add_constant<{args}>")],
+    )
+
+
+@register_kernel("add_constant_runtime", device="cuda", variants=[()])
+@cache_once
+def _runtime_module():
+    return load_cuda_jit(
+        "add_constant_runtime",
+        cuda_files=["add_constant.cu"],
+        cuda_wrappers=[("add_constant_runtime", "mllm_kernel::cuda::add_constant_runtime<>")],
+    )
+
+
+def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x + c`` for ``c`` in {1, 2, 4, 8, 16}, a compile-time constant of the kernel.
+
+    int32, float32, float16 or bfloat16; any shape (contiguous).
+
+    >>> add_constant(torch.zeros(4, dtype=torch.int32, device="cuda"), 8)
+    tensor([8, 8, 8, 8], device='cuda:0', dtype=torch.int32)
+    """
+    if isinstance(c, bool) or c not in ALLOWED_CONSTANTS:
+        raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    module_for(_module, x.device, int(c)).add_constant(out, x)
+    return out
+
+
+def add_constant_runtime(
+    x: torch.Tensor, c: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x + c`` with ``c`` passed at run time (an integer for int32 tensors).
+
+    >>> add_constant_runtime(torch.zeros(2, device="cuda", dtype=torch.float16), 0.5)
+    tensor([0.5000, 0.5000], device='cuda:0', dtype=torch.float16)
+    """
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    module_for(_runtime_module, x.device).add_constant_runtime(out, x, float(c))
+    return out

@@ -1,0 +1,108 @@
+"""KV-cache bookkeeping: scatter new K/V rows into slots, flatten req_to_token."""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, env, load_cuda_jit, register_kernel
+
+
+@register_kernel("store_cache", device="cuda", variants=[()])
+@cache_once
+def _store_module():
+    return load_cuda_jit(
+        "store_cache",
+        cuda_files=["store_cache.cu"],
+        cuda_wrappers=[("store_cache", "mllm_kernel::cuda::store_cache")],
+    )
+
+
+@register_kernel("create_kv_indices", device="cuda", variants=[()])
+@cache_once
+def _indices_module():
+    return load_cuda_jit(
+        "create_kv_indices",
+        cuda_files=["create_kv_indices.cu"],
+        cuda_wrappers=[("create_kv_indices", "mllm_kernel::cuda::create_kv_indices")],
+    )
+
+
+def _error_counter(device: torch.device) -> torch.Tensor | None:
+    """A zeroed int32 counter when MLLM_KERNEL_CHECK_BOUNDS=1, else None (no checking)."""
+    return torch.zeros(1, dtype=torch.int32, device=device) if env.check_bounds() else None
+
+
+def _raise_if_counted(errors: torch.Tensor | None, message: str) -> None:
+    # Reading the counter synchronises; it is skipped while a CUDA graph is captured,
+    # where the kernel still refuses every out-of-range write.
+    if errors is None or torch.cuda.is_current_stream_capturing():
+        return
+    count = int(errors.item())
+    if count:
+        raise IndexError(message.format(count=count))
+
+
+def store_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+) -> None:
+    """``k_cache[indices[t]] = k[t]`` and ``v_cache[indices[t]] = v[t]`` for every token t.
+
+    ``k`` ``[tokens, ...]`` and ``k_cache`` ``[slots, ...]`` with the same dtype and the
+    same number of elements per row (likewise ``v``/``v_cache``); rows contiguous,
+    the token/slot dim may be strided. ``indices`` int32 or int64 ``[tokens]``; a
+    negative slot is padding and skipped; a slot ``>= slots`` is never written, and
+    with ``MLLM_KERNEL_CHECK_BOUNDS=1`` raises IndexError after the kernel (this
+    synchronises the stream, so it is a debugging aid).
+
+    >>> store_cache(k, v, k_cache, v_cache, out_cache_loc)  # doctest: +SKIP
+    """
+    errors = _error_counter(k.device)
+    module_for(_store_module, k.device).store_cache(k, v, k_cache, v_cache, indices, errors)
+    _raise_if_counted(
+        errors,
+        "store_cache: {count} of argument 'indices' are >= the cache's "
+        f"{k_cache.shape[0]} slots; those rows were not written",
+    )
+
+
+def create_kv_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_kernel_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+) -> None:
+    """Fills ``kv_indices`` in FlashInfer's layout: for request i,
+    ``kv_indices[kv_indptr[i] : kv_indptr[i] + page_kernel_lens[i]] =
+    req_to_token[req_pool_indices[i], kv_start_idx[i] : kv_start_idx[i] + page_kernel_lens[i]]``.
+
+    ``req_to_token`` int32/int64 ``[pool_size, max_context]`` and ``kv_indices`` (1-D,
+    contiguous) share a dtype; the 1-D index inputs may be int32 or int64 and strided;
+    ``kv_start_idx`` None means 0. A request whose ranges fall outside the tensors
+    copies nothing (IndexError afterwards with ``MLLM_KERNEL_CHECK_BOUNDS=1``).
+
+    >>> create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, None, kv_indices)
+    ... # doctest: +SKIP
+    """
+    errors = _error_counter(kv_indices.device)
+    module_for(_indices_module, kv_indices.device).create_kv_indices(
+        req_to_token,
+        req_pool_indices,
+        page_kernel_lens,
+        kv_indptr,
+        kv_start_idx,
+        kv_indices,
+        errors,
+    )
+    _raise_if_counted(
+        errors,
+        "create_kv_indices: {count} request(s) index outside 'req_to_token' or 'kv_indices' "
+        "(argument 'req_pool_indices', 'kv_start_idx', 'page_kernel_lens' or 'kv_indptr'); "
+        "nothing was copied for them",
+    )

@@ -1,0 +1,73 @@
+"""RMSNorm: plain, fused with the residual add (in place), and gated by silu(z)."""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, register_kernel
+
+
+@register_kernel("norm", device="cuda", variants=[()])
+@cache_once
+def _module():
+    return load_cuda_jit(
+        "norm",
+        cuda_files=["norm.cu"],
+        cuda_wrappers=[
+            ("rmsnorm", "mllm_kernel::cuda::rmsnorm"),
+            ("fused_add_rmsnorm", "mllm_kernel::cuda::fused_add_rmsnorm"),
+            ("rms_norm_gated", "mllm_kernel::cuda::rms_norm_gated"),
+        ],
+    )
+
+
+def rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``input * rsqrt(mean(input**2, -1) + eps) * weight`` over the last dim.
+
+    fp32/fp16/bf16, any hidden size and leading shape, fp32 accumulation;
+    ``weight`` has the dtype of ``input`` and shape ``[hidden]``.
+
+    >>> x = torch.randn(4, 4096, dtype=torch.bfloat16, device="cuda")
+    >>> rmsnorm(x, torch.ones(4096, dtype=torch.bfloat16, device="cuda")).shape
+    torch.Size([4, 4096])
+    """
+    if out is None:
+        out = torch.empty_like(input)
+    module_for(_module, input.device).rmsnorm(out, input, weight, eps)
+    return out
+
+
+def fused_add_rmsnorm(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    """In place: ``residual += input``, then ``input = rmsnorm(residual) * weight``.
+
+    The output is the norm of ``residual`` as stored (rounded to its dtype).
+
+    >>> fused_add_rmsnorm(hidden, residual, weight)  # doctest: +SKIP
+    """
+    module_for(_module, input.device).fused_add_rmsnorm(input, residual, weight, eps)
+
+
+def rms_norm_gated(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``rmsnorm(x) * weight * silu(z)`` over the last dim (``z`` shaped like ``x``).
+
+    >>> rms_norm_gated(x, z, weight).shape == x.shape  # doctest: +SKIP
+    True
+    """
+    if out is None:
+        out = torch.empty_like(x)
+    module_for(_module, x.device).rms_norm_gated(out, x, z, weight, eps)
+    return out

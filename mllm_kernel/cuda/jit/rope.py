@@ -1,0 +1,43 @@
+"""Rotary position embedding (neox and gptj styles) from a cos/sin cache, in place."""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, register_kernel
+
+
+@register_kernel("rope", device="cuda", variants=[()])
+@cache_once
+def _module():
+    return load_cuda_jit(
+        "rope",
+        cuda_files=["rope.cu"],
+        cuda_wrappers=[("apply_rope_inplace", "mllm_kernel::cuda::apply_rope_inplace")],
+    )
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """Rotates ``query`` and ``key`` in place by the angles of ``positions``.
+
+    ``query`` ``[tokens, q_heads * head_size]`` (or ``[tokens, q_heads, head_size]``),
+    ``key`` likewise with its own head count, fp32/fp16/bf16; rows may be strided.
+    ``cos_sin_cache`` is float32 ``[max_pos, rot_dim]``: cos in the first half, sin
+    in the second; ``rot_dim <= head_size`` (partial rotary leaves the rest alone).
+    ``positions`` int64 or int32 ``[tokens]``; a token whose position is outside
+    ``[0, max_pos)`` is left unrotated. ``is_neox``: pairs ``(i, i + rot_dim/2)``,
+    else gptj pairs ``(2i, 2i + 1)``.
+
+    >>> apply_rope_with_cos_sin_cache_inplace(pos, q, k, 128, cache)  # doctest: +SKIP
+    """
+    module_for(_module, query.device).apply_rope_inplace(
+        positions, query, key, cos_sin_cache, head_size, is_neox
+    )

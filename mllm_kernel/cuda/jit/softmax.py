@@ -1,0 +1,61 @@
+"""Numerically stable softmax (with temperature) and its backward."""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, register_kernel
+
+
+@register_kernel("softmax", device="cuda", variants=[()])
+@cache_once
+def _module():
+    return load_cuda_jit(
+        "softmax",
+        cuda_files=["softmax.cu"],
+        cuda_wrappers=[
+            ("softmax_forward", "mllm_kernel::cuda::softmax_forward"),
+            ("softmax_backward", "mllm_kernel::cuda::softmax_backward"),
+        ],
+    )
+
+
+def softmax(
+    x: torch.Tensor,
+    dim: int = -1,
+    temperature: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``softmax(x / temperature)`` along ``dim`` (fp32/fp16/bf16, fp32 math).
+
+    Rows of any length (1 to 256k and beyond); the last dim is the fast case, any
+    other ``dim`` is moved last through a copy.
+
+    >>> softmax(torch.randn(4, 128256, device="cuda"), temperature=0.7).sum(-1)  # doctest: +SKIP
+    tensor([1.0000, 1.0000, 1.0000, 1.0000], device='cuda:0')
+    """
+    t = 1.0 if temperature is None else float(temperature)
+    last = dim in (-1, x.dim() - 1)
+    src = x if last else x.movedim(dim, -1).contiguous()
+    dst = out if (out is not None and last) else torch.empty_like(src)
+    module_for(_module, x.device).softmax_forward(dst, src, t)
+    if last:
+        return dst
+    result = dst.movedim(-1, dim)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The gradient of softmax over the last dim: ``out * (grad_out - sum(grad_out * out))``,
+    where ``out`` is the forward result.
+
+    >>> softmax_backward(torch.ones(2, 8, device="cuda"), softmax(torch.randn(2, 8, device="cuda")))
+    ... # doctest: +SKIP
+    """
+    grad_input = torch.empty_like(out)
+    module_for(_module, out.device).softmax_backward(grad_input, grad_out, out)
+    return grad_input
