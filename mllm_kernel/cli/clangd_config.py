@@ -1,0 +1,53 @@
+"""``show-clangd-recommend-config``: write a ``.clangd`` that understands the package."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mllm_kernel import clangd
+from mllm_kernel.cli.output import paint
+from mllm_kernel.jit_utils.errors import CudaArchError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``show-clangd-recommend-config`` to the CLI."""
+    parser = subparsers.add_parser(
+        "show-clangd-recommend-config",
+        help="write a .clangd for mllm-kernel's C++/CUDA headers",
+        description="Write a .clangd (in the current directory, or --output) with -std=c++20, "
+        "the tvm-ffi, DLPack and mllm-kernel include paths, and a CUDA fragment for .cu/.cuh "
+        "files. An existing file is left untouched unless --force is given.",
+    )
+    parser.add_argument(
+        "--output", type=Path, default=Path(".clangd"), help="where to write (default: ./.clangd)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    parser.add_argument(
+        "--cuda-arch",
+        metavar="ARCH",
+        help="the GPU arch for CUDA files (sm_80, 9.0a...); default: nvidia-smi, torch, "
+        f"MLLM_KERNEL_CUDA_ARCH_LIST, else {clangd.DEFAULT_CUDA_ARCH}",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Writes :func:`mllm_kernel.clangd.recommend`'s config unless the file exists."""
+    try:
+        config = clangd.recommend(args.cuda_arch)
+    except CudaArchError as exc:
+        raise SystemExit(f"mllm_kernel show-clangd-recommend-config: error: {exc}") from None
+    for note in config.notes:
+        print(f"note: {note}")
+    if clangd.write(args.output, config, force=args.force):
+        print(f"wrote {args.output} (CUDA arch {config.cuda_arch}, from {config.cuda_arch_source})")
+        if clangd.clangd_path() is None:
+            print("note: clangd is not on PATH; install it to use this config")
+        return 0
+    print(
+        paint(f"{args.output} already exists and was left untouched.", "yellow")
+        + " The recommended content is below; rerun with --force to overwrite it.\n"
+    )
+    print(config.text, end="")
+    return 0

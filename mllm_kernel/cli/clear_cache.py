@@ -1,0 +1,55 @@
+"""``clear-cache``: remove cached builds, never a build in progress or anything outside."""
+
+from __future__ import annotations
+
+import argparse
+
+from mllm_kernel.cli.output import paint
+from mllm_kernel.env_info import format_bytes
+from mllm_kernel.jit_utils import cache_admin
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number of days, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``clear-cache`` to the CLI."""
+    parser = subparsers.add_parser(
+        "clear-cache",
+        help="remove cached kernel builds",
+        description="Remove cached modules (all, one kernel's, or old ones), interrupted "
+        "builds left in .staging and failure logs. Modules being built are skipped; "
+        "nothing outside the cache root is touched and symlinks are never followed.",
+    )
+    parser.add_argument("--kernel", metavar="NAME", help="only this kernel's builds")
+    parser.add_argument(
+        "--older-than", metavar="DAYS", type=_days, help="only builds older than DAYS (e.g. 7, 0.5)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="show what would be removed")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs :func:`mllm_kernel.jit_utils.cache_admin.clear_cache` and prints its report."""
+    report = cache_admin.clear_cache(
+        kernel=args.kernel, older_than_days=args.older_than, dry_run=args.dry_run
+    )
+    verb = "would remove" if report.dry_run else "removed"
+    for item in report.removed:
+        print(f"{verb} {item.kind:<7} {format_bytes(item.size_bytes):>10}  {item.path}")
+    for path in report.busy:
+        print(paint(f"skipped (a build holds its lock): {path}", "yellow"))
+    for path, why in report.skipped:
+        print(paint(f"skipped ({why}): {path}", "yellow"))
+    print(
+        f"{verb} {report.count} item(s), {format_bytes(report.bytes)} "
+        f"{'reclaimable' if report.dry_run else 'reclaimed'} in {report.root}"
+    )
+    return 0

@@ -1,0 +1,120 @@
+"""``precompile``: build every registered kernel variant into the cache, in parallel."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from mllm_kernel.cli.output import paint
+from mllm_kernel.jit_utils import precompile
+from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
+from mllm_kernel.logging_setup import LOGGER_NAME
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``precompile`` to the CLI."""
+    parser = subparsers.add_parser(
+        "precompile",
+        help="build registered kernels into the cache ahead of time",
+        description="Build every registered kernel variant (or those of --kernel) into the "
+        "cache, -j at a time. With --arch, CUDA kernels are built for that arch without a "
+        "GPU (compiled and installed, not loaded). Exits 1 listing each failure.",
+    )
+    parser.add_argument("--device", choices=precompile.DEVICE_CHOICES, default="all")
+    parser.add_argument(
+        "--arch", metavar="LIST", help="CUDA archs to build for, e.g. 9.0a or '8.0;9.0a'"
+    )
+    parser.add_argument(
+        "--kernel",
+        metavar="NAME",
+        action="append",
+        help="only this kernel (repeat for several)",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=_positive, metavar="N", help="parallel builds (default: CPU count)"
+    )
+    parser.set_defaults(func=run)
+
+
+class _Progress:
+    """A tqdm bar on a terminal, one plain line per finished build otherwise."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = sys.stdout if stream is None else stream
+        self.bar = None
+        self.done = 0
+        self.total = 0
+
+    def start(self, total: int) -> None:
+        self.total = total
+        if self.stream.isatty() and total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="module", desc="precompile", file=self.stream)
+
+    def result(self, result: precompile.JobResult) -> None:
+        self.done += 1
+        line = f"{result.status:<6} {result.job.describe()} ({result.seconds:.1f}s)"
+        if self.bar is not None:
+            self.bar.set_postfix_str(result.job.describe(), refresh=False)
+            self.bar.update(1)
+            if not result.ok:
+                self.bar.write(paint(line, "red"), file=self.stream)
+        else:
+            print(f"[{self.done}/{self.total}] {line}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs :func:`mllm_kernel.jit_utils.precompile.precompile` with progress and a summary."""
+    started = time.monotonic()
+    progress = _Progress()
+    logger = logging.getLogger(LOGGER_NAME)
+    previous_level = logger.level
+    logger.setLevel(max(previous_level, logging.WARNING))  # progress says what is built
+    try:
+        report = precompile.precompile(
+            device=args.device,
+            kernels=args.kernel,
+            arch=args.arch,
+            jobs=args.jobs,
+            on_start=progress.start,
+            on_result=progress.result,
+        )
+    except (ValueError, ToolchainError, CudaArchError) as exc:
+        print(f"mllm_kernel precompile: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    finally:
+        progress.close()
+        logger.setLevel(previous_level)
+    for note in report.skipped:
+        print(paint(f"note: {note}", "yellow"))
+    total = len(report.results)
+    print(
+        f"precompiled {total} variant(s) in {time.monotonic() - started:.1f}s: "
+        f"{report.count('built')} built, {report.count('cached')} already cached, "
+        f"{len(report.failures)} failed"
+    )
+    if not report.failures:
+        return 0
+    print(paint(f"{len(report.failures)} build(s) failed:", "red"), file=sys.stderr)
+    for failure in report.failures:
+        print(f"  {failure.job.describe()}: {failure.error}", file=sys.stderr)
+        if failure.log_path:
+            print(f"    full log: {failure.log_path}", file=sys.stderr)
+    return 1

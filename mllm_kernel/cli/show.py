@@ -1,0 +1,203 @@
+"""``show-env`` and ``show-config``: what this machine has, and what the cache holds."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from mllm_kernel import env_info
+from mllm_kernel.cli.output import paint, print_json, table
+from mllm_kernel.jit_utils import cache_admin, cuda_arch
+from mllm_kernel.jit_utils.errors import CudaArchError
+
+_STATUS_COLOUR = {"cached": "green", "not built": "yellow", "stale": "yellow", "corrupt": "red"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``show-env`` and ``show-config`` to the CLI."""
+    show_env = subparsers.add_parser(
+        "show-env",
+        help="OS, CPU, CUDA, PyTorch and tool versions",
+        description="Print the OS, Python, CPU (cores, ISA), CUDA toolkit, driver, PyTorch, "
+        "GPUs, the versions of mllm-kernel's dependencies and the cache root.",
+    )
+    show_env.add_argument("--json", action="store_true", help="print one JSON object")
+    show_env.set_defaults(func=run_show_env)
+
+    show_config = subparsers.add_parser(
+        "show-config",
+        help="registered kernels, their variants and what is cached",
+        description="Print an environment summary, then every registered kernel by device "
+        "with its template variants and cache status, and cached modules that no "
+        "registered kernel claims (user kernels from earlier processes).",
+    )
+    show_config.add_argument(
+        "--arch",
+        metavar="LIST",
+        help="compute CUDA statuses for these archs (e.g. 9.0a or '8.0;9.0a') instead of the GPU's",
+    )
+    show_config.add_argument("--device", choices=("cpu", "cuda"), help="only this device")
+    show_config.add_argument("--json", action="store_true", help="print one JSON object")
+    show_config.set_defaults(func=run_show_config)
+
+
+def run_show_env(args: argparse.Namespace) -> int:
+    """Prints :func:`mllm_kernel.env_info.collect`."""
+    info = env_info.collect()
+    if args.json:
+        print_json(info)
+    else:
+        print(env_info.format_env(info))
+    return 0
+
+
+def _arch_summary(arch: str | None) -> dict[str, Any]:
+    override = cuda_arch.cuda_arch_override(arch) if arch else None
+    try:
+        if override is not None:
+            with override as archs:
+                return {"archs": [str(a) for a in archs], "source": "--arch"}
+        return {
+            "archs": [str(a) for a in cuda_arch.resolve_cuda_archs()],
+            "source": cuda_arch.describe_source(),
+        }
+    except CudaArchError as exc:
+        return {"archs": None, "source": None, "error": str(exc)}
+
+
+def _status_json(status: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(status)
+    data["path"] = str(status.path) if status.path else None
+    data["template_args"] = list(status.template_args)
+    return data
+
+
+def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object ``show-config --json`` prints."""
+    return {
+        "env": info,
+        "cuda_arch": _arch_summary(report.arch),
+        "kernels": [
+            {
+                "name": k.name,
+                "device": k.device,
+                "builtin": k.builtin,
+                "variants": [_status_json(s) for s in k.variants],
+            }
+            for k in report.kernels
+        ],
+        "unclaimed_modules": [
+            {
+                "path": str(m.path),
+                "name": m.name,
+                "device": m.device,
+                "template_args": m.manifest.template_args if m.manifest else None,
+                "size_bytes": m.size_bytes,
+                "built_at": m.built_at,
+                "error": m.error or None,
+            }
+            for m in report.unclaimed
+        ],
+        "other_builds_of_registered_kernels": report.other_builds,
+    }
+
+
+def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
+    versions, cuda, torch_ = info["versions"], info["cuda"], info["torch"]
+    if torch_.get("version") is None:
+        gpus = "torch not found"
+    elif torch_["gpus"]:
+        gpus = ", ".join(f"{g['name']} ({g['arch']})" for g in torch_["gpus"])
+    else:
+        gpus = "none visible"
+    nvcc = f"{cuda['nvcc']} ({cuda['nvcc_version']})" if cuda["toolkit"] else env_info.NOT_FOUND
+    if arch["archs"]:
+        arch_text = f"{';'.join(arch['archs'])} (from {arch['source']})"
+    else:
+        arch_text = f"unknown: {arch['error']}"
+    rows = [
+        ("mllm-kernel", versions["mllm_kernel"]),
+        ("apache-tvm-ffi", versions["apache_tvm_ffi"] or env_info.NOT_FOUND),
+        ("torch", torch_.get("version") or env_info.NOT_FOUND),
+        ("GPUs", gpus),
+        ("C++ compiler", versions["cxx"] or env_info.NOT_FOUND),
+        ("nvcc", nvcc),
+        ("CUDA arch", arch_text),
+        ("cache root", info["cache_root"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str:
+    """``show-config``'s text: the summary, kernel tables by device, unclaimed modules."""
+    out = [_summary(info, _arch_summary(report.arch))]
+    for device in ("cpu", "cuda"):
+        kernels = [k for k in report.kernels if k.device == device]
+        out.append("")
+        out.append(paint(f"{device.upper()} kernels", "bold"))
+        if not kernels:
+            out.append("  (none registered)")
+            continue
+        rows = []
+        for kernel in kernels:
+            name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
+            for status in kernel.variants:
+                if status.status == "cached":
+                    where = str(status.path)
+                elif status.status == "unknown":
+                    where = status.detail
+                else:
+                    where = status.detail or "-"
+                rows.append(
+                    (
+                        name,
+                        ", ".join(status.template_args) or "-",
+                        paint(status.status, _STATUS_COLOUR.get(status.status, "dim")),
+                        env_info.format_bytes(status.size_bytes),
+                        where,
+                    )
+                )
+            if not kernel.variants:
+                rows.append((name, "-", "no variants listed", "-", "-"))
+        out.append(table(("kernel", "variant", "status", "size", "path / detail"), rows))
+    unknown = {s.detail for k in report.kernels for s in k.variants if s.status == "unknown"}
+    if unknown and report.arch is None:
+        out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
+    out.append("")
+    out.append(paint("Other cached modules (no registered kernel claims them)", "bold"))
+    if report.unclaimed:
+        rows = [
+            (
+                m.name or "?",
+                m.device or "?",
+                ", ".join(m.manifest.template_args) if m.manifest else "-",
+                env_info.format_bytes(m.size_bytes),
+                str(m.path) + (f" ({m.error})" if m.error else ""),
+            )
+            for m in report.unclaimed
+        ]
+        out.append(table(("name", "device", "variant", "size", "path"), rows))
+    else:
+        out.append("  (none)")
+    if report.other_builds:
+        out.append(
+            f"\n{report.other_builds} cached build(s) of registered kernels match no key here "
+            "(another arch, toolchain or version); `clear-cache --older-than DAYS` prunes them."
+        )
+    return "\n".join(out)
+
+
+def run_show_config(args: argparse.Namespace) -> int:
+    """Prints :func:`mllm_kernel.jit_utils.cache_admin.config_report` with an env summary."""
+    try:
+        report = cache_admin.config_report(device=args.device, arch=args.arch)
+    except CudaArchError as exc:
+        raise SystemExit(f"mllm_kernel show-config: error: {exc}") from None
+    info = env_info.collect()
+    if args.json:
+        print_json(config_json(report, info))
+    else:
+        print(format_config(report, info))
+    return 0

@@ -1,0 +1,292 @@
+"""Inspecting and clearing the cache: what is built, for which kernel, and removing it safely.
+
+Only the cache root's direct children are ever touched: module directories,
+leftovers under ``.staging/`` and logs under ``.logs/``. Symlinks are never
+followed (nor removed), and a module whose build lock is held is skipped: a
+build in progress is never pulled from under its builder.
+
+>>> report = clear_cache(kernel="add_constant", dry_run=True)
+>>> report.count, report.bytes  # doctest: +SKIP
+(5, 81920)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mllm_kernel.jit_utils import cache, env, registry
+from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
+from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
+
+_DAY = 86400.0
+_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class CachedModule:
+    """One module directory under the cache root, with its manifest if readable."""
+
+    path: Path
+    manifest: cache.Manifest | None
+    size_bytes: int
+    built_at: float
+    error: str = ""
+
+    @property
+    def name(self) -> str | None:
+        return self.manifest.name if self.manifest else None
+
+    @property
+    def device(self) -> str | None:
+        return self.manifest.device if self.manifest else None
+
+
+def tree_size(path: Path) -> int:
+    """Bytes under ``path`` (symlinks count as themselves, never followed)."""
+    try:
+        top = path.lstat()
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(top.st_mode):
+        return top.st_size
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        for name in (*filenames, *dirnames):
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(dirpath, name))
+                if not stat.S_ISDIR(info.st_mode):
+                    total += info.st_size
+    return total
+
+
+def _module_dirs(root: Path) -> Iterator[Path]:
+    if not root.is_dir():
+        return
+    with os.scandir(root) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            yield Path(entry.path)
+
+
+def cached_modules(root: Path | None = None) -> list[CachedModule]:
+    """Every module directory in the cache (``root`` defaults to the cache root)."""
+    root = env.cache_root() if root is None else root
+    found = []
+    for directory in _module_dirs(root):
+        try:
+            manifest: cache.Manifest | None = cache.Manifest.read(directory)
+            error = ""
+            built_at = manifest.built_at
+        except (OSError, ValueError, TypeError) as exc:
+            manifest, error = None, f"no readable manifest ({exc})"
+            built_at = directory.lstat().st_mtime
+        found.append(CachedModule(directory, manifest, tree_size(directory), built_at, error))
+    return found
+
+
+# ---------------------------------------------------------------------------
+# show-config: registered kernels, their variants' status, and unclaimed modules
+# ---------------------------------------------------------------------------
+@dataclass
+class KernelReport:
+    """A registered kernel and the cache status of each of its variants."""
+
+    name: str
+    device: str
+    builtin: bool
+    variants: list[VariantStatus]
+
+
+@dataclass
+class ConfigReport:
+    """What ``show-config`` shows: kernels by device, and cached modules no kernel claims.
+
+    ``other_builds`` counts cached builds of registered kernels that match none
+    of this environment's keys (another arch, toolchain or package version).
+    """
+
+    arch: str | None
+    kernels: list[KernelReport]
+    unclaimed: list[CachedModule]
+    other_builds: int
+
+
+def _variant_list(entry: KernelEntry) -> list[tuple[Any, ...]]:
+    variants = list(entry.variants)
+    # A user kernel seen loaded (no builder): report what was loaded, by its template args.
+    return variants if entry.builder is not None else sorted(entry.loaded)
+
+
+def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
+    if entry.builder is None:
+        return VariantStatus(
+            entry.name,
+            entry.device,
+            tuple(variant),
+            "unknown",
+            detail="loaded in this process, no registered builder",
+        )
+    return registry.variant_status(entry, variant)
+
+
+def config_report(
+    device: str | None = None, arch: str | None = None, root: Path | None = None
+) -> ConfigReport:
+    """Statuses of every registered kernel variant, and the cache's unclaimed modules.
+
+    ``arch`` (e.g. ``"9.0a"``) computes CUDA statuses for that arch, as if
+    building there; without it a machine with no GPU reports them ``unknown``.
+    """
+    root = env.cache_root() if root is None else root
+    override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
+    with override:
+        reports = [
+            KernelReport(e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)])
+            for e in registry.kernels(device)
+        ]
+    claimed_paths = {s.path for r in reports for s in r.variants if s.path is not None}
+    registered = {(e.name, e.device) for e in registry.kernels()}
+    unclaimed, other = [], 0
+    for module in cached_modules(root):
+        if module.path in claimed_paths or device not in (None, module.device):
+            continue
+        if (module.name, module.device) in registered:
+            other += 1
+        else:
+            unclaimed.append(module)
+    return ConfigReport(arch, reports, unclaimed, other)
+
+
+# ---------------------------------------------------------------------------
+# clear-cache
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Removal:
+    """One thing removed (or, in a dry run, that would be): ``kind`` is ``module``,
+    ``staging`` or ``log``."""
+
+    kind: str
+    path: Path
+    size_bytes: int
+
+
+@dataclass
+class ClearReport:
+    """What :func:`clear_cache` removed, and what it left and why."""
+
+    root: Path
+    dry_run: bool
+    removed: list[Removal] = field(default_factory=list)
+    busy: list[Path] = field(default_factory=list)  # a build holds the lock
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
+
+    @property
+    def count(self) -> int:
+        return len(self.removed)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.size_bytes for r in self.removed)
+
+
+def _staging_dirname(name: str) -> str:
+    # "<dirname>.<pid>.<hex>" (a build) or "<dirname>.old.<hex>" (a replaced module)
+    parts = name.rsplit(".", 2)
+    return parts[0] if len(parts) == 3 else name
+
+
+def _matches_kernel(dirname: str, kernel: str | None, manifest: cache.Manifest | None) -> bool:
+    if kernel is None:
+        return True
+    if manifest is not None:
+        return manifest.name == kernel
+    return any(dirname.startswith(f"{kernel}_{device}_") for device in _DEVICES)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # removes links inside, never their targets
+    else:
+        path.unlink()
+
+
+def clear_cache(
+    kernel: str | None = None,
+    older_than_days: float | None = None,
+    dry_run: bool = False,
+    root: Path | None = None,
+) -> ClearReport:
+    """Removes cached modules (all, or those of ``kernel``, or built more than
+    ``older_than_days`` ago), interrupted builds in ``.staging`` and failure logs.
+
+    A module or staging directory whose build lock is held is left alone and
+    listed in ``busy``. With ``dry_run`` nothing is removed; the report says
+    what would be.
+    """
+    root = (env.cache_root() if root is None else root).absolute()
+    report = ClearReport(root, dry_run)
+    cutoff = None if older_than_days is None else time.time() - older_than_days * _DAY
+    if not root.is_dir():
+        return report
+
+    def locked_remove(kind: str, path: Path, dirname: str) -> None:
+        key = ModuleKey(hash="", dirname=dirname, root=root)
+        lock = cache.try_module_lock(key, purpose="clear-cache")
+        if lock is None:
+            report.busy.append(path)
+            return
+        with lock:
+            size = tree_size(path)
+            if not dry_run:
+                try:
+                    _remove(path)
+                except OSError as exc:
+                    report.skipped.append((path, f"cannot remove: {exc}"))
+                    return
+            report.removed.append(Removal(kind, path, size))
+
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                report.skipped.append((Path(entry.path), "a symlink (never followed)"))
+    for module in cached_modules(root):
+        if not _matches_kernel(module.path.name, kernel, module.manifest):
+            continue
+        if cutoff is not None and module.built_at > cutoff:
+            continue
+        locked_remove("module", module.path, module.path.name)
+
+    staging = root / ".staging"
+    if staging.is_dir() and not staging.is_symlink():
+        for leftover in sorted(staging.iterdir()):
+            dirname = _staging_dirname(leftover.name)
+            if leftover.is_symlink() or not _matches_kernel(dirname, kernel, None):
+                continue
+            if cutoff is not None and leftover.lstat().st_mtime > cutoff:
+                continue
+            locked_remove("staging", leftover, dirname)
+
+    logs = root / ".logs"
+    if logs.is_dir() and not logs.is_symlink():
+        for log in sorted(logs.iterdir()):
+            if log.is_symlink() or not log.is_file():
+                continue
+            if not _matches_kernel(log.stem, kernel, None):
+                continue
+            if cutoff is not None and log.stat().st_mtime > cutoff:
+                continue
+            size = log.stat().st_size
+            if not dry_run:
+                log.unlink()
+            report.removed.append(Removal("log", log, size))
+    return report

@@ -1,0 +1,168 @@
+"""show-clangd-recommend-config: the config's content, where its values come from, that an
+existing file is kept, and that the real clangd parses package headers and .cu files with it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mllm_kernel import clangd
+from mllm_kernel.__main__ import main
+from mllm_kernel.jit_utils import paths, toolchain
+
+
+@pytest.fixture
+def no_gpu(monkeypatch, tmp_path):
+    """No nvidia-smi on PATH (the compiler stays reachable), no GPU, no arch list."""
+    import torch
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("c++", "g++", "clangd"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    return bin_dir
+
+
+def test_config_content(no_gpu):
+    config = clangd.recommend()
+    text = config.text
+    assert '- "-std=c++20"' in text
+    for directory in (*paths.tvm_ffi_include_dirs(), paths.include_dir()):
+        assert f'- "-isystem{directory}"' in text
+    assert '- "-xcuda"' in text
+    assert config.cuda_arch == "sm_90a" and "--cuda-gpu-arch=sm_90a" in text
+    assert config.cuda_arch_source.startswith("default")
+
+
+@pytest.mark.parametrize(
+    ("path", "is_cuda"),
+    [
+        ("/src/kernels/norm.cu", True),
+        ("include/mllm_kernel/utils.cuh", True),
+        ("norm.cpp", False),
+        ("utils.hpp", False),
+        ("cuda/notes.cuhx", False),
+    ],
+)
+def test_cuda_fragment_matches_cu_and_cuh_only(path, is_cuda):
+    # clangd anchors PathMatch at both ends, like re.fullmatch.
+    pattern = re.search(r"PathMatch: '([^']+)'", clangd.recommend("sm_80").text).group(1)
+    assert pattern == clangd.CUDA_PATH_MATCH
+    assert bool(re.fullmatch(pattern, path)) is is_cuda
+
+
+def test_arch_from_the_arch_list(no_gpu, monkeypatch):
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0;9.0a")
+    assert clangd.detect_cuda_arch() == ("sm_90a", "$MLLM_KERNEL_CUDA_ARCH_LIST")
+
+
+def test_arch_from_nvidia_smi(no_gpu, monkeypatch):
+    smi = no_gpu / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 8.6\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0a")  # nvidia-smi wins
+    assert clangd.detect_cuda_arch() == ("sm_86", "nvidia-smi")
+
+
+def test_arch_from_torch(no_gpu, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert clangd.detect_cuda_arch() == ("sm_90a", "torch")
+
+
+def test_without_a_toolkit_cuda_path_is_left_out(no_gpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    toolchain.reset()
+    try:
+        config = clangd.recommend()
+    finally:
+        toolchain.reset()
+    assert config.cuda_path is None and "--cuda-path" not in config.text
+    assert any("no CUDA toolkit found" in note for note in config.notes)
+
+
+@pytest.mark.nvcc
+def test_with_a_toolkit_cuda_path_is_its_root():
+    config = clangd.recommend("sm_80")
+    assert f'"--cuda-path={toolchain.find_cuda().home}"' in config.text
+
+
+def test_cli_writes_then_keeps_an_existing_file(no_gpu, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["show-clangd-recommend-config"]) == 0
+    written = (tmp_path / ".clangd").read_text()
+    assert "wrote .clangd" in capsys.readouterr().out
+    (tmp_path / ".clangd").write_text("# mine\n")
+    assert main(["show-clangd-recommend-config"]) == 0
+    out = capsys.readouterr().out
+    assert "already exists and was left untouched" in out and "--force" in out
+    assert written in out  # the recommended content is printed instead
+    assert (tmp_path / ".clangd").read_text() == "# mine\n"
+    assert main(["show-clangd-recommend-config", "--force"]) == 0
+    assert (tmp_path / ".clangd").read_text() == written
+    other = tmp_path / "sub" / "config.yaml"
+    assert main(["show-clangd-recommend-config", "--output", str(other), "--cuda-arch", "8.0"]) == 0
+    assert "--cuda-gpu-arch=sm_80" in other.read_text()
+
+
+def _clangd_check(path: Path, env: dict) -> subprocess.CompletedProcess:
+    # --check-lines=1 limits clangd's per-token feature tests (which report tweak
+    # failures in headers as errors in clangd 14) to the first line; parse errors
+    # of the whole file are still counted.
+    return subprocess.run(
+        ["clangd", f"--check={path}", "--check-lines=1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(shutil.which("clangd") is None, reason="clangd is not installed")
+def test_real_clangd_parses_headers_and_cu_files(tmp_path, monkeypatch):
+    import os
+
+    version = subprocess.run(["clangd", "--version"], capture_output=True, text=True).stdout
+    major = int(re.search(r"version (\d+)", version).group(1))
+    # clang learned sm_90a in 17; an older clangd gets an arch it knows.
+    arch = "sm_90a" if major >= 17 else "sm_80"
+    # The user config applies to every file, so the package's own headers are checked in place.
+    config_home = tmp_path / "xdg"
+    assert (
+        main(
+            [
+                "show-clangd-recommend-config",
+                "--cuda-arch",
+                arch,
+                "--output",
+                str(config_home / "clangd" / "config.yaml"),
+            ]
+        )
+        == 0
+    )
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config_home), "HOME": str(tmp_path)}
+    kernel = tmp_path / "kernel.cu"
+    kernel.write_text(
+        '#include "mllm_kernel/tensor.hpp"\n'
+        '#include "mllm_kernel/utils.hpp"\n'
+        "template <typename T>\n"
+        "__global__ void scale(T* x, float s) { x[threadIdx.x] = x[threadIdx.x] * s; }\n"
+        "void launch(float* x) { scale<float><<<1, 32>>>(x, 2.0f); }\n"
+    )
+    for path in (paths.include_dir() / "mllm_kernel" / "tensor.hpp", kernel):
+        result = _clangd_check(path, env)
+        assert result.returncode == 0, f"{path}:\n{result.stderr[-3000:]}"
+        assert "All checks completed, 0 errors" in result.stderr
