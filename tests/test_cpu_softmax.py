@@ -1,0 +1,80 @@
+"""softmax against a float64 torch reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mllm_kernel.cpu.jit import softmax
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-6},
+    torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-3},
+    torch.float16: {"rtol": 2e-3, "atol": 1e-4},
+}
+SIZES = [1, 7, 8, 15, 16, 17, 33, 2048, 4097]
+
+
+def randn(*shape, dtype, scale=3.0):
+    return (torch.randn(shape, dtype=torch.float64) * scale).to(dtype)
+
+
+def reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return torch.softmax(x.double(), dim)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_last_dim(dtype, n):
+    torch.manual_seed(n)
+    x = randn(3, n, dtype=dtype)
+    result = softmax(x)
+    assert result.dtype == dtype and result.shape == x.shape
+    torch.testing.assert_close(result.double(), reference(x), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_any_dim_and_layout(dtype):
+    torch.manual_seed(1)
+    x = randn(5, 33, 17, dtype=dtype)
+    for dim in (0, 1, 2, -1, -2, -3):
+        torch.testing.assert_close(softmax(x, dim).double(), reference(x, dim), **TOL[dtype])
+    inputs = {
+        "transposed": x.transpose(0, 2),
+        "sliced": x[:, 3:30:2, 1:],
+        "many rows (threads)": randn(40, 4096, dtype=dtype),
+        "1-d": randn(1000, dtype=dtype),
+        "large logits": randn(4, 300, dtype=dtype, scale=80.0),
+    }
+    for name, t in inputs.items():
+        torch.testing.assert_close(softmax(t).double(), reference(t), **TOL[dtype], msg=name)
+
+
+def test_softmax_masking_and_special_values():
+    x = torch.randn(4, 100)
+    x[:, ::3] = -math.inf
+    result = softmax(x)
+    assert (result[:, ::3] == 0).all(), "masked logits must get exactly 0"
+    torch.testing.assert_close(result.double(), reference(x))
+    # Rows torch answers with NaN: all masked, or holding a NaN / +inf.
+    y = torch.tensor([[-math.inf] * 3, [0.0, math.nan, 1.0], [0.0, math.inf, 1.0]])
+    torch.testing.assert_close(softmax(y), torch.softmax(y, -1), equal_nan=True)
+
+
+def test_softmax_0d_and_empty():
+    torch.testing.assert_close(softmax(torch.tensor(3.0)), torch.tensor(1.0))
+    assert softmax(torch.empty(0, 5)).shape == (0, 5)
+    assert softmax(torch.empty(5, 0)).shape == (5, 0)
+    assert softmax(torch.empty(2, 0, 3), dim=1).shape == (2, 0, 3)
+
+
+def test_softmax_errors():
+    with pytest.raises(TypeError, match=r"'x'.*float64"):
+        softmax(torch.randn(2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"'x'.*int64"):
+        softmax(torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(IndexError):
+        softmax(torch.randn(2, 3), dim=2)
