@@ -133,6 +133,7 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
 def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str:
     """``show-config``'s text: the summary, kernel tables by device, unclaimed modules."""
     out = [_summary(info, _arch_summary(report.arch))]
+    footnotes: list[str] = []  # an unknown status's reason, printed once per distinct reason
     for device in ("cpu", "cuda"):
         kernels = [k for k in report.kernels if k.device == device]
         out.append("")
@@ -147,7 +148,9 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                 if status.status == "cached":
                     where = str(status.path)
                 elif status.status == "unknown":
-                    where = status.detail
+                    if status.detail not in footnotes:
+                        footnotes.append(status.detail)
+                    where = f"see [{footnotes.index(status.detail) + 1}] below"
                 else:
                     where = status.detail or "-"
                 rows.append(
@@ -162,8 +165,9 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
             if not kernel.variants:
                 rows.append((name, "-", "no variants listed", "-", "-"))
         out.append(table(("kernel", "variant", "status", "size", "path / detail"), rows))
-    unknown = {s.detail for k in report.kernels for s in k.variants if s.status == "unknown"}
-    if unknown and report.arch is None:
+    for number, detail in enumerate(footnotes, 1):
+        out.append(f"  [{number}] {detail}")
+    if footnotes and report.arch is None:
         out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
     out.append("")
     out.append(paint("Other cached modules (no registered kernel claims them)", "bold"))
