@@ -16,6 +16,7 @@ from mllm_kernel.jit_utils import (
     cache_once,
     load_cpu_jit,
     load_cuda_jit,
+    loader,
     precompile,
     register_kernel,
     registry,
@@ -110,10 +111,9 @@ def test_build_into_cache_without_loading(fresh_cache, temp_kernels, tmp_path):
         temp_kernels, tmp_path, "pc_noload", GOOD_CPP.format(name="pc_noload"), [(4,)]
     )
     spec = registry.plan(builder, 4)
-    status, path = precompile.build_into_cache(spec)
-    assert status == "built" and path == module_key(spec).path
+    assert loader.build_into_cache(spec) == "built"
     assert cache.lookup(module_key(spec)).status == "hit"
-    assert precompile.build_into_cache(spec) == ("cached", path)
+    assert loader.build_into_cache(spec) == "cached"
     assert not list((fresh_cache / ".staging").iterdir())
     # The loader takes the installed module as a valid cache hit.
     assert builder(4).pc_noload(1) == 5

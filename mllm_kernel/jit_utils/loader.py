@@ -186,14 +186,60 @@ def _try_load(artifact: Path, spec: BuildSpec) -> Any | None:
 def build_and_load(spec: BuildSpec, key: ModuleKey | None = None) -> Any:
     """Builds ``spec`` under the cross-process lock (unless another process just
     did), installs it atomically and returns the loaded module."""
-    key = key or module_key(spec)
+    _, module = _locked_build(spec, key or module_key(spec), load=True)
+    return module
+
+
+def build_into_cache(spec: BuildSpec, key: ModuleKey | None = None) -> str:
+    """Like :func:`build_and_load` but never loads the module (for precompiling
+    where it cannot load, e.g. a CUDA module without a driver). Returns
+    ``"cached"`` if a valid build was already there, else ``"built"``."""
+    status, _ = _locked_build(spec, key or module_key(spec), load=False)
+    return status
+
+
+def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cache.Manifest:
+    return cache.Manifest(
+        name=spec.name,
+        device=spec.device,
+        template_args=list(spec.template_args),
+        key_hash=key.hash,
+        artifact=result.artifact.name,
+        artifact_size=result.artifact.stat().st_size,
+        artifact_sha256=cache.file_digest(result.artifact),
+        deps=result.deps,
+        exports=list(spec.exports),
+        built_at=time.time(),
+        build_seconds=round(result.seconds, 3),
+        toolchain=result.toolchain,
+        cuda_archs=[str(a) for a in spec.cuda_archs],
+    )
+
+
+def _load_checked(artifact: Path, spec: BuildSpec) -> Any:
+    module = tvm_ffi.load_module(str(artifact))
+    missing = [e for e in spec.exports if not module.implements_function(e)]
+    if missing:
+        raise KernelBuildError(
+            f"module {spec.name!r} built but does not export {missing}",
+            module=spec.name,
+            template_args=spec.template_args,
+            first_error=f"missing exports {missing}",
+            log_path="",
+        )
+    return module
+
+
+def _locked_build(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
+    """``("cached" | "built", module or None)``; the module only when ``load``."""
     with cache.module_lock(key, purpose=f"building {spec.describe()}"):
         found = cache.lookup(key)
         if found.status == "hit":
-            module = _try_load(found.artifact, spec)
-            if module is not None:
-                registry.record_loaded(spec)
-                return module
+            module = _try_load(found.artifact, spec) if load else None
+            if module is not None or not load:
+                if load:
+                    registry.record_loaded(spec)
+                return "cached", module
         elif found.status == "corrupt":
             _logger.warning("cache entry %s is corrupt (%s); rebuilding", key.path, found.reason)
         elif found.status == "stale":
@@ -202,35 +248,13 @@ def build_and_load(spec: BuildSpec, key: ModuleKey | None = None) -> Any:
         staging = cache.new_staging_dir(key)
         try:
             result = build.build(spec, staging, cache.failure_log_path(key))
-            cache.Manifest(
-                name=spec.name,
-                device=spec.device,
-                template_args=list(spec.template_args),
-                key_hash=key.hash,
-                artifact=result.artifact.name,
-                artifact_size=result.artifact.stat().st_size,
-                artifact_sha256=cache.file_digest(result.artifact),
-                deps=result.deps,
-                exports=list(spec.exports),
-                built_at=time.time(),
-                build_seconds=round(result.seconds, 3),
-                toolchain=result.toolchain,
-                cuda_archs=[str(a) for a in spec.cuda_archs],
-            ).write(staging)
+            _manifest(spec, key, result).write(staging)
             # Load once from staging: a module that cannot load never reaches the cache.
-            module = tvm_ffi.load_module(str(result.artifact))
-            missing = [e for e in spec.exports if not module.implements_function(e)]
-            if missing:
-                raise KernelBuildError(
-                    f"module {spec.name!r} built but does not export {missing}",
-                    module=spec.name,
-                    template_args=spec.template_args,
-                    first_error=f"missing exports {missing}",
-                    log_path="",
-                )
+            module = _load_checked(result.artifact, spec) if load else None
             cache.install(staging, key)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     _logger.info("built %s in %.1fs: %s", spec.describe(), result.seconds, key.path)
-    registry.record_loaded(spec)
-    return module
+    if load:
+        registry.record_loaded(spec)
+    return "built", module

@@ -4,8 +4,8 @@ CI compiles every CUDA kernel for sm_90a on a machine without a GPU, and a
 deployment image can ship a warm cache. Where the module can be loaded here (a
 CPU kernel, or a CUDA kernel with a GPU present) the loader's own path builds
 it and verifies it by loading; a CUDA module on a machine without a usable GPU
-is compiled, linked and installed by :func:`build_into_cache` without being
-loaded (dlopen of a CUDA module may fail without libcuda).
+is compiled, linked and installed by :func:`loader.build_into_cache` without
+being loaded (dlopen of a CUDA module may fail without libcuda).
 
 >>> report = precompile(device="cpu", kernels=["add_constant"])  # doctest: +SKIP
 >>> [r.status for r in report.results]  # doctest: +SKIP
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -25,12 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.jit_utils import build, cache, loader, registry, toolchain
-from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
+from mllm_kernel.jit_utils import cache, loader, registry, toolchain
+from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError, ToolchainError
 from mllm_kernel.jit_utils.registry import KernelEntry
-from mllm_kernel.jit_utils.spec import BuildSpec
 from mllm_kernel.logging_setup import get_logger
 
 DEVICE_CHOICES = ("cpu", "cuda", "all")
@@ -80,47 +78,6 @@ class PrecompileReport:
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
-
-
-def manifest_for(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cache.Manifest:
-    """The manifest of a finished build of ``spec`` (what the loader writes too)."""
-    return cache.Manifest(
-        name=spec.name,
-        device=spec.device,
-        template_args=list(spec.template_args),
-        key_hash=key.hash,
-        artifact=result.artifact.name,
-        artifact_size=result.artifact.stat().st_size,
-        artifact_sha256=cache.file_digest(result.artifact),
-        deps=result.deps,
-        exports=list(spec.exports),
-        built_at=time.time(),
-        build_seconds=round(result.seconds, 3),
-        toolchain=result.toolchain,
-        cuda_archs=[str(a) for a in spec.cuda_archs],
-    )
-
-
-def build_into_cache(spec: BuildSpec, key: ModuleKey | None = None) -> tuple[str, Path]:
-    """Compiles, links and installs ``spec`` into the cache without loading it.
-
-    Returns ``("cached", path)`` if a valid build was already there (perhaps
-    finished by another process while we waited for the lock), else
-    ``("built", path)``. Raises KernelBuildError like the loader.
-    """
-    key = key or module_key(spec)
-    with cache.module_lock(key, purpose=f"precompiling {spec.describe()}"):
-        if cache.lookup(key).status == "hit":
-            return "cached", key.path
-        staging = cache.new_staging_dir(key)
-        try:
-            result = build.build(spec, staging, cache.failure_log_path(key))
-            manifest_for(spec, key, result).write(staging)
-            cache.install(staging, key)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    _logger.info("built %s in %.1fs: %s", spec.describe(), result.seconds, key.path)
-    return "built", key.path
 
 
 def can_load(device: str) -> bool:
@@ -180,7 +137,7 @@ def run_job(job: Job, load: bool | None = None) -> JobResult:
             loader.load_spec(spec)
             status = "built"
         else:
-            status, _ = build_into_cache(spec, key)
+            status = loader.build_into_cache(spec, key)
         return JobResult(job, status, time.monotonic() - started, key.path)
     except KernelBuildError as exc:
         return JobResult(
