@@ -39,9 +39,8 @@ def temp_kernels():
         return builder
 
     yield add
-    with registry._lock:
-        for key in names:
-            registry._entries.pop(key, None)
+    for name, device in names:
+        registry.unregister(name, device)
 
 
 @pytest.fixture

@@ -91,6 +91,12 @@ def register_kernel(
     return decorate
 
 
+def unregister(name: str, device: str) -> None:
+    """Forgets a kernel (a no-op if it is not registered)."""
+    with _lock:
+        _entries.pop((name, device), None)
+
+
 def plan(builder: Callable[..., Any], *args: Any) -> BuildSpec:
     """Runs ``builder(*args)`` up to its BuildSpec, building nothing."""
     target = getattr(builder, "uncached", builder)
