@@ -3,7 +3,9 @@
     PYTHONPATH=. python benchmarks/bench_cpu.py [--min-run-time 0.2] [--threads N]
 
 Each case times our kernel and the eager torch sequence it replaces, in the
-same run, after a warm-up call (which also compiles the kernel). Bandwidth
+same run, after a warm-up call (which also compiles the kernel). Ops that
+allocate their output pay for it like torch does ("out=" rows show the kernel
+alone: a fresh large output costs page faults, often more than the op). Bandwidth
 counts the bytes each op must read and write once: the roofline for these
 memory-bound ops is the machine's streaming bandwidth.
 """
@@ -72,6 +74,9 @@ def cases(rows_list: list[int], hiddens: list[int], dtypes: list[torch.dtype]) -
                 found += [
                     Case("add_constant", dtype, shape, lambda x=x: add_constant(x, 8),
                          lambda x=x: torch.add(x, 8), 2 * n * size),
+                    Case("add_constant, out=", dtype, shape,
+                         lambda x=x, o=out: add_constant(x, 8, out=o),
+                         lambda x=x, o=out: torch.add(x, 8, out=o), 2 * n * size),
                     Case("add_constant_runtime", dtype, shape,
                          lambda x=x: add_constant_runtime(x, 0.5),
                          lambda x=x: torch.add(x, 0.5), 2 * n * size),

@@ -19,7 +19,7 @@ void unary_map(const TensorView& out, const TensorView& x, int64_t max_threads, 
   const TIn* src = data_ptr<const TIn>(x);
   TOut* dst = data_ptr<TOut>(out);
   if (is_dense(x) && same_strides(x, out)) {
-    parallel_for(x.numel(), 1, max_threads, [&](int64_t begin, int64_t end) {
+    parallel_for(x.numel(), 2, max_threads, [&](int64_t begin, int64_t end) {
 #pragma omp simd
       for (int64_t i = begin; i < end; ++i) dst[i] = op(src[i]);
     });
@@ -27,7 +27,7 @@ void unary_map(const TensorView& out, const TensorView& x, int64_t max_threads, 
   }
   const RowLayout x_rows(x), out_rows(out);
   const int64_t cols = x_rows.cols(), xs = x_rows.col_stride(), os = out_rows.col_stride();
-  parallel_for(x_rows.rows(), cols, max_threads, [&](int64_t begin, int64_t end) {
+  parallel_for(x_rows.rows(), 2 * cols, max_threads, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const TIn* in_row = src + x_rows.row_offset(r);
       TOut* out_row = dst + out_rows.row_offset(r);

@@ -14,12 +14,16 @@
 
 namespace mllm_kernel::cpu {
 
-/// Below this many elements per thread, waking another thread costs more than
-/// it saves (a parallel region costs a few microseconds; this much streaming
-/// work takes about as long).
-inline constexpr int64_t kMinElementsPerThread = int64_t{1} << 15;
+/// Work is measured in element accesses (a load or a store, with a few flops):
+/// an element-wise op costs 2 per element, a norm reading its input twice 3.
+/// Below this much work per thread, waking another thread costs more than it
+/// saves: a parallel region costs a few microseconds, about this much work.
+inline constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
 
-/// How many threads `num_items` items of `item_cost` elements each deserve, at
+/// The extra cost, in element accesses, of an element that needs an exp.
+inline constexpr int64_t kExpCost = 8;
+
+/// How many threads `num_items` items of `item_cost` work each deserve, at
 /// most `max_threads` (the caller's budget, e.g. torch.get_num_threads()).
 inline int threads_for(int64_t num_items, int64_t item_cost, int64_t max_threads) {
   const int64_t total = num_items * std::max<int64_t>(item_cost, 1);

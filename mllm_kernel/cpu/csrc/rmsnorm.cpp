@@ -54,7 +54,7 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
     const T* x_data = data_ptr<const T>(x);
     const T* w = data_ptr<const T>(weight);
     T* out_data = data_ptr<T>(out);
-    parallel_for(x_rows.rows(), hidden, num_threads, [&](int64_t begin, int64_t end) {
+    parallel_for(x_rows.rows(), 3 * hidden, num_threads, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = x_data + x_rows.row_offset(r);
         T* yr = out_data + out_rows.row_offset(r);
@@ -93,7 +93,7 @@ inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weig
     T* x_data = data_ptr<T>(x);
     T* res_data = data_ptr<T>(residual);
     const T* w = data_ptr<const T>(weight);
-    parallel_for(x_rows.rows(), hidden, num_threads, [&](int64_t begin, int64_t end) {
+    parallel_for(x_rows.rows(), 4 * hidden, num_threads, [&](int64_t begin, int64_t end) {
       const std::unique_ptr<float[]> sum_row(new float[hidden]);
       float* s = sum_row.get();
       for (int64_t r = begin; r < end; ++r) {

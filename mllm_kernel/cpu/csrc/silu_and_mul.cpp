@@ -27,7 +27,7 @@ inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     T* out_data = data_ptr<T>(out);
-    parallel_for(x_rows.rows(), 2 * d, num_threads, [&](int64_t begin, int64_t end) {
+    parallel_for(x_rows.rows(), d * (3 + kExpCost), num_threads, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* gate = x_data + x_rows.row_offset(r);
         const T* up = gate + d;
