@@ -88,7 +88,7 @@ __device__ __forceinline__ void store_scaled(const Params& p, int64_t row, int64
 }
 
 template <typename T, int N, bool kCached, Mode kMode>
-__global__ void rmsnorm_kernel(const Params p) {
+__global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(const Params p) {
   const int64_t row = blockIdx.x;
   float sum_sq = 0.0f;
   float cache[kCached ? kCachedVecs : 1][N];

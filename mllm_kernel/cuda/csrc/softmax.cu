@@ -51,7 +51,7 @@ __device__ __forceinline__ void block_merge(float& m, float& s) {
 // --- forward ----------------------------------------------------------------
 
 template <typename T, int N>
-__global__ void softmax_registers_kernel(const Params p) {
+__global__ void __launch_bounds__(kMaxThreads) softmax_registers_kernel(const Params p) {
   const int64_t row = blockIdx.x;
   const T* in = row_of<T, N>(p.in, p.in_stride, row);
   float x[kCachedVecs][N];
@@ -98,7 +98,7 @@ __global__ void softmax_registers_kernel(const Params p) {
 
 /// Shared tier (kShared) and global tier: one online pass, one normalising pass.
 template <typename T, int N, bool kShared>
-__global__ void softmax_two_pass_kernel(const Params p) {
+__global__ void __launch_bounds__(kMaxThreads) softmax_two_pass_kernel(const Params p) {
   extern __shared__ uint4 shared_row[];  // kShared: the row, num_vecs * N elements of T
   T* cached = reinterpret_cast<T*>(shared_row);
   const int64_t row = blockIdx.x;
@@ -151,7 +151,7 @@ __global__ void softmax_two_pass_kernel(const Params p) {
 // --- backward ---------------------------------------------------------------
 
 template <typename T, int N>
-__global__ void softmax_backward_registers_kernel(const Params p) {
+__global__ void __launch_bounds__(kMaxThreads) softmax_backward_registers_kernel(const Params p) {
   const int64_t row = blockIdx.x;
   const T* y_row = row_of<T, N>(p.in, p.in_stride, row);
   const T* g_row = row_of<T, N>(p.grad, p.grad_stride, row);
@@ -184,7 +184,7 @@ __global__ void softmax_backward_registers_kernel(const Params p) {
 }
 
 template <typename T, int N>
-__global__ void softmax_backward_two_pass_kernel(const Params p) {
+__global__ void __launch_bounds__(kMaxThreads) softmax_backward_two_pass_kernel(const Params p) {
   const int64_t row = blockIdx.x;
   const T* y_row = row_of<T, N>(p.in, p.in_stride, row);
   const T* g_row = row_of<T, N>(p.grad, p.grad_stride, row);

@@ -1,0 +1,111 @@
+"""CUDA softmax and softmax_backward against a float64 reference, 1 to 256k columns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Registers (<= 4096 vectors), shared memory (fits the block), global (longer), and
+# unaligned lengths (scalar register and global tiers) for every dtype.
+HIDDEN = [1, 7, 8, 9, 127, 128, 4095, 4096, 5120, 16385, 32768, 32769, 65536, 131072, 262144]
+RTOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def _close(out, ref):
+    # Entries span many magnitudes: tolerances are relative, plus a floor relative to
+    # the row's largest entry.
+    rtol = RTOL[out.dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=rtol * 1e-2 * ref.abs().max())
+
+
+def _rows_for(hidden):
+    return 3 if hidden > 8192 else 33
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_softmax(dtype, hidden):
+    from mllm_kernel.cuda.jit import softmax
+
+    x = (4 * torch.randn(_rows_for(hidden), hidden, device="cuda")).to(dtype)
+    out = torch.full_like(x, float("nan"))
+    assert softmax(x, out=out) is out
+    _close(out, torch.softmax(x.double(), dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [9, 4096, 65536, 262144])
+def test_softmax_temperature_and_masking(dtype, hidden):
+    from mllm_kernel.cuda.jit import softmax
+
+    x = (4 * torch.randn(2, hidden, device="cuda")).to(dtype)
+    x[:, ::3] = float("-inf")  # masked logits
+    x[:, 1] = 50  # one large logit
+    ref = torch.softmax(x.double() / 0.7, dim=-1)
+    _close(softmax(x, temperature=0.7), ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_layouts(dtype):
+    from mllm_kernel.cuda.jit import softmax
+
+    big = torch.randn(5, 4096 + 64, device="cuda").to(dtype)
+    strided = big[:, :4096]
+    _close(softmax(strided), torch.softmax(strided.double(), -1))
+    x3 = torch.randn(2, 3, 1000, device="cuda").to(dtype)
+    _close(softmax(x3), torch.softmax(x3.double(), -1))
+    x = torch.randn(300, 7, device="cuda").to(dtype)
+    _close(softmax(x, dim=0), torch.softmax(x.double(), 0))
+    out = torch.full_like(x, float("nan"))
+    assert softmax(x, dim=0, out=out) is out
+    _close(out, torch.softmax(x.double(), 0))
+    in_place = x.clone()
+    softmax(in_place, out=in_place)
+    _close(in_place, torch.softmax(x.double(), -1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_softmax_backward(dtype, hidden):
+    from mllm_kernel.cuda.jit import softmax_backward
+
+    rows = _rows_for(hidden)
+    out = torch.softmax(4 * torch.randn(rows, hidden, device="cuda"), -1).to(dtype)
+    grad = torch.randn(rows, hidden, device="cuda").to(dtype)
+    y, g = out.double(), grad.double()
+    ref = y * (g - (g * y).sum(-1, keepdim=True))
+    _close(softmax_backward(grad, out), ref)
+
+
+def test_softmax_backward_matches_autograd():
+    from mllm_kernel.cuda.jit import softmax, softmax_backward
+
+    x = torch.randn(4, 300, device="cuda", dtype=torch.float64).requires_grad_()
+    y = torch.softmax(x, -1)
+    grad = torch.randn_like(y)
+    (expected,) = torch.autograd.grad(y, x, grad)
+    got = softmax_backward(grad.float(), softmax(x.detach().float()))
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_inputs():
+    from mllm_kernel.cuda.jit import softmax, softmax_backward
+
+    x = torch.randn(4, 64, device="cuda")
+    with pytest.raises(ValueError, match="'temperature'"):
+        softmax(x, temperature=0.0)
+    with pytest.raises(TypeError, match=r"'x'.*int32"):
+        softmax(x.to(torch.int32))
+    with pytest.raises(ValueError, match="'out'"):
+        softmax(x, out=torch.empty(4, 32, device="cuda"))
+    with pytest.raises(TypeError, match="'out'"):
+        softmax(x, out=torch.empty(4, 64, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="'grad_out'"):
+        softmax_backward(torch.randn(4, 32, device="cuda"), x)
+    with pytest.raises(TypeError, match="'grad_out'"):
+        softmax_backward(x.half(), x)
+    with pytest.raises(ValueError, match="'grad_out'"):
+        softmax_backward(x.cpu(), x)
