@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default: gpu_results/
 #   GPU_CHECK_TESTS=0 / GPU_CHECK_BENCH=0      # skip a part
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
+#   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-$repo/gpu_results}" && cd "${1:-$repo/gpu_results}" && pwd)
@@ -20,6 +21,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$repo:${PYTHONPATH:-}"
 export MLLM_KERNEL_CACHE_DIR="${MLLM_KERNEL_CACHE_DIR:-/tmp/mllm_kernel_cache}"
+# Tests and benchmarks share one cache, filled up front by a parallel precompile.
+export MLLM_KERNEL_TEST_KEEP_CACHE=1
 
 {
   echo "# GPU check: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -28,12 +31,14 @@ export MLLM_KERNEL_CACHE_DIR="${MLLM_KERNEL_CACHE_DIR:-/tmp/mllm_kernel_cache}"
 } | tee "$out/summary.md"
 
 status=0
+python3 -m mllm_kernel precompile --device cuda -j "$(nproc)" 2>&1 | tail -n 3 | tee -a "$out/summary.md"
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
-  python3 -m pytest tests -q -m "cuda or nvcc" -p no:cacheprovider -rs ${GPU_CHECK_PYTEST_ARGS:-} \
-    2>&1 | tee "$out/pytest.txt"
+  # shellcheck disable=SC2086
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-480}" python3 -m pytest tests -q -m "${GPU_CHECK_MARKERS:-cuda}" \
+    -p no:cacheprovider -rs ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || status=$rc
-  echo "- tests (cuda + nvcc): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
+  echo "- tests (${GPU_CHECK_MARKERS:-cuda}): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
 fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
   for bench in benchmarks/bench_cuda.py benchmarks/bench_jit.py; do
