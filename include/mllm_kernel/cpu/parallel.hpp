@@ -1,5 +1,5 @@
 // Splitting CPU work over OpenMP threads. Kernels that include this are built
-// with -fopenmp (extra_cxx_flags and extra_ldflags); without it the loops run
+// with -fopenmp (mllm_kernel/cpu/jit/compile_flags.py); without it the loops run
 // serially, so a kernel stays correct either way.
 #pragma once
 
@@ -18,7 +18,7 @@ namespace mllm_kernel::cpu {
 /// an element-wise op costs 2 per element, a norm reading its input twice 3.
 /// Below this much work per thread, waking another thread costs more than it
 /// saves: a parallel region costs a few microseconds, about this much work.
-inline constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
+inline constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
 
 /// The extra cost, in element accesses, of an element that needs an exp.
 inline constexpr int64_t kExpCost = 8;
@@ -27,7 +27,7 @@ inline constexpr int64_t kExpCost = 8;
 /// most `max_threads` (the caller's budget, e.g. torch.get_num_threads()).
 inline int threads_for(int64_t num_items, int64_t item_cost, int64_t max_threads) {
   const int64_t total = num_items * std::max<int64_t>(item_cost, 1);
-  const int64_t by_work = std::max<int64_t>(total / kMinElementsPerThread, 1);
+  const int64_t by_work = std::max<int64_t>(total / kMinWorkPerThread, 1);
   return static_cast<int>(
       std::clamp<int64_t>(std::min(by_work, num_items), 1, std::max<int64_t>(max_threads, 1)));
 }
