@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -390,6 +391,8 @@ def measure(case: Case) -> dict:
 
 
 def _git_commit() -> str:
+    if os.environ.get("GIT_COMMIT"):  # set by scripts/gpu_check.sh where .git did not travel
+        return os.environ["GIT_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True

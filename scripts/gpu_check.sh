@@ -24,8 +24,10 @@ export MLLM_KERNEL_CACHE_DIR="${MLLM_KERNEL_CACHE_DIR:-/tmp/mllm_kernel_cache}"
 # Tests and benchmarks share one cache, filled up front by a parallel precompile.
 export MLLM_KERNEL_TEST_KEEP_CACHE=1
 
+# The device machine gets the working tree without .git: the caller passes GIT_COMMIT.
+export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 {
-  echo "# GPU check: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "# GPU check: $(date -u +%Y-%m-%dT%H:%MZ), commit $GIT_COMMIT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/- GPU: /'
   python3 -c 'import torch, tvm_ffi; print(f"- torch {torch.__version__}, tvm_ffi {tvm_ffi.__version__}, GPUs {torch.cuda.device_count()}")'
 } | tee "$out/summary.md"

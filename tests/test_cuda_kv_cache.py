@@ -72,7 +72,7 @@ def test_store_cache_out_of_range(monkeypatch):
     monkeypatch.setenv("MLLM_KERNEL_CHECK_BOUNDS", "1")
     with pytest.raises(IndexError, match=r"2 of argument 'indices'.*8 slots"):
         store_cache(k, k, k_cache, v_cache, indices)
-    store_cache(k, k, k_cache, v_cache, indices[:1])  # in range: no error
+    store_cache(k[:1], k[:1], k_cache, v_cache, indices[:1])  # in range: no error
 
 
 def test_store_cache_bad_inputs():

@@ -154,11 +154,18 @@ inline cudaStream_t current_stream(DLDevice device) {
 /// site if the launch failed. An empty grid launches nothing.
 ///
 ///   KernelLauncher(grid, block, input.device())(my_kernel<T>, out_ptr, in_ptr, n);
+///   KernelLauncher(grid, block, device).cluster(4)(kernel, ...);  // 4-CTA clusters along x
 class KernelLauncher {
  public:
   KernelLauncher(dim3 grid, dim3 block, DLDevice device, std::size_t shared_mem_bytes = 0,
                  source_location loc = source_location::current())
       : grid_(grid), block_(block), device_(device), shared_mem_(shared_mem_bytes), loc_(loc) {}
+
+  /// Launches thread-block clusters of `size` CTAs along x (grid.x a multiple of it).
+  KernelLauncher& cluster(unsigned size) {
+    cluster_ = size;
+    return *this;
+  }
 
   template <typename... KernelArgs, typename... Args>
   void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
@@ -168,8 +175,25 @@ class KernelLauncher {
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(shared_mem_)));
     }
-    kernel<<<grid_, block_, shared_mem_, current_stream(device_)>>>(
-        static_cast<KernelArgs>(std::forward<Args>(args))...);
+    if (cluster_ > 1) {
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = cluster_;
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = grid_;
+      config.blockDim = block_;
+      config.dynamicSmemBytes = shared_mem_;
+      config.stream = current_stream(device_);
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      check(cudaLaunchKernelEx(&config, kernel,
+                               static_cast<KernelArgs>(std::forward<Args>(args))...));
+    } else {
+      kernel<<<grid_, block_, shared_mem_, current_stream(device_)>>>(
+          static_cast<KernelArgs>(std::forward<Args>(args))...);
+    }
     check(cudaGetLastError());
   }
 
@@ -188,6 +212,7 @@ class KernelLauncher {
   DLDevice device_;
   std::size_t shared_mem_;
   source_location loc_;
+  unsigned cluster_ = 1;
 };
 
 /// The number of streaming multiprocessors of `device` (cached per device).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 
 import torch
 
@@ -38,6 +39,18 @@ def _runtime_module():
     )
 
 
+_kernels: dict[int, Callable[..., None]] = {}
+
+
+def _kernel_for(c: object) -> Callable[..., None]:
+    """The compiled function for ``c``, after checking ``c`` (a template argument)."""
+    is_integer = type(c) is int or (isinstance(c, numbers.Integral) and not isinstance(c, bool))
+    if not is_integer or c not in ALLOWED_CONSTANTS:
+        raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
+    kernel = _kernels[int(c)] = _module(int(c)).add_constant
+    return kernel
+
+
 def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Returns ``x + c`` for ``c`` in {1, 2, 4, 8, 16}, one compiled kernel per ``c``.
 
@@ -47,14 +60,14 @@ def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> to
     >>> add_constant(torch.zeros(3), 8)
     tensor([8., 8., 8.])
     """
-    # A template argument: checked here. 2.0 == 2 and True == 1, so check the type too
-    # (`type(c) is int` first: an ABC isinstance costs a microsecond per call).
-    is_integer = type(c) is int or (isinstance(c, numbers.Integral) and not isinstance(c, bool))
-    if not is_integer or c not in ALLOWED_CONSTANTS:
-        raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
+    # Hot path: one dict lookup, valid only for exact ints (True == 1 and 2.0 == 2
+    # hash alike, so anything else goes through the checks in _kernel_for).
+    kernel = _kernels.get(c) if type(c) is int else None
+    if kernel is None:
+        kernel = _kernel_for(c)
     if out is None:
         out = torch.empty_like(x)
-    _module(int(c)).add_constant(out, x, torch.get_num_threads())
+    kernel(out, x, torch.get_num_threads())
     return out
 
 

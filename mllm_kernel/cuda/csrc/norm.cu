@@ -35,9 +35,11 @@ struct Params {
 inline constexpr int kCachedVecs = 4;  // vectors per thread kept in registers
 inline constexpr int kMaxThreads = 1024;
 
-/// Row element vector `v` in fp32 for stage 1; kFusedAdd also stores input + residual.
+/// Row vector `v` as stage 1 reads it; kFusedAdd also stores input + residual and
+/// returns that sum as stored (the row is normalised as stored, so the output
+/// matches the new residual).
 template <typename T, int N, Mode kMode>
-__device__ __forceinline__ void load_first(const Params& p, int64_t row, int64_t v, float (&x)[N]) {
+__device__ __forceinline__ Vec<T, N> load_row(const Params& p, int64_t row, int64_t v) {
   Vec<T, N> a;
   a.load(static_cast<const T*>(p.in) + row * p.in_stride + v * N);
   if constexpr (kMode == Mode::kFusedAdd) {
@@ -47,68 +49,83 @@ __device__ __forceinline__ void load_first(const Params& p, int64_t row, int64_t
 #pragma unroll
     for (int i = 0; i < N; ++i) r[i] = from_float<T>(to_float(a[i]) + to_float(r[i]));
     r.store(residual);
-    a = r;  // the row is normalised as stored, so the output matches the new residual
+    return r;
   }
-#pragma unroll
-  for (int i = 0; i < N; ++i) x[i] = to_float(a[i]);
+  return a;
 }
 
-/// Row element vector `v` again, for stage 2 of rows too long to keep in registers.
+/// Row vector `v` again, for stage 2 of rows too long to keep in registers.
 template <typename T, int N, Mode kMode>
-__device__ __forceinline__ void load_again(const Params& p, int64_t row, int64_t v, float (&x)[N]) {
+__device__ __forceinline__ Vec<T, N> reload_row(const Params& p, int64_t row, int64_t v) {
   Vec<T, N> a;
   if constexpr (kMode == Mode::kFusedAdd) {
     a.load(static_cast<const T*>(p.residual) + row * p.residual_stride + v * N);
   } else {
     a.load(static_cast<const T*>(p.in) + row * p.in_stride + v * N);
   }
+  return a;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_gate(const Params& p, int64_t row, int64_t v) {
+  Vec<T, N> z;
+  z.load(static_cast<const T*>(p.gate) + row * p.gate_stride + v * N);
+  return z;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ float sum_squares(const Vec<T, N>& a) {
+  float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < N; ++i) x[i] = to_float(a[i]);
+  for (int i = 0; i < N; ++i) sum += to_float(a[i]) * to_float(a[i]);
+  return sum;
 }
 
 template <typename T, int N, Mode kMode>
 __device__ __forceinline__ void store_scaled(const Params& p, int64_t row, int64_t v,
-                                             const float (&x)[N], float scale) {
+                                             const Vec<T, N>& x, const Vec<T, N>& gate,
+                                             float scale) {
   Vec<T, N> w, y;
   w.load(static_cast<const T*>(p.weight) + v * N);
-  float g[N];
-  if constexpr (kMode == Mode::kGated) {
-    Vec<T, N> z;
-    z.load(static_cast<const T*>(p.gate) + row * p.gate_stride + v * N);
-#pragma unroll
-    for (int i = 0; i < N; ++i) g[i] = Silu{}(to_float(z[i]));
-  }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    float value = x[i] * scale * to_float(w[i]);
-    if constexpr (kMode == Mode::kGated) value *= g[i];
+    float value = to_float(x[i]) * scale * to_float(w[i]);
+    if constexpr (kMode == Mode::kGated) value *= Silu{}(to_float(gate[i]));
     y[i] = from_float<T>(value);
   }
   y.store(static_cast<T*>(p.out) + row * p.out_stride + v * N);
 }
 
+// The cached path keeps the row (and the gate) as raw 16-byte vectors, not fp32:
+// half the registers, so more rows are in flight per SM.
 template <typename T, int N, bool kCached, Mode kMode>
 __global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(const Params p) {
+  constexpr int kSlots = kCached ? kCachedVecs : 1;
+  constexpr int kGateSlots = kMode == Mode::kGated ? kSlots : 1;
   const int64_t row = blockIdx.x;
   float sum_sq = 0.0f;
-  float cache[kCached ? kCachedVecs : 1][N];
+  Vec<T, N> cache[kSlots];
+  Vec<T, N> gates[kGateSlots];
 
-  // Stage 1: read the row, sum its squares.
+  // Stage 1: read the row (and, cached, its gate: both reads overlap), sum squares.
   if constexpr (kCached) {
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
       const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (v < p.num_vecs) {
-        load_first<T, N, kMode>(p, row, v, cache[k]);
+        cache[k] = load_row<T, N, kMode>(p, row, v);
+        if constexpr (kMode == Mode::kGated) gates[k] = load_gate<T, N>(p, row, v);
+      }
+    }
 #pragma unroll
-        for (int i = 0; i < N; ++i) sum_sq += cache[k][i] * cache[k][i];
+    for (int k = 0; k < kCachedVecs; ++k) {
+      if (threadIdx.x + static_cast<int64_t>(k) * blockDim.x < p.num_vecs) {
+        sum_sq += sum_squares(cache[k]);
       }
     }
   } else {
     for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
-      load_first<T, N, kMode>(p, row, v, cache[0]);
-#pragma unroll
-      for (int i = 0; i < N; ++i) sum_sq += cache[0][i] * cache[0][i];
+      sum_sq += sum_squares(load_row<T, N, kMode>(p, row, v));
     }
   }
   const float scale = rsqrtf(block_reduce_sum(sum_sq) * p.inv_cols + p.eps);
@@ -118,12 +135,14 @@ __global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(const Params p) {
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
       const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (v < p.num_vecs) store_scaled<T, N, kMode>(p, row, v, cache[k], scale);
+      if (v < p.num_vecs) {
+        store_scaled<T, N, kMode>(p, row, v, cache[k], gates[kMode == Mode::kGated ? k : 0], scale);
+      }
     }
   } else {
     for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
-      load_again<T, N, kMode>(p, row, v, cache[0]);
-      store_scaled<T, N, kMode>(p, row, v, cache[0], scale);
+      const Vec<T, N> gate = kMode == Mode::kGated ? load_gate<T, N>(p, row, v) : Vec<T, N>{};
+      store_scaled<T, N, kMode>(p, row, v, reload_row<T, N, kMode>(p, row, v), gate, scale);
     }
   }
 }

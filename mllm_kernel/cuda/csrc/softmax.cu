@@ -1,7 +1,11 @@
 // Softmax over the last dim and its backward, one CTA per row, fp32 math.
 //
-// Forward, y = exp(x / t - max) / sum, in three tiers by row length:
+// Forward, y = exp(x / t - max) / sum, in four tiers by row length:
 //   registers  up to 4 vectors per thread (16k fp32 / 32k bf16): read once, write once.
+//   cluster    up to 8 CTAs' registers (128k fp32 / 256k bf16): the row is split over
+//              a thread-block cluster; each CTA reduces its slice to a (max, sum) pair
+//              and the CTAs trade pairs through distributed shared memory. Read once,
+//              write once, and 8x the SMs on a row.
 //   shared     the row fits the block's shared memory (~56k fp32 / ~113k bf16 on
 //              Hopper): pass 1 reads global memory once, keeping the row in shared
 //              memory, with an online max/sum; pass 2 normalises from shared memory.
@@ -12,6 +16,8 @@
 // Backward, dx = y * (dy - sum(dy * y)): a register tier and a two-pass tier.
 // Rows whose length or alignment does not allow 16-byte vectors use the register
 // tier (up to 4096 elements) or the global tier one element at a time.
+#include <cooperative_groups.h>
+
 #include <cmath>
 
 #include "mllm_kernel/cuda/rows.hpp"
@@ -23,6 +29,8 @@ namespace softmax {
 
 inline constexpr int kCachedVecs = 4;
 inline constexpr int kMaxThreads = 1024;
+inline constexpr int kMaxCluster = 8;         // the portable cluster size limit
+inline constexpr int kClusterCtaVecs = 2048;  // preferred slice: 512 threads x 4 vectors
 
 struct Params {
   void* out;
@@ -91,6 +99,79 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_registers_kernel(const Pa
       Vec<T, N> y;
 #pragma unroll
       for (int i = 0; i < N; ++i) y[i] = from_float<T>(x[k][i] * inv_sum);
+      y.store(out + v * N);
+    }
+  }
+}
+
+/// Cluster tier: CTA `rank` of a cluster holds vectors [rank * slice, (rank + 1) * slice)
+/// of row blockIdx.x / cluster size in registers.
+template <typename T, int N>
+__global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Params p) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const unsigned size = cluster.num_blocks();
+  const int64_t row = blockIdx.x / size;
+  const int64_t slice = div_ceil<int64_t>(p.num_vecs, size);
+  const int64_t begin = cluster.block_rank() * slice;
+  const int64_t end = begin + slice < p.num_vecs ? begin + slice : p.num_vecs;
+  const T* in = row_of<T, N>(p.in, p.in_stride, row);
+
+  float x[kCachedVecs][N];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kCachedVecs; ++k) {
+    const int64_t v = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (v < end) {
+      Vec<T, N> a;
+      a.load_stream(in + v * N);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        x[k][i] = to_float(a[i]) * p.scale;
+        m = fmaxf(m, x[k][i]);
+      }
+    }
+  }
+  m = block_reduce_max(m);
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kCachedVecs; ++k) {
+    if (begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x < end) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        x[k][i] = m == -INFINITY ? 0.0f : fast_exp2(x[k][i] - m);
+        s += x[k][i];
+      }
+    }
+  }
+  s = block_reduce_sum(s);
+
+  // Trade (max, sum) with the other CTAs of the row and merge them.
+  __shared__ float2 slice_stats;
+  if (threadIdx.x == 0) slice_stats = make_float2(m, s);
+  cluster.sync();
+  float row_max = -INFINITY;
+  for (unsigned r = 0; r < size; ++r)
+    row_max = fmaxf(row_max, cluster.map_shared_rank(&slice_stats, r)->x);
+  float row_sum = 0.0f;
+  for (unsigned r = 0; r < size; ++r) {
+    const float2 peer = *cluster.map_shared_rank(&slice_stats, r);
+    if (peer.y != 0.0f) row_sum += peer.y * fast_exp2(peer.x - row_max);
+  }
+  cluster.sync();  // no CTA leaves (freeing its slice_stats) while a peer still reads it
+
+  // A row that is -inf throughout gives NaN, as in the other tiers (and torch).
+  const float factor = row_max == -INFINITY ? NAN
+                       : m == -INFINITY     ? 0.0f
+                                            : fast_exp2(m - row_max) / row_sum;
+  T* out = static_cast<T*>(p.out) + row * p.out_stride;
+#pragma unroll
+  for (int k = 0; k < kCachedVecs; ++k) {
+    const int64_t v = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (v < end) {
+      Vec<T, N> y;
+#pragma unroll
+      for (int i = 0; i < N; ++i) y[i] = from_float<T>(x[k][i] * factor);
       y.store(out + v * N);
     }
   }
@@ -254,8 +335,19 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
     // Leave room for the reductions' static shared memory.
     const std::size_t shared_limit = max_shared_memory_per_block(dev) - 1024;
     const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(T);
-    if (aligned && n / W <= kMaxThreads * kCachedVecs) {
-      run(softmax_registers_kernel<T, W>, p, xs.rows, n / W, threads_for(n / W, kCachedVecs), dev);
+    const int64_t vecs = n / W;
+    if (aligned && vecs <= kMaxThreads * kCachedVecs) {
+      run(softmax_registers_kernel<T, W>, p, xs.rows, vecs, threads_for(vecs, kCachedVecs), dev);
+    } else if (aligned && vecs <= int64_t{kMaxCluster} * kMaxThreads * kCachedVecs &&
+               xs.rows * kMaxCluster < (int64_t{1} << 31)) {
+      // The smallest cluster whose CTAs hold at most kClusterCtaVecs, up to kMaxCluster.
+      int cluster = 2;
+      while (cluster < kMaxCluster && vecs > int64_t{cluster} * kClusterCtaVecs) cluster *= 2;
+      const int64_t slice = div_ceil<int64_t>(vecs, cluster);
+      p.num_vecs = vecs;
+      KernelLauncher(dim3(static_cast<unsigned>(xs.rows * cluster)),
+                     dim3(threads_for(slice, kCachedVecs)), dev)
+          .cluster(static_cast<unsigned>(cluster))(softmax_cluster_kernel<T, W>, p);
     } else if (aligned && row_bytes <= shared_limit) {
       run(softmax_two_pass_kernel<T, W, true>, p, xs.rows, n / W, kMaxThreads, dev, row_bytes);
     } else if (aligned) {

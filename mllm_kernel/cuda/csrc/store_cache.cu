@@ -38,7 +38,20 @@ __device__ __forceinline__ void copy_row(const Rows& src, const Rows& dst, int64
   const Unit* s =
       reinterpret_cast<const Unit*>(static_cast<const char*>(src.data) + from * src.stride_bytes);
   Unit* d = reinterpret_cast<Unit*>(static_cast<char*>(dst.data) + to * dst.stride_bytes);
-  for (int64_t u = lane; u < src.units; u += kWarpSize) d[u] = s[u];
+  // All loads of a batch are issued before its stores, so a lane has kBatch reads
+  // in flight instead of waiting out each one.
+  constexpr int kBatch = 4;
+  for (int64_t base = lane; base < src.units; base += kWarpSize * kBatch) {
+    Unit buffer[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (base + j * kWarpSize < src.units) buffer[j] = s[base + j * kWarpSize];
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (base + j * kWarpSize < src.units) d[base + j * kWarpSize] = buffer[j];
+    }
+  }
 }
 
 template <typename Unit, typename Index>
