@@ -1,8 +1,7 @@
 // out = x + c, elementwise over contiguous tensors of any shape, with c a
 // compile-time constant (one module per c) or a runtime value. A grid-stride loop
-// over 16-byte vectors (kUnroll in flight per thread) sized to fill the GPU; a
-// misaligned buffer goes element by
-// element. Floating types add in fp32 and round once.
+// over 16-byte vectors, kUnroll in flight per thread; a misaligned buffer goes
+// element by element. Floating types add in fp32 and round once.
 #include <cmath>
 
 #include "mllm_kernel/cuda/rows.hpp"
@@ -23,32 +22,35 @@ __device__ __forceinline__ T add_value(T x, int32_t c_int, float c_float) {
   }
 }
 
-// Vectors each thread loads before it stores any: several 16-byte loads in flight
-// per thread are what it takes to reach DRAM bandwidth with a one-wave grid.
+// Each block owns a contiguous chunk of kUnroll * blockDim.x vectors, and each
+// thread issues its kUnroll loads before any store: several 16-byte loads in
+// flight per thread, and enough blocks for several waves (a short tail).
 inline constexpr int kUnroll = 4;
 
 template <typename T, int N>
 __global__ void add_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t n, int32_t c_int,
                            float c_float) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kUnroll;
   const int64_t num_vecs = n / N;
-  for (int64_t base = first; base < num_vecs; base += stride * kUnroll) {
+  for (int64_t base = blockIdx.x * chunk + threadIdx.x; base < num_vecs;
+       base += static_cast<int64_t>(gridDim.x) * chunk) {
     Vec<T, N> a[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * stride < num_vecs) a[u].load_stream(in + (base + u * stride) * N);
+      if (base + u * blockDim.x < num_vecs) a[u].load_stream(in + (base + u * blockDim.x) * N);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * stride < num_vecs) {
+      if (base + u * blockDim.x < num_vecs) {
 #pragma unroll
         for (int i = 0; i < N; ++i) a[u][i] = add_value(a[u][i], c_int, c_float);
-        a[u].store(out + (base + u * stride) * N);
+        a[u].store(out + (base + u * blockDim.x) * N);
       }
     }
   }
-  for (int64_t i = num_vecs * N + first; i < n; i += stride)
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = num_vecs * N + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride)
     out[i] = add_value(in[i], c_int, c_float);
 }
 
@@ -70,8 +72,8 @@ inline void run(TensorView out, TensorView x, int32_t c_int, double c_value) {
     T* dst = data_ptr<T>(out);
     const float c_float = static_cast<float>(c_value);
     if (is_vec_aligned<T, W>(in) && is_vec_aligned<T, W>(dst)) {
-      const unsigned blocks =
-          grid_stride_blocks(div_ceil<int64_t>(n, W * kUnroll), kThreads, device.value());
+      const int64_t chunks = div_ceil<int64_t>(n, int64_t{W} * kUnroll * kThreads);
+      const unsigned blocks = static_cast<unsigned>(chunks < 65535 * 64 ? chunks : 65535 * 64);
       KernelLauncher(dim3(blocks), dim3(kThreads), device.value())(add_kernel<T, W>, dst, in, n,
                                                                    c_int, c_float);
     } else {

@@ -2,10 +2,10 @@
 //
 // Forward, y = exp(x / t - max) / sum, in four tiers by row length:
 //   registers  up to 4 vectors per thread (16k fp32 / 32k bf16): read once, write once.
-//   cluster    up to 8 CTAs' registers (128k fp32 / 256k bf16): the row is split over
-//              a thread-block cluster; each CTA reduces its slice to a (max, sum) pair
-//              and the CTAs trade pairs through distributed shared memory. Read once,
-//              write once, and 8x the SMs on a row.
+//   cluster    few rows (decode) of up to 8 CTAs' registers (128k fp32 / 256k bf16):
+//              the row is split over a thread-block cluster; each CTA reduces its
+//              slice to a (max, sum) pair and the CTAs trade pairs through distributed
+//              shared memory. Read once, write once, and up to 8x the SMs on a row.
 //   shared     the row fits the block's shared memory (~56k fp32 / ~113k bf16 on
 //              Hopper): pass 1 reads global memory once, keeping the row in shared
 //              memory, with an online max/sum; pass 2 normalises from shared memory.
@@ -339,7 +339,10 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
     if (aligned && vecs <= kMaxThreads * kCachedVecs) {
       run(softmax_registers_kernel<T, W>, p, xs.rows, vecs, threads_for(vecs, kCachedVecs), dev);
     } else if (aligned && vecs <= int64_t{kMaxCluster} * kMaxThreads * kCachedVecs &&
-               xs.rows * kMaxCluster < (int64_t{1} << 31)) {
+               xs.rows * kMaxCluster <= 2 * num_sms(dev)) {
+      // Few long rows (decode): spread each over a cluster. With many rows every SM
+      // is busy anyway, and the tiers below overlap one row's loads with another's
+      // stores better than a cluster of one-CTA-per-SM slices does (measured, H200).
       // The smallest cluster whose CTAs hold at most kClusterCtaVecs, up to kMaxCluster.
       int cluster = 2;
       while (cluster < kMaxCluster && vecs > int64_t{cluster} * kClusterCtaVecs) cluster *= 2;
