@@ -37,6 +37,35 @@ def test_softmax(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [16392, 32768, 131072])
+def test_softmax_many_long_rows(dtype, hidden):
+    """Few long rows go to the cluster tier; many take the shared / global tiers."""
+    from mllm_kernel.cuda.jit import softmax
+
+    x = (4 * torch.randn(40, hidden, device="cuda")).to(dtype)
+    x[1, :] = float("-inf")  # a fully masked row is NaN, as in torch
+    out = torch.full_like(x, 0.5)
+    softmax(x, out=out)
+    ref = torch.softmax(x.double(), dim=-1)
+    assert torch.isnan(out[1]).all()
+    _close(out[2:], ref[2:])
+    _close(out[:1], ref[:1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_softmax_fully_masked_row_in_cluster_tier(dtype, rows):
+    from mllm_kernel.cuda.jit import softmax
+
+    x = torch.randn(rows, 65536, device="cuda").to(dtype)
+    x[0, :] = float("-inf")
+    out = softmax(x)
+    assert torch.isnan(out[0]).all()
+    if rows > 1:
+        _close(out[1:], torch.softmax(x[1:].double(), dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [9, 4096, 65536, 262144])
 def test_softmax_temperature_and_masking(dtype, hidden):
     from mllm_kernel.cuda.jit import softmax
