@@ -76,7 +76,16 @@ def test_precompile_cpu_kernel_end_to_end():
     (or this test theirs): the count of built + cached is what matters.
     """
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "mllm_kernel", "precompile", "--kernel", "add_constant"]
+    command = [
+        sys.executable,
+        "-m",
+        "mllm_kernel",
+        "precompile",
+        "--kernel",
+        "add_constant",
+        "--device",
+        "cpu",
+    ]
     first = subprocess.run([*command, "-j", "2"], capture_output=True, text=True, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "\033[" not in first.stdout  # not a terminal: plain lines, no colour, no bar
