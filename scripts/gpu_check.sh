@@ -33,7 +33,11 @@ export GIT_COMMIT="${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || ech
 } | tee "$out/summary.md"
 
 status=0
+# The CLI's GPU parts: GPUs, driver and arch as the tools see them.
+python3 -m mllm_kernel show-env > "$out/show-env.txt" 2>&1 || status=1
+python3 -m mllm_kernel show-clangd-recommend-config --output "$out/clangd.yaml" > /dev/null 2>&1 || status=1
 python3 -m mllm_kernel precompile --device cuda -j "$(nproc)" 2>&1 | tail -n 3 | tee -a "$out/summary.md"
+python3 -m mllm_kernel show-config > "$out/show-config.txt" 2>&1 || status=1
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
   timeout "${GPU_CHECK_TEST_TIMEOUT:-480}" python3 -m pytest tests -q -m "${GPU_CHECK_MARKERS:-cuda}" \

@@ -194,6 +194,7 @@ inline std::string dtype_name(DLDataType dtype) {
     case kDLBfloat: base = "bfloat"; break;
     case kDLInt: base = "int"; break;
     case kDLUInt: base = "uint"; break;
+    case kDLComplex: base = "complex"; break;
     case kDLBool: return "bool";
     case kDLFloat8_e4m3fn: return "float8_e4m3fn";
     case kDLFloat8_e5m2: return "float8_e5m2";
@@ -217,10 +218,14 @@ inline std::string device_name(DLDevice device) {
 }
 
 // ---------------------------------------------------------------------------
-// Host conversion for the 16-bit float storage types (host-only code). Device
-// code uses CUDA's intrinsics on __half / __nv_bfloat16 instead.
+// Host conversion for the 16-bit float storage types (host-only code; device
+// code uses CUDA's intrinsics on __half / __nv_bfloat16 instead). Exact, and
+// branch-free so that loops over them auto-vectorise: bit arithmetic for bf16,
+// the compiler's _Float16 for fp16 where it has one (one instruction with
+// F16C / AVX512-FP16 / NEON), else an exact software conversion.
 // ---------------------------------------------------------------------------
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
+namespace detail {
 inline float bits_to_float(std::uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof(f));
@@ -232,22 +237,49 @@ inline std::uint32_t float_to_bits(float f) {
   return bits;
 }
 
+inline float fp16_bits_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
+  const float magnitude = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24
+  return sign ? -magnitude : magnitude;
+}
+
+inline std::uint16_t float_to_fp16_bits(float f) {
+  // Round to nearest even, overflow to inf, subnormals, NaN stays NaN.
+  const std::uint32_t bits = float_to_bits(f);
+  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520
+  if (abs < 0x38800000u) {  // below the smallest normal half: scale onto the 2^-24 grid
+    const float scaled = bits_to_float(abs) * 16777216.0f;
+    return static_cast<std::uint16_t>(sign |
+                                      static_cast<std::uint32_t>(__builtin_nearbyintf(scaled)));
+  }
+  const std::uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+}  // namespace detail
+
 inline float to_float(float x) {
   return x;
 }
 inline float to_float(bf16_t x) {
-  return bits_to_float(static_cast<std::uint32_t>(x.bits) << 16);
+  return detail::bits_to_float(static_cast<std::uint32_t>(x.bits) << 16);
 }
 inline float to_float(fp16_t x) {
-  // IEEE binary16 -> binary32, exact for every input (normals, subnormals, inf, nan).
-  const std::uint32_t sign = static_cast<std::uint32_t>(x.bits & 0x8000u) << 16;
-  const std::uint32_t exp = (x.bits >> 10) & 0x1fu;
-  const std::uint32_t mant = x.bits & 0x3ffu;
-  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (mant << 13));
-  if (exp != 0) return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
-  // Subnormal or zero: value = mant * 2^-24.
-  const float magnitude = static_cast<float>(mant) * 5.9604644775390625e-8f;
-  return sign ? -magnitude : magnitude;
+#ifdef __FLT16_MAX__
+  _Float16 h;
+  std::memcpy(&h, &x.bits, sizeof(h));
+  return static_cast<float>(h);
+#else
+  return detail::fp16_bits_to_float(x.bits);
+#endif
 }
 
 template <typename T>
@@ -258,32 +290,24 @@ inline float from_float<float>(float f) {
 }
 template <>
 inline bf16_t from_float<bf16_t>(float f) {
-  std::uint32_t bits = float_to_bits(f);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu)) {
-    return bf16_t{static_cast<std::uint16_t>((bits >> 16) | 0x40u)};  // keep NaN a NaN
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return bf16_t{static_cast<std::uint16_t>(bits >> 16)};
+  // Round to nearest even; a NaN stays a (quiet) NaN. Both results are computed
+  // and one selected, so loops vectorise.
+  const std::uint32_t bits = detail::float_to_bits(f);
+  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const std::uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return bf16_t{static_cast<std::uint16_t>(is_nan ? quiet_nan : rounded)};
 }
 template <>
 inline fp16_t from_float<fp16_t>(float f) {
-  // binary32 -> binary16 with round-to-nearest-even, overflow to inf, subnormals.
-  const std::uint32_t bits = float_to_bits(f);
-  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
-  const std::uint32_t abs = bits & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or nan
-    return fp16_t{static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u))};
-  }
-  if (abs >= 0x477ff000u) return fp16_t{static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
-    const float magnitude = bits_to_float(abs);
-    // Scaling by 2^24 puts the subnormal grid on integers; nearbyint rounds to even.
-    const float scaled = magnitude * 16777216.0f;
-    auto mant = static_cast<std::uint32_t>(__builtin_nearbyintf(scaled));
-    return fp16_t{static_cast<std::uint16_t>(sign | mant)};
-  }
-  std::uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
-  return fp16_t{static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13))};
+#ifdef __FLT16_MAX__
+  const auto h = static_cast<_Float16>(f);
+  std::uint16_t bits;
+  std::memcpy(&bits, &h, sizeof(bits));
+  return fp16_t{bits};
+#else
+  return fp16_t{detail::float_to_fp16_bits(f)};
+#endif
 }
 #endif
 

@@ -6,9 +6,14 @@
 
 namespace mllm_kernel::cuda {
 
-/// silu(x) = x * sigmoid(x).
+/// silu(x) = x * sigmoid(x). The fast reciprocal division (2 ulp) instead of an IEEE
+/// one: it is a third of the instructions per element, which the gated norm's
+/// throughput feels. For x < -87 the denominator overflows its range and the
+/// result is 0 (the true value is below 1e-36).
 struct Silu {
-  __device__ __forceinline__ float operator()(float x) const { return x / (1.0f + __expf(-x)); }
+  __device__ __forceinline__ float operator()(float x) const {
+    return __fdividef(x, 1.0f + __expf(-x));
+  }
 };
 
 /// The exact gelu: x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))).

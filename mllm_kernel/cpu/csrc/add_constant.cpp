@@ -6,7 +6,6 @@
 
 #include "mllm_kernel/cpu/dtype_dispatch.hpp"
 #include "mllm_kernel/cpu/elementwise.hpp"
-#include "mllm_kernel/cpu/float_convert.hpp"
 #include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
@@ -29,7 +28,7 @@ T add(T v, Scalar c) {
     return v + static_cast<double>(c);
   } else {
     // fp32, and fp16/bf16 computed in float32 as torch does.
-    return store_float<T>(load_float(v) + static_cast<float>(c));
+    return from_float<T>(to_float(v) + static_cast<float>(c));
   }
 }
 

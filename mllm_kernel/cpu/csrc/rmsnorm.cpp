@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "mllm_kernel/cpu/dtype_dispatch.hpp"
-#include "mllm_kernel/cpu/float_convert.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
@@ -60,11 +59,11 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
         T* yr = out_data + out_rows.row_offset(r);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < hidden; ++i) sum += load_float(xr[i]) * load_float(xr[i]);
+        for (int64_t i = 0; i < hidden; ++i) sum += to_float(xr[i]) * to_float(xr[i]);
         const float scale = rmsnorm_detail::inv_rms(sum, hidden, epsf);
 #pragma omp simd
         for (int64_t i = 0; i < hidden; ++i) {
-          yr[i] = store_float<T>(load_float(xr[i]) * scale * load_float(w[i]));
+          yr[i] = from_float<T>(to_float(xr[i]) * scale * to_float(w[i]));
         }
       }
     });
@@ -102,14 +101,13 @@ inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weig
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t i = 0; i < hidden; ++i) {
-          s[i] = load_float(xr[i]) + load_float(rr[i]);
-          rr[i] = store_float<T>(s[i]);
+          s[i] = to_float(xr[i]) + to_float(rr[i]);
+          rr[i] = from_float<T>(s[i]);
           sum += s[i] * s[i];
         }
         const float scale = rmsnorm_detail::inv_rms(sum, hidden, epsf);
 #pragma omp simd
-        for (int64_t i = 0; i < hidden; ++i)
-          xr[i] = store_float<T>(s[i] * scale * load_float(w[i]));
+        for (int64_t i = 0; i < hidden; ++i) xr[i] = from_float<T>(s[i] * scale * to_float(w[i]));
       }
     });
   });

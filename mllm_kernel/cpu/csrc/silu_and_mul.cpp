@@ -3,7 +3,6 @@
 #include <cstdint>
 
 #include "mllm_kernel/cpu/dtype_dispatch.hpp"
-#include "mllm_kernel/cpu/float_convert.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
@@ -34,7 +33,7 @@ inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
         T* yr = out_data + out_rows.row_offset(r);
 #pragma omp simd
         for (int64_t i = 0; i < d; ++i) {
-          yr[i] = store_float<T>(vec_silu(load_float(gate[i])) * load_float(up[i]));
+          yr[i] = from_float<T>(vec_silu(to_float(gate[i])) * to_float(up[i]));
         }
       }
     });

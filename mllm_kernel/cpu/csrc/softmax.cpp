@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "mllm_kernel/cpu/dtype_dispatch.hpp"
-#include "mllm_kernel/cpu/float_convert.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
@@ -25,18 +24,18 @@ void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64
   float max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : max)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = load_float(x[i * xs]);
+    const float v = to_float(x[i * xs]);
     max = v > max ? v : max;
   }
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
-    buf[i] = vec_exp(load_float(x[i * xs]) - max);
+    buf[i] = vec_exp(to_float(x[i * xs]) - max);
     sum += buf[i];
   }
   const float inv_sum = 1.0f / sum;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i * os] = store_float<T>(buf[i] * inv_sum);
+  for (int64_t i = 0; i < n; ++i) out[i * os] = from_float<T>(buf[i] * inv_sum);
 }
 
 }  // namespace softmax_detail

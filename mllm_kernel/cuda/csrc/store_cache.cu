@@ -33,23 +33,40 @@ struct Params {
 inline constexpr int kThreads = 256;
 
 template <typename Unit>
-__device__ __forceinline__ void copy_row(const Rows& src, const Rows& dst, int64_t from, int64_t to,
-                                         int lane) {
-  const Unit* s =
-      reinterpret_cast<const Unit*>(static_cast<const char*>(src.data) + from * src.stride_bytes);
-  Unit* d = reinterpret_cast<Unit*>(static_cast<char*>(dst.data) + to * dst.stride_bytes);
-  // All loads of a batch are issued before its stores, so a lane has kBatch reads
-  // in flight instead of waiting out each one.
+__device__ __forceinline__ const Unit* row_in(const Rows& rows, int64_t row) {
+  return reinterpret_cast<const Unit*>(static_cast<const char*>(rows.data) +
+                                       row * rows.stride_bytes);
+}
+
+template <typename Unit>
+__device__ __forceinline__ Unit* row_out(const Rows& rows, int64_t row) {
+  return reinterpret_cast<Unit*>(static_cast<char*>(rows.data) + row * rows.stride_bytes);
+}
+
+/// Copies row `token` of k and v to row `slot` of the caches. A batch's K and V
+/// loads are all issued before its stores: 2 * kBatch reads in flight per lane
+/// instead of waiting out each one.
+template <typename Unit>
+__device__ __forceinline__ void copy_rows(const Params& p, int64_t token, int64_t slot, int lane) {
   constexpr int kBatch = 4;
-  for (int64_t base = lane; base < src.units; base += kWarpSize * kBatch) {
-    Unit buffer[kBatch];
+  const Unit* k = row_in<Unit>(p.k, token);
+  const Unit* v = row_in<Unit>(p.v, token);
+  Unit* k_dst = row_out<Unit>(p.k_cache, slot);
+  Unit* v_dst = row_out<Unit>(p.v_cache, slot);
+  const int64_t units = p.k.units > p.v.units ? p.k.units : p.v.units;
+  for (int64_t base = lane; base < units; base += kWarpSize * kBatch) {
+    Unit k_buf[kBatch], v_buf[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      if (base + j * kWarpSize < src.units) buffer[j] = s[base + j * kWarpSize];
+      const int64_t u = base + j * kWarpSize;
+      if (u < p.k.units) k_buf[j] = k[u];
+      if (u < p.v.units) v_buf[j] = v[u];
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      if (base + j * kWarpSize < src.units) d[base + j * kWarpSize] = buffer[j];
+      const int64_t u = base + j * kWarpSize;
+      if (u < p.k.units) k_dst[u] = k_buf[j];
+      if (u < p.v.units) v_dst[u] = v_buf[j];
     }
   }
 }
@@ -66,8 +83,7 @@ __global__ void store_cache_kernel(const Params p) {
       if (p.errors != nullptr && lane == 0) atomicAdd(p.errors, 1);
       continue;
     }
-    copy_row<Unit>(p.k, p.k_cache, token, slot, lane);
-    copy_row<Unit>(p.v, p.v_cache, token, slot, lane);
+    copy_rows<Unit>(p, token, slot, lane);
   }
 }
 
