@@ -6,8 +6,8 @@
 //              the row is split over a thread-block cluster; each CTA reduces its
 //              slice to a (max, sum) pair and the CTAs trade pairs through distributed
 //              shared memory. Read once, write once, and up to 8x the SMs on a row.
-//   shared     the row fits in 64 KB of shared memory (16k fp32 / 32k bf16): pass 1 reads global
-//   memory once, keeping the row in shared
+//   shared     the row fits the block's shared memory (~56k fp32 / ~113k bf16 on
+//              Hopper): pass 1 reads global memory once, keeping the row in shared
 //              memory, with an online max/sum; pass 2 normalises from shared memory.
 //   global     longer rows: the same single online pass, then pass 2 re-reads the row.
 // The online pass keeps a running (max m, sum s) per thread and rescales s when m
@@ -31,10 +31,6 @@ inline constexpr int kCachedVecs = 4;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int kMaxCluster = 8;         // the portable cluster size limit
 inline constexpr int kClusterCtaVecs = 2048;  // preferred slice: 512 threads x 4 vectors
-// Above this a row-in-shared-memory CTA leaves room for fewer than 3 per SM, so one
-// row's loads no longer overlap another's stores; the global tier then wins (its
-// second read hits L2: ~132 rows in flight of 64 KB+ are well under L2's size).
-inline constexpr std::size_t kMaxSharedRowBytes = 64 * 1024;
 
 struct Params {
   void* out;
@@ -355,7 +351,7 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
       KernelLauncher(dim3(static_cast<unsigned>(xs.rows * cluster)),
                      dim3(threads_for(slice, kCachedVecs)), dev)
           .cluster(static_cast<unsigned>(cluster))(softmax_cluster_kernel<T, W>, p);
-    } else if (aligned && row_bytes <= kMaxSharedRowBytes && row_bytes <= shared_limit) {
+    } else if (aligned && row_bytes <= shared_limit) {
       run(softmax_two_pass_kernel<T, W, true>, p, xs.rows, n / W, kMaxThreads, dev, row_bytes);
     } else if (aligned) {
       run(softmax_two_pass_kernel<T, W, false>, p, xs.rows, n / W, kMaxThreads, dev);
