@@ -25,6 +25,13 @@ namespace mllm_kernel {
 
 using ::tvm::ffi::TensorView;
 
+/// "[2, 3, 4]": a shape or stride list for error messages.
+inline std::string dims_str(::tvm::ffi::ShapeView dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
 /// A size shared between tensors, named in error messages.
 class SymbolicSize {
  public:
@@ -167,12 +174,12 @@ class TensorMatcher {
     if (check_strides_) check_dims(tensor.strides(), strides_, "stride", tensor, arg, loc);
     if (contiguous_ && !tensor.IsContiguous()) {
       fail("ValueError", arg, loc, "expected a contiguous tensor but got shape ",
-           shape_str(tensor.shape()), " with strides ", shape_str(tensor.strides()));
+           dims_str(tensor.shape()), " with strides ", dims_str(tensor.strides()));
     }
     if (last_dim_contiguous_ && tensor.ndim() > 0 && tensor.size(-1) > 1 &&
         tensor.stride(-1) != 1) {
       fail("ValueError", arg, loc, "expected stride 1 in the last dim but got strides ",
-           shape_str(tensor.strides()));
+           dims_str(tensor.strides()));
     }
     return *this;
   }
@@ -187,12 +194,6 @@ class TensorMatcher {
 
   void add_dtype(DLDataType dtype) {
     if (num_dtypes_ < static_cast<int>(dtypes_.size())) dtypes_[num_dtypes_++] = dtype;
-  }
-
-  static std::string shape_str(::tvm::ffi::ShapeView dims) {
-    std::string s = "[";
-    for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-    return s + "]";
   }
 
   std::string expected_dims_str(const DimList& dims) const {
@@ -243,7 +244,7 @@ class TensorMatcher {
     if (got.size() != expected.size()) {
       fail("ValueError", arg, loc, "expected ", expected.size(), " dims with ",
            is_shape ? "shape " : "strides ", expected_dims_str(expected), " but got ", got.size(),
-           " dims with ", is_shape ? "shape " : "strides ", shape_str(got));
+           " dims with ", is_shape ? "shape " : "strides ", dims_str(got));
     }
     for (size_t i = 0; i < expected.size(); ++i) {
       const Dim& d = expected[i];
@@ -256,11 +257,11 @@ class TensorMatcher {
         } else if (s->value() != got[i]) {
           fail("ValueError", arg, loc, "expected ", what, " ", i, " (", s->name(), ") to be ",
                s->value(), " as in '", s->bound_by(), "' but got ", got[i], " (",
-               is_shape ? "shape " : "strides ", shape_str(got), ")");
+               is_shape ? "shape " : "strides ", dims_str(got), ")");
         }
       } else if (d.literal() != got[i]) {
         fail("ValueError", arg, loc, "expected ", what, " ", i, " to be ", d.literal(), " but got ",
-             got[i], " (", is_shape ? "shape " : "strides ", shape_str(got), ")");
+             got[i], " (", is_shape ? "shape " : "strides ", dims_str(got), ")");
       }
     }
   }

@@ -239,35 +239,8 @@ inline std::size_t max_shared_memory_per_block(DLDevice device) {
 }
 
 // ---------------------------------------------------------------------------
-// Dispatch and grid sizing (host).
+// Grid sizing (host). dtype dispatch is utils.hpp's dispatch_dtype.
 // ---------------------------------------------------------------------------
-
-/// A type carried as a value, so a generic lambda can receive it.
-template <typename T>
-struct type_tag {
-  using type = T;
-};
-
-/// Calls `fn(type_tag<T>{})` for the T in Ts whose dtype is `dtype`; raises
-/// TypeError naming `arg` when none is (the matchers normally caught it already).
-///
-///   dispatch_dtype<fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
-///     using T = typename decltype(tag)::type;
-///     ...
-///   });
-template <typename... Ts, typename Fn>
-void dispatch_dtype(DLDataType dtype, const char* arg, Fn&& fn,
-                    source_location loc = source_location::current()) {
-  const bool found = ((is_dtype<Ts>(dtype) ? (fn(type_tag<Ts>{}), true) : false) || ...);
-  if (!found) {
-    std::string expected;
-    ((expected += (expected.empty() ? "" : ", ") + std::string(dtype_trait<Ts>::name)), ...);
-    detail::throw_error("TypeError",
-                        detail::concat("argument '", arg, "': expected dtype in {", expected,
-                                       "} but got ", dtype_name(dtype)),
-                        loc);
-  }
-}
 
 /// Blocks for a grid-stride loop over `work_items` with `threads` per block: enough
 /// to cover the work, at most what fits on the device at once (full occupancy).

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "mllm_kernel/source_location.hpp"
@@ -203,6 +204,27 @@ inline std::string dtype_name(DLDataType dtype) {
   std::string name = detail::concat(base, static_cast<int>(dtype.bits));
   if (dtype.lanes != 1) name += detail::concat("x", static_cast<int>(dtype.lanes));
   return name;
+}
+
+/// Calls `fn(std::type_identity<T>{})` for the T in Ts whose dtype is `dtype`;
+/// raises TypeError naming `arg` when none is (the matchers normally caught it).
+///
+///   dispatch_dtype<fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
+///     using T = typename decltype(tag)::type;
+///     ...
+///   });
+template <typename... Ts, typename Fn>
+void dispatch_dtype(DLDataType dtype, const char* arg, Fn&& fn,
+                    source_location loc = source_location::current()) {
+  const bool found = ((is_dtype<Ts>(dtype) ? (fn(std::type_identity<Ts>{}), true) : false) || ...);
+  if (!found) {
+    std::string expected;
+    ((expected += (expected.empty() ? "" : ", ") + std::string(dtype_trait<Ts>::name)), ...);
+    detail::throw_error("TypeError",
+                        detail::concat("argument '", arg, "': expected dtype in {", expected,
+                                       "} but got ", dtype_name(dtype)),
+                        loc);
+  }
 }
 
 inline std::string device_name(DLDevice device) {

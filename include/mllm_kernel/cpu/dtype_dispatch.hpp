@@ -18,15 +18,13 @@ struct DtypeList {
     return matcher;
   }
 
-  /// Calls f(std::type_identity<T>{}) for the T whose dtype is `dtype`.
-  ///   FloatDtypes::dispatch(x.dtype(), [&](auto tag) { using T = typename decltype(tag)::type; });
+  /// Calls f(std::type_identity<T>{}) for the T whose dtype is `dtype` (of argument `arg`).
+  ///   FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) { using T = typename
+  ///   decltype(tag)::type; });
   template <typename F>
-  static void dispatch(DLDataType dtype, F&& f, source_location loc = source_location::current()) {
-    const bool found = ((is_dtype<Ts>(dtype) ? (f(std::type_identity<Ts>{}), true) : false) || ...);
-    if (!found) {
-      detail::throw_error("TypeError", detail::concat("unsupported dtype ", dtype_name(dtype)),
-                          loc);
-    }
+  static void dispatch(DLDataType dtype, const char* arg, F&& f,
+                       source_location loc = source_location::current()) {
+    dispatch_dtype<Ts...>(dtype, arg, std::forward<F>(f), loc);
   }
 };
 

@@ -13,13 +13,6 @@
 
 namespace mllm_kernel::cpu {
 
-/// "[2, 3, 4]": a shape or stride list for error messages.
-inline std::string dims_str(::tvm::ffi::ShapeView dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
 /// Raises ValueError unless `tensor` (named `arg`) has the shape of `ref`
 /// (named `ref_arg`), with the last dim replaced by `last_dim` when that is >= 0:
 /// for outputs, whose rank follows the input's.

@@ -48,7 +48,7 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
   const int64_t hidden = x_rows.cols();
   if (hidden == 0) return;
   const auto epsf = static_cast<float>(eps);
-  FloatDtypes::dispatch(x.dtype(), [&](auto tag) {
+  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     const T* w = data_ptr<const T>(weight);
@@ -87,7 +87,7 @@ inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weig
   const int64_t hidden = x_rows.cols();
   if (hidden == 0) return;
   const auto epsf = static_cast<float>(eps);
-  FloatDtypes::dispatch(x.dtype(), [&](auto tag) {
+  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* x_data = data_ptr<T>(x);
     T* res_data = data_ptr<T>(residual);

@@ -22,7 +22,7 @@ inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
   verify_shape_like(out, "out", x, "x", d);
 
   const RowLayout x_rows(x), out_rows(out);
-  FloatDtypes::dispatch(x.dtype(), [&](auto tag) {
+  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     T* out_data = data_ptr<T>(out);

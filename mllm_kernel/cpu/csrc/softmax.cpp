@@ -49,7 +49,7 @@ inline void softmax(TensorView out, TensorView x, int64_t num_threads) {
   const RowLayout x_rows(x), out_rows(out);
   const int64_t n = x_rows.cols(), xs = x_rows.col_stride(), os = out_rows.col_stride();
   if (n == 0) return;
-  FloatDtypes::dispatch(x.dtype(), [&](auto tag) {
+  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     T* out_data = data_ptr<T>(out);
