@@ -73,35 +73,12 @@ def _compile_command(spec: BuildSpec, unit: Path, obj: Path, depfile: Path) -> l
     for path in paths.tvm_ffi_include_dirs():
         includes += ["-isystem", str(path)]  # nvcc rejects the joined -isystem<path> form
     cxx = str(toolchain.find_cxx().path)
+    # Both compilers: the include closure to `depfile` (-MMD), one object out.
+    common = [*includes, "-MMD", "-MF", str(depfile), "-c", str(unit), "-o", str(obj)]
     if unit.suffix == ".cu":
-        nvcc = toolchain.find_cuda().nvcc
-        return [
-            str(nvcc.path),
-            "-ccbin",
-            cxx,
-            *spec.cuda_flags,
-            *gencode_flags(spec.cuda_archs),
-            *includes,
-            "-MMD",
-            "-MF",
-            str(depfile),
-            "-c",
-            str(unit),
-            "-o",
-            str(obj),
-        ]
-    return [
-        cxx,
-        *spec.cxx_flags,
-        *includes,
-        "-MMD",
-        "-MF",
-        str(depfile),
-        "-c",
-        str(unit),
-        "-o",
-        str(obj),
-    ]
+        nvcc = str(toolchain.find_cuda().nvcc.path)
+        return [nvcc, "-ccbin", cxx, *spec.cuda_flags, *gencode_flags(spec.cuda_archs), *common]
+    return [cxx, *spec.cxx_flags, *common]
 
 
 def _link_command(spec: BuildSpec, objects: list[Path], artifact: Path) -> list[str]:
