@@ -58,50 +58,72 @@ __device__ __forceinline__ void block_merge(float& m, float& s) {
 
 // --- forward ----------------------------------------------------------------
 
+/// Vectors [begin, end) of a row, held in registers: thread t keeps vectors
+/// begin + t + k * blockDim.x, k < kCachedVecs (the register and cluster tiers).
+template <typename T, int N>
+struct RegisterSlice {
+  float x[kCachedVecs][N];
+  int64_t begin, end;
+
+  __device__ __forceinline__ int64_t vec(int k) const {
+    return begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+  }
+
+  /// Loads the slice times `scale`; returns the block's max.
+  __device__ __forceinline__ float load(const T* in, float scale) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      if (vec(k) < end) {
+        Vec<T, N> a;
+        a.load_stream(in + vec(k) * N);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          x[k][i] = to_float(a[i]) * scale;
+          m = fmaxf(m, x[k][i]);
+        }
+      }
+    }
+    return block_reduce_max(m);
+  }
+
+  /// Replaces x by 2^(x - m); returns the block's sum (0 for a slice all -inf).
+  __device__ __forceinline__ float exp_sum(float m) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      if (vec(k) < end) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          x[k][i] = m == -INFINITY ? 0.0f : fast_exp2(x[k][i] - m);
+          s += x[k][i];
+        }
+      }
+    }
+    return block_reduce_sum(s);
+  }
+
+  __device__ __forceinline__ void store(T* out, float factor) const {
+#pragma unroll
+    for (int k = 0; k < kCachedVecs; ++k) {
+      if (vec(k) < end) {
+        Vec<T, N> y;
+#pragma unroll
+        for (int i = 0; i < N; ++i) y[i] = from_float<T>(x[k][i] * factor);
+        y.store(out + vec(k) * N);
+      }
+    }
+  }
+};
+
 template <typename T, int N>
 __global__ void __launch_bounds__(kMaxThreads) softmax_registers_kernel(const Params p) {
   const int64_t row = blockIdx.x;
-  const T* in = row_of<T, N>(p.in, p.in_stride, row);
-  float x[kCachedVecs][N];
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (v < p.num_vecs) {
-      Vec<T, N> a;
-      a.load_stream(in + v * N);
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        x[k][i] = to_float(a[i]) * p.scale;
-        m = fmaxf(m, x[k][i]);
-      }
-    }
-  }
-  m = block_reduce_max(m);
-  float s = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (v < p.num_vecs) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        x[k][i] = fast_exp2(x[k][i] - m);
-        s += x[k][i];
-      }
-    }
-  }
-  const float inv_sum = 1.0f / block_reduce_sum(s);
-  T* out = static_cast<T*>(p.out) + row * p.out_stride;
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (v < p.num_vecs) {
-      Vec<T, N> y;
-#pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = from_float<T>(x[k][i] * inv_sum);
-      y.store(out + v * N);
-    }
-  }
+  RegisterSlice<T, N> slice{{}, 0, p.num_vecs};
+  const float m = slice.load(row_of<T, N>(p.in, p.in_stride, row), p.scale);
+  // A row that is -inf throughout: the sum is 0 and 0 * inf gives NaN, as in torch.
+  const float inv_sum = 1.0f / slice.exp_sum(m);
+  slice.store(static_cast<T*>(p.out) + row * p.out_stride, inv_sum);
 }
 
 /// Cluster tier: CTA `rank` of a cluster holds vectors [rank * slice, (rank + 1) * slice)
@@ -112,39 +134,11 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Para
   const cg::cluster_group cluster = cg::this_cluster();
   const unsigned size = cluster.num_blocks();
   const int64_t row = blockIdx.x / size;
-  const int64_t slice = div_ceil<int64_t>(p.num_vecs, size);
-  const int64_t begin = cluster.block_rank() * slice;
-  const int64_t end = begin + slice < p.num_vecs ? begin + slice : p.num_vecs;
-  const T* in = row_of<T, N>(p.in, p.in_stride, row);
-
-  float x[kCachedVecs][N];
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (v < end) {
-      Vec<T, N> a;
-      a.load_stream(in + v * N);
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        x[k][i] = to_float(a[i]) * p.scale;
-        m = fmaxf(m, x[k][i]);
-      }
-    }
-  }
-  m = block_reduce_max(m);
-  float s = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    if (begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x < end) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        x[k][i] = m == -INFINITY ? 0.0f : fast_exp2(x[k][i] - m);
-        s += x[k][i];
-      }
-    }
-  }
-  s = block_reduce_sum(s);
+  const int64_t per_cta = div_ceil<int64_t>(p.num_vecs, size);
+  const int64_t begin = cluster.block_rank() * per_cta;
+  RegisterSlice<T, N> slice{{}, begin, begin + per_cta < p.num_vecs ? begin + per_cta : p.num_vecs};
+  const float m = slice.load(row_of<T, N>(p.in, p.in_stride, row), p.scale);
+  const float s = slice.exp_sum(m);
 
   // Trade (max, sum) with the other CTAs of the row and merge them.
   __shared__ float2 slice_stats;
@@ -164,17 +158,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Para
   const float factor = row_max == -INFINITY ? NAN
                        : m == -INFINITY     ? 0.0f
                                             : fast_exp2(m - row_max) / row_sum;
-  T* out = static_cast<T*>(p.out) + row * p.out_stride;
-#pragma unroll
-  for (int k = 0; k < kCachedVecs; ++k) {
-    const int64_t v = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    if (v < end) {
-      Vec<T, N> y;
-#pragma unroll
-      for (int i = 0; i < N; ++i) y[i] = from_float<T>(x[k][i] * factor);
-      y.store(out + v * N);
-    }
-  }
+  slice.store(static_cast<T*>(p.out) + row * p.out_stride, factor);
 }
 
 /// Shared tier (kShared) and global tier: one online pass, one normalising pass.
