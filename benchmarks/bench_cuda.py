@@ -118,7 +118,9 @@ def launch_floor() -> float:
 @dataclass
 class Case:
     """One op at one size. ``make()`` builds a fresh input set (a dict); ``ours`` and
-    ``torch_fn`` take one; ``bytes`` is what one call must read and write."""
+    ``torch_fn`` take one; ``bytes`` is what one call must read and write. For ops that
+    return a new tensor, ``ours_out`` is the same call writing into ``inputs["out"]``
+    (made by ``make``): what a decode loop that reuses its buffers pays."""
 
     op: str
     shape: str
@@ -128,6 +130,13 @@ class Case:
     ours: Callable[[dict], object]
     torch_fn: Callable[[dict], object]
     bytes: int
+    ours_out: Callable[[dict], object] | None = None
+
+
+def _with_out(inputs: dict, shape, dtype: torch.dtype = BF16) -> dict:
+    """``inputs`` plus an output buffer ``out`` of ``shape`` for the ``out=`` form."""
+    dtype = inputs["x"].dtype if "x" in inputs else dtype
+    return {**inputs, "out": torch.empty(shape, device="cuda", dtype=dtype)}
 
 
 def _nbytes(*tensors: torch.Tensor) -> int:
@@ -169,23 +178,28 @@ def rowwise_cases(tokens: int, phase: str) -> list[Case]:
             shape,
             BF16,
             phase,
-            lambda: {"x": torch.randn(t, h, device="cuda", dtype=BF16)},
+            lambda: _with_out({"x": torch.randn(t, h, device="cuda", dtype=BF16)}, (t, h)),
             lambda i: ops.add_constant(i["x"], 8),
             lambda i: i["x"] + 8,
             2 * t * h * 2,
+            lambda i: ops.add_constant(i["x"], 8, out=i["out"]),
         ),
         Case(
             "rmsnorm",
             shape,
             BF16,
             phase,
-            lambda: {
-                "x": torch.randn(t, h, device="cuda", dtype=BF16),
-                "w": torch.randn(h, device="cuda", dtype=BF16),
-            },
+            lambda: _with_out(
+                {
+                    "x": torch.randn(t, h, device="cuda", dtype=BF16),
+                    "w": torch.randn(h, device="cuda", dtype=BF16),
+                },
+                (t, h),
+            ),
             lambda i: ops.rmsnorm(i["x"], i["w"]),
             lambda i: _rms_torch(i["x"], i["w"]),
             (2 * t * h + h) * 2,
+            lambda i: ops.rmsnorm(i["x"], i["w"], out=i["out"]),
         ),
         Case(
             "fused_add_rmsnorm",
@@ -206,14 +220,18 @@ def rowwise_cases(tokens: int, phase: str) -> list[Case]:
             shape,
             BF16,
             phase,
-            lambda: {
-                "x": torch.randn(t, h, device="cuda", dtype=BF16),
-                "z": torch.randn(t, h, device="cuda", dtype=BF16),
-                "w": torch.randn(h, device="cuda", dtype=BF16),
-            },
+            lambda: _with_out(
+                {
+                    "x": torch.randn(t, h, device="cuda", dtype=BF16),
+                    "z": torch.randn(t, h, device="cuda", dtype=BF16),
+                    "w": torch.randn(h, device="cuda", dtype=BF16),
+                },
+                (t, h),
+            ),
             lambda i: ops.rms_norm_gated(i["x"], i["z"], i["w"]),
             lambda i: _rms_torch(i["x"], i["w"]) * torch.nn.functional.silu(i["z"]),
             (3 * t * h + h) * 2,
+            lambda i: ops.rms_norm_gated(i["x"], i["z"], i["w"], out=i["out"]),
         ),
     ]
     activations = {
@@ -228,10 +246,11 @@ def rowwise_cases(tokens: int, phase: str) -> list[Case]:
                 f"{t}x{2 * d}",
                 BF16,
                 phase,
-                lambda: {"x": torch.randn(t, 2 * d, device="cuda", dtype=BF16)},
+                lambda: _with_out({"x": torch.randn(t, 2 * d, device="cuda", dtype=BF16)}, (t, d)),
                 lambda i, name=name: getattr(ops, name)(i["x"]),
                 lambda i, act=act: act(i["x"][:, :d]) * i["x"][:, d:],
                 3 * t * d * 2,
+                lambda i, name=name: getattr(ops, name)(i["x"], out=i["out"]),
             )
         )
 
@@ -261,32 +280,33 @@ def rowwise_cases(tokens: int, phase: str) -> list[Case]:
     )
 
     slots = max(4 * t, 65536)
+    for heads in (8, 32):  # a GQA model's KV, and an MHA one's (hidden 4096)
 
-    def kv_inputs():
-        return {
-            "k": torch.randn(t, 8, 128, device="cuda", dtype=BF16),
-            "v": torch.randn(t, 8, 128, device="cuda", dtype=BF16),
-            "kc": torch.empty(slots, 8, 128, device="cuda", dtype=BF16),
-            "vc": torch.empty(slots, 8, 128, device="cuda", dtype=BF16),
-            "idx": torch.randperm(slots, device="cuda")[:t],
-        }
+        def kv_inputs(heads=heads):
+            return {
+                "k": torch.randn(t, heads, 128, device="cuda", dtype=BF16),
+                "v": torch.randn(t, heads, 128, device="cuda", dtype=BF16),
+                "kc": torch.empty(slots, heads, 128, device="cuda", dtype=BF16),
+                "vc": torch.empty(slots, heads, 128, device="cuda", dtype=BF16),
+                "idx": torch.randperm(slots, device="cuda")[:t],
+            }
 
-    def kv_torch(i):
-        i["kc"][i["idx"]] = i["k"]
-        i["vc"][i["idx"]] = i["v"]
+        def kv_torch(i):
+            i["kc"][i["idx"]] = i["k"]
+            i["vc"][i["idx"]] = i["v"]
 
-    cases.append(
-        Case(
-            "store_cache (8 kv heads x 128)",
-            f"{t} tokens",
-            BF16,
-            phase,
-            kv_inputs,
-            lambda i: ops.store_cache(i["k"], i["v"], i["kc"], i["vc"], i["idx"]),
-            kv_torch,
-            4 * t * 8 * 128 * 2 + t * 8,
+        cases.append(
+            Case(
+                f"store_cache ({heads} kv heads x 128)",
+                f"{t} tokens",
+                BF16,
+                phase,
+                kv_inputs,
+                lambda i: ops.store_cache(i["k"], i["v"], i["kc"], i["vc"], i["idx"]),
+                kv_torch,
+                4 * t * heads * 128 * 2 + t * 8,
+            )
         )
-    )
 
     batch, context = (t, 4096) if phase == "decode" else (64, PREFILL_TOKENS)
 
@@ -329,7 +349,8 @@ def softmax_cases() -> list[Case]:
         for phase, rows in (("decode", 8), ("prefill", max(8, PREFILL_TOKENS * HIDDEN // hidden))):
 
             def make(rows=rows, hidden=hidden):
-                return {"x": torch.randn(rows, hidden, device="cuda", dtype=dtype)}
+                x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+                return _with_out({"x": x}, x.shape)
 
             cases.append(
                 Case(
@@ -341,6 +362,7 @@ def softmax_cases() -> list[Case]:
                     lambda i: ops.softmax(i["x"], temperature=0.7),
                     lambda i: torch.softmax(i["x"] / 0.7, -1),
                     2 * rows * hidden * 4,
+                    lambda i: ops.softmax(i["x"], temperature=0.7, out=i["out"]),
                 )
             )
     for hidden, rows in ((4096, PREFILL_TOKENS), (131072, 256)):
@@ -384,7 +406,9 @@ def _compiled(fn: Callable[[dict], object]) -> Callable[[dict], object]:
 def measure(case: Case) -> dict:
     sets = input_sets(case)
     ours = time_calls([lambda s=s: case.ours(s) for s in sets])
-    row = {"case": case, "ours": ours, "eager": None, "compiled": None}
+    row = {"case": case, "ours": ours, "ours_out": None, "eager": None, "compiled": None}
+    if case.ours_out is not None and case.phase == "decode":
+        row["ours_out"] = time_calls([lambda s=s: case.ours_out(s) for s in sets])
     try:
         row["eager"] = time_calls([lambda s=s: case.torch_fn(s) for s in sets])
     except Exception as exc:  # a torch reference that cannot run here: report n/a
@@ -421,16 +445,18 @@ def render(
         f"# mllm_kernel CUDA benchmarks: {name}",
         "",
         f"- date: {now}; git commit: {_git_commit()}; torch {torch.__version__}",
-        f"- roofline: device-to-device copy_ of 1 GiB = {copy_gbs:.0f} GB/s (read + write)",
-        "- '% copy' is over that; '% same-size copy' (prefill) is over a copy_ moving the",
-        "  same bytes as the op, measured in this run (smaller copies reach less).",
-        f"- launch floor (empty kernel through tvm-ffi): {floor_text}",
-        "- GB/s counts every byte read and written once; '% copy' is that over the copy;",
-        "  'vs eager' / 'vs compile' are torch's time over ours (> 1: we are faster).",
+        "- GB/s counts every byte read and written once. '% copy' is that over a",
+        "  device-to-device copy_ moving the same bytes, measured in this run: the roofline",
+        f"  for that much data; '% 1 GiB copy' is over a copy_ of 1 GiB ({copy_gbs:.0f} GB/s),",
+        "  which smaller copies do not reach (launch and tail).",
+        f"- launch floor (empty kernel through tvm-ffi): {floor_text}; 'x floor' is a decode",
+        "  call's time over it, '(out=)' the same call writing into a preallocated output",
+        "  (ops that return a new tensor otherwise pay torch's allocation, ~2 us).",
+        "- 'vs eager' / 'vs compile' are torch's time over ours (> 1: we are faster).",
         "",
-        "| op | phase | shape | dtype | time (us) | GB/s | % copy | % same-size copy "
-        "| vs eager | vs compile |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| op | phase | shape | dtype | time (us) | GB/s | % copy | % 1 GiB copy "
+        "| x floor | x floor (out=) | vs eager | vs compile |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         case = row["case"]
@@ -443,11 +469,16 @@ def render(
             reference = same_size.get(case.bytes)
             return f"{100 * gbs / reference:.0f}%" if reference else "-"
 
+        def over_floor(seconds):
+            return f"{seconds / floor:.2f}x" if floor and seconds is not None else "-"
+
+        decode = case.phase == "decode"
         dtype = str(case.dtype).removeprefix("torch.")
         lines.append(
             f"| {case.op} | {case.phase} | {case.shape} | {dtype} | {row['ours'] * 1e6:.2f} | "
-            f"{gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {same(case)} | {ratio(row['eager'])} | "
-            f"{ratio(row['compiled'])} |"
+            f"{gbs:.0f} | {same(case)} | {100 * gbs / copy_gbs:.0f}% | "
+            f"{over_floor(row['ours']) if decode else '-'} | {over_floor(row['ours_out'])} | "
+            f"{ratio(row['eager'])} | {ratio(row['compiled'])} |"
         )
     return "\n".join(lines) + "\n"
 

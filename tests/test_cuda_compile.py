@@ -1,4 +1,5 @@
-"""Every registered CUDA kernel variant compiles and links for sm_90a (no GPU needed)."""
+"""Every registered CUDA kernel variant compiles and links for sm_90a, and every CUDA
+module also for sm_80, which has no thread-block clusters (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ def test_compiles_for_sm90a(entry, variant, tmp_path):
     started = time.monotonic()
     result = build(spec, tmp_path, tmp_path / "build.log")
     print(f"{spec.describe()}: {time.monotonic() - started:.1f}s")
+    assert result.artifact.is_file()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("entry", "variant"),
+    [pytest.param(e, e.variants[0], id=e.name) for e in registry.kernels("cuda")],
+)
+def test_compiles_for_sm80(entry, variant, tmp_path):
+    with cuda_arch_override("8.0"):
+        spec = entry.plan(variant)
+    result = build(spec, tmp_path, tmp_path / "build.log")
     assert result.artifact.is_file()
 
 

@@ -53,6 +53,29 @@ def test_softmax_many_long_rows(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [16392, 32768, 40000, 65544, 131072, 262144])
+def test_softmax_sliced_rows(dtype, hidden):
+    """Many long rows take the shared tier, split into slices over clusters of 1 to 8
+    CTAs (uneven last slices) or, past that, the global tier."""
+    from mllm_kernel.cuda.jit import softmax
+
+    rows = 150 if hidden <= 65544 else 40
+    x = (4 * torch.randn(rows, hidden, device="cuda")).to(dtype)
+    x[1, :] = float("-inf")  # a fully masked row is NaN, as in torch
+    x[-1, ::3] = float("-inf")
+    x[-1, 5] = 60  # one large logit
+    ref = torch.softmax(x.double() / 0.7, dim=-1)
+    out = torch.full_like(x, float("nan"))
+    assert softmax(x, temperature=0.7, out=out) is out
+    assert torch.isnan(out[1]).all()
+    _close(out[2:], ref[2:])
+    _close(out[:1], ref[:1])
+    in_place = x.clone()
+    softmax(in_place, temperature=0.7, out=in_place)
+    torch.testing.assert_close(in_place[2:], out[2:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3])
 def test_softmax_fully_masked_row_in_cluster_tier(dtype, rows):
     from mllm_kernel.cuda.jit import softmax

@@ -3,6 +3,7 @@
 // every op uses (torch's current stream, the tensor's device, launch checked).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/extra/cuda/device_guard.h>
@@ -53,18 +54,22 @@ struct alignas(sizeof(T) * N) Vec {
 
   __device__ __forceinline__ void load(const T* ptr) { *this = *reinterpret_cast<const Vec*>(ptr); }
   __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<Vec*>(ptr) = *this; }
-  /// Streaming load (read once, do not keep in L1).
-  __device__ __forceinline__ void load_stream(const T* ptr) {
-    if constexpr (sizeof(Vec) == 16) {
-      const int4 raw = __ldcs(reinterpret_cast<const int4*>(ptr));
-      *this = *reinterpret_cast<const Vec*>(&raw);
-    } else {
-      load(ptr);
-    }
-  }
   __device__ __forceinline__ T& operator[](int i) { return data[i]; }
   __device__ __forceinline__ const T& operator[](int i) const { return data[i]; }
 };
+
+/// Asynchronous 16-byte copy global -> shared (cp.async, L1 bypassed): the thread
+/// issues all its copies before waiting for any (see cp_async_wait_all).
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
+}
+
+/// Waits for all of this thread's cp_async_16 copies; the thread then sees their data
+/// (other threads see it after a barrier).
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+}
 
 /// Elements of T per 16-byte vector.
 template <typename T>
@@ -144,6 +149,16 @@ __device__ __forceinline__ float block_reduce_max(float value) {
 // Launching.
 // ---------------------------------------------------------------------------
 
+/// The launch attribute for clusters of `size` CTAs along x.
+inline cudaLaunchAttribute cluster_attribute(unsigned size) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = size;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 /// The stream torch (or whichever framework) has current for `device`.
 inline cudaStream_t current_stream(DLDevice device) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
@@ -175,18 +190,17 @@ class KernelLauncher {
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(shared_mem_)));
     }
+    if (cluster_ > 8) {  // past the portable limit: Hopper allows 16 when asked
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
     if (cluster_ > 1) {
-      cudaLaunchAttribute attribute{};
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = cluster_;
-      attribute.val.clusterDim.y = 1;
-      attribute.val.clusterDim.z = 1;
+      const cudaLaunchAttribute attribute = cluster_attribute(cluster_);
       cudaLaunchConfig_t config{};
       config.gridDim = grid_;
       config.blockDim = block_;
       config.dynamicSmemBytes = shared_mem_;
       config.stream = current_stream(device_);
-      config.attrs = &attribute;
+      config.attrs = const_cast<cudaLaunchAttribute*>(&attribute);
       config.numAttrs = 1;
       check(cudaLaunchKernelEx(&config, kernel,
                                static_cast<KernelArgs>(std::forward<Args>(args))...));
@@ -214,6 +228,60 @@ class KernelLauncher {
   source_location loc_;
   unsigned cluster_ = 1;
 };
+
+/// How many clusters of `cluster` CTAs of `kernel` (`threads` each, `shared_bytes` of
+/// dynamic shared memory) `device` runs at once; 0 when it cannot run one.
+template <typename... KernelArgs>
+int max_active_clusters(void (*kernel)(KernelArgs...), int cluster, int threads,
+                        std::size_t shared_bytes, DLDevice device) {
+  ::tvm::ffi::CUDADeviceGuard guard(device.device_id);
+  if (shared_bytes > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared_bytes)) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return 0;
+  }
+  if (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                          1) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const cudaLaunchAttribute attribute = cluster_attribute(static_cast<unsigned>(cluster));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.attrs = const_cast<cudaLaunchAttribute*>(&attribute);
+  config.numAttrs = 1;
+  int count = 0;
+  if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+/// CTAs in this CTA's thread-block cluster: 1 without a cluster launch, and before
+/// Hopper, which has no clusters.
+__device__ __forceinline__ unsigned cluster_num_blocks() {
+#if __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+
+/// True when `device` launches thread-block clusters (Hopper on; cached per device).
+inline bool has_clusters(DLDevice device) {
+  static int cache[64] = {};  // 0 unknown, 1 no, 2 yes
+  int& known = cache[device.device_id % 64];
+  if (known == 0) {
+    int value = 0;
+    cudaDeviceGetAttribute(&value, cudaDevAttrClusterLaunch, device.device_id);
+    known = value ? 2 : 1;
+  }
+  return known == 2;
+}
 
 /// The number of streaming multiprocessors of `device` (cached per device).
 inline int num_sms(DLDevice device) {

@@ -31,8 +31,8 @@ __global__ void act_and_mul_kernel(const Params p) {
     for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
          v < p.vecs_per_row; v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       Vec<T, N> x, y, result;
-      x.load_stream(in + v * N);
-      y.load_stream(in + d + v * N);
+      x.load(in + v * N);
+      y.load(in + d + v * N);
 #pragma unroll
       for (int i = 0; i < N; ++i) result[i] = from_float<T>(Act{}(to_float(x[i])) * to_float(y[i]));
       result.store(out + v * N);

@@ -1,21 +1,25 @@
-// Softmax over the last dim and its backward, one CTA per row, fp32 math.
+// Softmax over the last dim and its backward, fp32 math.
 //
 // Forward, y = exp(x / t - max) / sum, in four tiers by row length:
-//   registers  up to 4 vectors per thread (16k fp32 / 32k bf16): read once, write once.
+//   registers  up to 1024 vectors (4k fp32 / 8k bf16), one CTA per row, the row in
+//              registers: read once, write once.
 //   cluster    few rows (decode) of up to 8 CTAs' registers (128k fp32 / 256k bf16):
-//              the row is split over a thread-block cluster; each CTA reduces its
-//              slice to a (max, sum) pair and the CTAs trade pairs through distributed
-//              shared memory. Read once, write once, and up to 8x the SMs on a row.
-//   shared     the row fits the block's shared memory (~56k fp32 / ~113k bf16 on
-//              Hopper): pass 1 reads global memory once, keeping the row in shared
-//              memory, with an online max/sum; pass 2 normalises from shared memory.
-//   global     longer rows: the same single online pass, then pass 2 re-reads the row.
+//              the row is split over a thread-block cluster, read once, write once,
+//              and up to 8x the SMs on a row.
+//   shared     the rest: each row split into slices of at most 64 KiB over a cluster
+//              of up to 16 CTAs, each slice kept in shared memory. Pass 1 reads the
+//              slice once with an online max/sum, pass 2 normalises it from shared
+//              memory. Small slices let several CTAs share an SM, so one's loads
+//              overlap another's stores: a row-sized CTA filling an SM reached 78% of a
+//              copy at 32k fp32 where 64 KiB slices reach 90% (H100).
+//   global     rows too long even for that (> 16 x 227 KiB): pass 2 re-reads the row.
 // The online pass keeps a running (max m, sum s) per thread and rescales s when m
-// grows, so max and sum come from one read; the block then merges the pairs.
+// grows, so max and sum come from one read; the block, then the cluster (through
+// distributed shared memory), merge the pairs.
 //
-// Backward, dx = y * (dy - sum(dy * y)): a register tier and a two-pass tier.
-// Rows whose length or alignment does not allow 16-byte vectors use the register
-// tier (up to 4096 elements) or the global tier one element at a time.
+// Backward, dx = y * (dy - sum(dy * y)): the register, shared and global tiers, with
+// y and dy both cached. Rows whose length or alignment does not allow 16-byte vectors
+// use the register tier (up to 4096 elements) or the global tier one element at a time.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -31,6 +35,11 @@ inline constexpr int kCachedVecs = 4;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int kMaxCluster = 8;         // the portable cluster size limit
 inline constexpr int kClusterCtaVecs = 2048;  // preferred slice: 512 threads x 4 vectors
+// Rows of up to kRegisterVecs vectors take the register tiers.
+inline constexpr int64_t kRegisterVecs = 1024;
+// The shared tier: the slice of a row one CTA prefers, and the most CTAs sharing a row.
+inline constexpr int64_t kSliceBytes = 64 * 1024;
+inline constexpr int kMaxSliceCluster = 16;
 
 struct Params {
   void* out;
@@ -39,8 +48,9 @@ struct Params {
   int64_t in_stride;
   const void* grad;  // backward: dy
   int64_t grad_stride;
-  int64_t num_vecs;
-  float scale;  // forward: log2(e) / temperature, so exp(x / t) = 2^(x * scale)
+  int64_t num_vecs;    // per row
+  int64_t slice_vecs;  // per CTA (shared, global and cluster tiers)
+  float scale;         // forward: log2(e) / temperature, so exp(x / t) = 2^(x * scale)
 };
 
 template <typename T, int N>
@@ -76,7 +86,7 @@ struct RegisterSlice {
     for (int k = 0; k < kCachedVecs; ++k) {
       if (vec(k) < end) {
         Vec<T, N> a;
-        a.load_stream(in + vec(k) * N);
+        a.load(in + vec(k) * N);
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           x[k][i] = to_float(a[i]) * scale;
@@ -126,34 +136,48 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_registers_kernel(const Pa
   slice.store(static_cast<T*>(p.out) + row * p.out_stride, inv_sum);
 }
 
+/// Trades a CTA's (max, sum) pair of its slice (forward; backward: only the sum, of
+/// dy * y) with the other CTAs of its cluster; every thread gets the row's.
+template <bool kBackward>
+__device__ __forceinline__ void cluster_merge(float& m, float& s) {
+#if __CUDA_ARCH__ >= 900  // clusters exist from Hopper on; the host launches none before
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float2 slice_stats;
+  if (threadIdx.x == 0) slice_stats = make_float2(m, s);
+  cluster.sync();
+  const unsigned size = cluster.num_blocks();
+  float row_max = -INFINITY, row_sum = 0.0f;
+  if constexpr (!kBackward) {
+    for (unsigned r = 0; r < size; ++r)
+      row_max = fmaxf(row_max, cluster.map_shared_rank(&slice_stats, r)->x);
+  }
+  for (unsigned r = 0; r < size; ++r) {
+    const float2 peer = *cluster.map_shared_rank(&slice_stats, r);
+    if (kBackward) {
+      row_sum += peer.y;
+    } else if (peer.y != 0.0f) {  // a slice all -inf adds nothing (and -inf - -inf is NaN)
+      row_sum += peer.y * fast_exp2(peer.x - row_max);
+    }
+  }
+  cluster.sync();  // no CTA leaves (freeing its slice_stats) while a peer still reads it
+  m = row_max;
+  s = row_sum;
+#endif
+}
+
 /// Cluster tier: CTA `rank` of a cluster holds vectors [rank * slice, (rank + 1) * slice)
 /// of row blockIdx.x / cluster size in registers.
 template <typename T, int N>
 __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Params p) {
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  const unsigned size = cluster.num_blocks();
+  const unsigned size = cluster_num_blocks();
   const int64_t row = blockIdx.x / size;
-  const int64_t per_cta = div_ceil<int64_t>(p.num_vecs, size);
-  const int64_t begin = cluster.block_rank() * per_cta;
-  RegisterSlice<T, N> slice{{}, begin, begin + per_cta < p.num_vecs ? begin + per_cta : p.num_vecs};
+  const int64_t begin = (blockIdx.x % size) * p.slice_vecs;
+  RegisterSlice<T, N> slice{
+      {}, begin, begin + p.slice_vecs < p.num_vecs ? begin + p.slice_vecs : p.num_vecs};
   const float m = slice.load(row_of<T, N>(p.in, p.in_stride, row), p.scale);
-  const float s = slice.exp_sum(m);
-
-  // Trade (max, sum) with the other CTAs of the row and merge them.
-  __shared__ float2 slice_stats;
-  if (threadIdx.x == 0) slice_stats = make_float2(m, s);
-  cluster.sync();
-  float row_max = -INFINITY;
-  for (unsigned r = 0; r < size; ++r)
-    row_max = fmaxf(row_max, cluster.map_shared_rank(&slice_stats, r)->x);
-  float row_sum = 0.0f;
-  for (unsigned r = 0; r < size; ++r) {
-    const float2 peer = *cluster.map_shared_rank(&slice_stats, r);
-    if (peer.y != 0.0f) row_sum += peer.y * fast_exp2(peer.x - row_max);
-  }
-  cluster.sync();  // no CTA leaves (freeing its slice_stats) while a peer still reads it
-
+  float row_max = m, row_sum = slice.exp_sum(m);
+  cluster_merge<false>(row_max, row_sum);
   // A row that is -inf throughout gives NaN, as in the other tiers (and torch).
   const float factor = row_max == -INFINITY ? NAN
                        : m == -INFINITY     ? 0.0f
@@ -161,54 +185,114 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Para
   slice.store(static_cast<T*>(p.out) + row * p.out_stride, factor);
 }
 
-/// Shared tier (kShared) and global tier: one online pass, one normalising pass.
-template <typename T, int N, bool kShared>
-__global__ void __launch_bounds__(kMaxThreads) softmax_two_pass_kernel(const Params p) {
-  extern __shared__ uint4 shared_row[];  // kShared: the row, num_vecs * N elements of T
-  T* cached = reinterpret_cast<T*>(shared_row);
-  const int64_t row = blockIdx.x;
-  const T* in = row_of<T, N>(p.in, p.in_stride, row);
+/// Folds the vector `x` (already scaled) into a running (max m, sum s) of 2^x.
+template <int N>
+__device__ __forceinline__ void online_add(float& m, float& s, const float (&x)[N]) {
+  float vec_max = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < N; ++i) vec_max = fmaxf(vec_max, x[i]);
+  const float new_m = fmaxf(m, vec_max);
+  if (new_m == -INFINITY) return;  // everything so far is -inf: nothing to add
+  float added = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) added += fast_exp2(x[i] - new_m);
+  s = (s == 0.0f ? 0.0f : s * fast_exp2(m - new_m)) + added;
+  m = new_m;
+}
 
-  float m = -INFINITY, s = 0.0f;
-#pragma unroll 4
-  for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
-    Vec<T, N> a;
-    if constexpr (kShared) {
-      a.load_stream(in + v * N);
-      a.store(cached + v * N);
-    } else {
-      a.load(in + v * N);  // read again in pass 2: keep it in cache
+/// How the shared and global tiers read a slice: pass 1 loads it (kSharedAsync: all of a
+/// thread's vectors in flight at once with cp.async) into shared memory, or (kGlobal)
+/// pass 2 reads it again, from L2.
+enum class Load { kGlobal, kShared, kSharedAsync };
+
+/// The shared and global tiers, forward and backward: CTA blockIdx.x % cluster size
+/// takes slice [rank * slice_vecs, (rank + 1) * slice_vecs) of row blockIdx.x / cluster
+/// size (a cluster of one: the whole row). Pass 1 reads the slice once and reduces it
+/// (forward: online max and sum; backward: sum(dy * y)); the CTAs of a row trade
+/// their partial results; pass 2 writes the slice.
+template <typename T, int N, bool kBackward, Load kLoad>
+__global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params p) {
+  constexpr bool kShared = kLoad != Load::kGlobal;
+  constexpr bool kAsync = kLoad == Load::kSharedAsync;
+  extern __shared__ uint4 shared_slice[];  // kShared: the slice of in, then of grad
+  Vec<T, N>* cached_in = reinterpret_cast<Vec<T, N>*>(shared_slice);
+  Vec<T, N>* cached_grad = cached_in + p.slice_vecs;
+  const unsigned size = cluster_num_blocks();
+  const int64_t row = blockIdx.x / size;
+  const int64_t begin = (blockIdx.x % size) * p.slice_vecs;
+  const int64_t end = begin + p.slice_vecs < p.num_vecs ? begin + p.slice_vecs : p.num_vecs;
+  const T* in = row_of<T, N>(p.in, p.in_stride, row);
+  const T* grad = kBackward ? row_of<T, N>(p.grad, p.grad_stride, row) : nullptr;
+
+  float m = -INFINITY, s = 0.0f;  // backward: s is the dot product
+  if constexpr (kAsync) {
+    // Each thread reads back only what it copied: no barrier needed.
+    for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
+      cp_async_16(&cached_in[v - begin], in + v * N);
+      if constexpr (kBackward) cp_async_16(&cached_grad[v - begin], grad + v * N);
     }
-    float x[N];
-    float vec_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      x[i] = to_float(a[i]) * p.scale;
-      vec_max = fmaxf(vec_max, x[i]);
-    }
-    const float new_m = fmaxf(m, vec_max);
-    if (new_m == -INFINITY) continue;  // everything so far is -inf: nothing to add
-    float added = 0.0f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) added += fast_exp2(x[i] - new_m);
-    s = (s == 0.0f ? 0.0f : s * fast_exp2(m - new_m)) + added;
-    m = new_m;
+    cp_async_wait_all();
   }
-  block_merge(m, s);  // its reductions also order the shared-memory writes before pass 2
+#pragma unroll 4
+  for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
+    Vec<T, N> a;
+    if constexpr (kAsync) {
+      a = cached_in[v - begin];
+    } else {
+      a.load(in + v * N);
+      if constexpr (kShared) cached_in[v - begin] = a;
+    }
+    if constexpr (kBackward) {
+      Vec<T, N> g;
+      if constexpr (kAsync) {
+        g = cached_grad[v - begin];
+      } else {
+        g.load(grad + v * N);
+        if constexpr (kShared) cached_grad[v - begin] = g;
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) s += to_float(a[i]) * to_float(g[i]);
+    } else {
+      float x[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] = to_float(a[i]) * p.scale;
+      online_add(m, s, x);
+    }
+  }
+  // The block reductions also order the shared-memory writes before pass 2.
+  if constexpr (kBackward) {
+    s = block_reduce_sum(s);
+  } else {
+    block_merge(m, s);
+  }
+  if (size > 1) cluster_merge<kBackward>(m, s);
+  // Forward: a row that is -inf throughout gives 2^(-inf - -inf) = NaN, as in torch.
   const float inv_sum = 1.0f / s;
 
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll 4
-  for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
+  for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
     Vec<T, N> a, y;
     if constexpr (kShared) {
-      a.load(cached + v * N);
+      a = cached_in[v - begin];
     } else {
       a.load(in + v * N);
     }
+    if constexpr (kBackward) {
+      Vec<T, N> g;
+      if constexpr (kShared) {
+        g = cached_grad[v - begin];
+      } else {
+        g.load(grad + v * N);
+      }
 #pragma unroll
-    for (int i = 0; i < N; ++i)
-      y[i] = from_float<T>(fast_exp2(to_float(a[i]) * p.scale - m) * inv_sum);
+      for (int i = 0; i < N; ++i) y[i] = from_float<T>(to_float(a[i]) * (to_float(g[i]) - s));
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        y[i] = from_float<T>(fast_exp2(to_float(a[i]) * p.scale - m) * inv_sum);
+      }
+    }
     y.store(out + v * N);
   }
 }
@@ -226,8 +310,8 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_backward_registers_kernel
   for (int k = 0; k < kCachedVecs; ++k) {
     const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (v < p.num_vecs) {
-      y[k].load_stream(y_row + v * N);
-      g[k].load_stream(g_row + v * N);
+      y[k].load(y_row + v * N);
+      g[k].load(g_row + v * N);
 #pragma unroll
       for (int i = 0; i < N; ++i) dot += to_float(y[k][i]) * to_float(g[k][i]);
     }
@@ -248,33 +332,6 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_backward_registers_kernel
   }
 }
 
-template <typename T, int N>
-__global__ void __launch_bounds__(kMaxThreads) softmax_backward_two_pass_kernel(const Params p) {
-  const int64_t row = blockIdx.x;
-  const T* y_row = row_of<T, N>(p.in, p.in_stride, row);
-  const T* g_row = row_of<T, N>(p.grad, p.grad_stride, row);
-  float dot = 0.0f;
-#pragma unroll 4
-  for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
-    Vec<T, N> y, g;
-    y.load(y_row + v * N);
-    g.load(g_row + v * N);
-#pragma unroll
-    for (int i = 0; i < N; ++i) dot += to_float(y[i]) * to_float(g[i]);
-  }
-  dot = block_reduce_sum(dot);
-  T* out = static_cast<T*>(p.out) + row * p.out_stride;
-#pragma unroll 4
-  for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
-    Vec<T, N> y, g, dx;
-    y.load(y_row + v * N);
-    g.load(g_row + v * N);
-#pragma unroll
-    for (int i = 0; i < N; ++i) dx[i] = from_float<T>(to_float(y[i]) * (to_float(g[i]) - dot));
-    dx.store(out + v * N);
-  }
-}
-
 // --- launching --------------------------------------------------------------
 
 inline int threads_for(int64_t num_vecs, int64_t vecs_per_thread) {
@@ -288,6 +345,83 @@ void run(Kernel kernel, Params p, int64_t rows, int64_t num_vecs, int threads, D
          std::size_t shared_bytes = 0) {
   p.num_vecs = num_vecs;
   KernelLauncher(dim3(static_cast<unsigned>(rows)), dim3(threads), device, shared_bytes)(kernel, p);
+}
+
+/// How the shared / global tiers lay rows out: slices per row (a cluster), threads
+/// per slice, and how slices are read.
+struct RowsPlan {
+  int cluster;
+  int threads;
+  Load load;
+};
+
+/// The plan for rows of `vecs` vectors (backward: of y and of dy), on clusters of at most
+/// `max_cluster` CTAs. Slices of at most kSliceBytes let several CTAs share an SM, so
+/// one's loads overlap another's stores (a row-sized CTA that fills an SM cannot); past
+/// what max_cluster such slices hold, bigger slices up to what shared memory takes;
+/// past that, the global tier. Threads and load style as measured best (H100, H200).
+inline RowsPlan plan_rows(int64_t vecs, bool backward, int max_cluster, DLDevice dev) {
+  // Leave room for the reductions' static shared memory.
+  const auto limit = static_cast<int64_t>(max_shared_memory_per_block(dev)) - 1024;
+  const auto slice_bytes = [&](int cluster) {
+    return div_ceil<int64_t>(vecs, cluster) * 16 * (backward ? 2 : 1);
+  };
+  int cluster = 1;
+  while (cluster < max_cluster && slice_bytes(cluster) > kSliceBytes) cluster *= 2;
+  if (slice_bytes(cluster) > limit) return {1, kMaxThreads, Load::kGlobal};
+  const int64_t slice = div_ceil<int64_t>(vecs, cluster);
+  if (backward) return {cluster, threads_for(slice, 4), Load::kShared};
+  if (cluster == 1) return {1, threads_for(slice, 8), Load::kShared};
+  return {cluster, threads_for(slice, 16), Load::kSharedAsync};
+}
+
+/// Launches softmax_rows_kernel over `rows` rows of `vecs` vectors as `plan` says.
+template <typename T, int N, bool kBackward, Load kLoad>
+void launch_rows(Params p, int64_t rows, int64_t vecs, const RowsPlan& plan, DLDevice dev) {
+  RuntimeCheck(rows * plan.cluster < (int64_t{1} << 31), "softmax: too many rows (", rows, ")");
+  p.num_vecs = vecs;
+  p.slice_vecs = div_ceil<int64_t>(vecs, plan.cluster);
+  const int64_t shared_bytes =
+      kLoad == Load::kGlobal ? 0 : p.slice_vecs * N * sizeof(T) * (kBackward ? 2 : 1);
+  KernelLauncher(dim3(static_cast<unsigned>(rows * plan.cluster)), dim3(plan.threads), dev,
+                 static_cast<std::size_t>(shared_bytes))
+      .cluster(static_cast<unsigned>(plan.cluster))(softmax_rows_kernel<T, N, kBackward, kLoad>, p);
+}
+
+template <typename T, int N, bool kBackward>
+void run_rows(Params p, int64_t rows, int64_t vecs, const RowsPlan& plan, DLDevice dev) {
+  switch (plan.load) {
+    case Load::kGlobal:
+      return launch_rows<T, N, kBackward, Load::kGlobal>(p, rows, vecs, plan, dev);
+    case Load::kShared:
+      return launch_rows<T, N, kBackward, Load::kShared>(p, rows, vecs, plan, dev);
+    case Load::kSharedAsync:
+      return launch_rows<T, N, kBackward, Load::kSharedAsync>(p, rows, vecs, plan, dev);
+  }
+}
+
+/// The largest cluster the shared tier may use on `dev`: 16 (beyond the portable 8)
+/// where the device schedules a cluster of 16 of its biggest CTAs, else 8; 1 before
+/// Hopper.
+template <typename T, int N, bool kBackward>
+int max_rows_cluster(DLDevice dev) {
+  static int cache[64] = {};
+  int& result = cache[dev.device_id % 64];
+  if (result == 0 && !has_clusters(dev)) result = 1;
+  if (result == 0) {
+    const std::size_t bytes = kSliceBytes;
+    const bool fits = max_active_clusters(softmax_rows_kernel<T, N, kBackward, Load::kShared>,
+                                          kMaxSliceCluster, kMaxThreads, bytes, dev) > 0;
+    result = fits ? kMaxSliceCluster : kMaxCluster;
+  }
+  return result;
+}
+
+/// The shared or global tier for `rows` rows of `vecs` aligned vectors.
+template <typename T, int N, bool kBackward>
+void run_rows(Params p, int64_t rows, int64_t vecs, DLDevice dev) {
+  run_rows<T, N, kBackward>(
+      p, rows, vecs, plan_rows(vecs, kBackward, max_rows_cluster<T, N, kBackward>(dev), dev), dev);
 }
 
 }  // namespace softmax
@@ -305,10 +439,15 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
   const RowMatrix ys = as_rows(out, "out");
   if (xs.rows == 0 || xs.cols == 0) return;
   RuntimeCheck(xs.rows < (int64_t{1} << 31), "softmax: at most 2^31 - 1 rows, got ", xs.rows);
-  Params p{ys.data, ys.row_stride,
-           xs.data, xs.row_stride,
-           nullptr, 0,
-           0,       static_cast<float>(kLog2e / temperature)};
+  Params p{ys.data,
+           ys.row_stride,
+           xs.data,
+           xs.row_stride,
+           nullptr,
+           0,
+           0,
+           0,
+           static_cast<float>(kLog2e / temperature)};
   const DLDevice dev = device.value();
 
   dispatch_dtype<fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
@@ -316,33 +455,28 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
     constexpr int W = kVecWidth<T>;
     const int64_t n = xs.cols;
     const bool aligned = rows_vec_aligned(xs, sizeof(T), W) && rows_vec_aligned(ys, sizeof(T), W);
-    // Leave room for the reductions' static shared memory.
-    const std::size_t shared_limit = max_shared_memory_per_block(dev) - 1024;
-    const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(T);
     const int64_t vecs = n / W;
-    if (aligned && vecs <= kMaxThreads * kCachedVecs) {
+    if (aligned && vecs <= kRegisterVecs) {
       run(softmax_registers_kernel<T, W>, p, xs.rows, vecs, threads_for(vecs, kCachedVecs), dev);
     } else if (aligned && vecs <= int64_t{kMaxCluster} * kMaxThreads * kCachedVecs &&
-               xs.rows * kMaxCluster <= 2 * num_sms(dev)) {
-      // Few long rows (decode): spread each over a cluster. With many rows every SM
-      // is busy anyway, and the tiers below overlap one row's loads with another's
-      // stores better than a cluster of one-CTA-per-SM slices does (measured, H200).
+               xs.rows * kMaxCluster <= 2 * num_sms(dev) && has_clusters(dev)) {
+      // Few long rows (decode): spread each over a cluster's registers, read once.
+      // With many rows every SM is busy anyway, and the shared tier's several CTAs
+      // per SM overlap better (measured).
       // The smallest cluster whose CTAs hold at most kClusterCtaVecs, up to kMaxCluster.
       int cluster = 2;
       while (cluster < kMaxCluster && vecs > int64_t{cluster} * kClusterCtaVecs) cluster *= 2;
-      const int64_t slice = div_ceil<int64_t>(vecs, cluster);
       p.num_vecs = vecs;
+      p.slice_vecs = div_ceil<int64_t>(vecs, cluster);
       KernelLauncher(dim3(static_cast<unsigned>(xs.rows * cluster)),
-                     dim3(threads_for(slice, kCachedVecs)), dev)
+                     dim3(threads_for(p.slice_vecs, kCachedVecs)), dev)
           .cluster(static_cast<unsigned>(cluster))(softmax_cluster_kernel<T, W>, p);
-    } else if (aligned && row_bytes <= shared_limit) {
-      run(softmax_two_pass_kernel<T, W, true>, p, xs.rows, n / W, kMaxThreads, dev, row_bytes);
     } else if (aligned) {
-      run(softmax_two_pass_kernel<T, W, false>, p, xs.rows, n / W, kMaxThreads, dev);
+      run_rows<T, W, false>(p, xs.rows, vecs, dev);
     } else if (n <= kMaxThreads * kCachedVecs) {
       run(softmax_registers_kernel<T, 1>, p, xs.rows, n, threads_for(n, kCachedVecs), dev);
     } else {
-      run(softmax_two_pass_kernel<T, 1, false>, p, xs.rows, n, kMaxThreads, dev);
+      run_rows<T, 1, false>(p, xs.rows, n, RowsPlan{1, kMaxThreads, Load::kGlobal}, dev);
     }
   });
 }
@@ -362,7 +496,7 @@ inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorV
   if (ys.rows == 0 || ys.cols == 0) return;
   RuntimeCheck(ys.rows < (int64_t{1} << 31), "softmax_backward: at most 2^31 - 1 rows, got ",
                ys.rows);
-  Params p{dxs.data, dxs.row_stride, ys.data, ys.row_stride, gs.data, gs.row_stride, 0, 1.0f};
+  Params p{dxs.data, dxs.row_stride, ys.data, ys.row_stride, gs.data, gs.row_stride, 0, 0, 1.0f};
   const DLDevice dev = device.value();
 
   dispatch_dtype<fp32_t, fp16_t, bf16_t>(out.dtype(), "out", [&](auto tag) {
@@ -371,15 +505,15 @@ inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorV
     const int64_t n = ys.cols;
     const bool aligned = rows_vec_aligned(ys, sizeof(T), W) && rows_vec_aligned(gs, sizeof(T), W) &&
                          rows_vec_aligned(dxs, sizeof(T), W);
-    if (aligned && n / W <= kMaxThreads * kCachedVecs) {
+    if (aligned && n / W <= kRegisterVecs) {
       run(softmax_backward_registers_kernel<T, W>, p, ys.rows, n / W,
           threads_for(n / W, kCachedVecs), dev);
     } else if (aligned) {
-      run(softmax_backward_two_pass_kernel<T, W>, p, ys.rows, n / W, kMaxThreads, dev);
+      run_rows<T, W, true>(p, ys.rows, n / W, dev);
     } else if (n <= kMaxThreads * kCachedVecs) {
       run(softmax_backward_registers_kernel<T, 1>, p, ys.rows, n, threads_for(n, kCachedVecs), dev);
     } else {
-      run(softmax_backward_two_pass_kernel<T, 1>, p, ys.rows, n, kMaxThreads, dev);
+      run_rows<T, 1, true>(p, ys.rows, n, RowsPlan{1, kMaxThreads, Load::kGlobal}, dev);
     }
   });
 }
