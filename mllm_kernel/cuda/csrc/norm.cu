@@ -35,21 +35,37 @@ struct Params {
 inline constexpr int kCachedVecs = 4;  // vectors per thread kept in registers
 inline constexpr int kMaxThreads = 1024;
 
-/// Row vector `v` as stage 1 reads it; kFusedAdd also stores input + residual and
-/// returns that sum as stored (the row is normalised as stored, so the output
-/// matches the new residual).
-template <typename T, int N, Mode kMode>
-__device__ __forceinline__ Vec<T, N> load_row(const Params& p, int64_t row, int64_t v) {
+template <typename T, int N>
+__device__ __forceinline__ T* residual_at(const Params& p, int64_t row, int64_t v) {
+  return static_cast<T*>(p.residual) + row * p.residual_stride + v * N;
+}
+
+/// kFusedAdd: stores input `a` + residual `r` as the new residual vector `v` and returns
+/// that sum as stored (the row is normalised as stored, so the output matches it).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> add_residual(const Params& p, int64_t row, int64_t v,
+                                                  const Vec<T, N>& a, Vec<T, N> r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) r[i] = from_float<T>(to_float(a[i]) + to_float(r[i]));
+  r.store(residual_at<T, N>(p, row, v));
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_input(const Params& p, int64_t row, int64_t v) {
   Vec<T, N> a;
   a.load(static_cast<const T*>(p.in) + row * p.in_stride + v * N);
+  return a;
+}
+
+/// Row vector `v` as stage 1 of the uncached path reads it (kFusedAdd: the new residual).
+template <typename T, int N, Mode kMode>
+__device__ __forceinline__ Vec<T, N> load_row(const Params& p, int64_t row, int64_t v) {
+  const Vec<T, N> a = load_input<T, N>(p, row, v);
   if constexpr (kMode == Mode::kFusedAdd) {
-    T* residual = static_cast<T*>(p.residual) + row * p.residual_stride + v * N;
     Vec<T, N> r;
-    r.load(residual);
-#pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = from_float<T>(to_float(a[i]) + to_float(r[i]));
-    r.store(residual);
-    return r;
+    r.load(residual_at<T, N>(p, row, v));
+    return add_residual<T, N>(p, row, v, a, r);
   }
   return a;
 }
@@ -57,13 +73,12 @@ __device__ __forceinline__ Vec<T, N> load_row(const Params& p, int64_t row, int6
 /// Row vector `v` again, for stage 2 of rows too long to keep in registers.
 template <typename T, int N, Mode kMode>
 __device__ __forceinline__ Vec<T, N> reload_row(const Params& p, int64_t row, int64_t v) {
-  Vec<T, N> a;
   if constexpr (kMode == Mode::kFusedAdd) {
-    a.load(static_cast<const T*>(p.residual) + row * p.residual_stride + v * N);
-  } else {
-    a.load(static_cast<const T*>(p.in) + row * p.in_stride + v * N);
+    Vec<T, N> r;
+    r.load(residual_at<T, N>(p, row, v));
+    return r;
   }
-  return a;
+  return load_input<T, N>(p, row, v);
 }
 
 template <typename T, int N>
@@ -106,20 +121,27 @@ __global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(const Params p) {
   float sum_sq = 0.0f;
   Vec<T, N> cache[kSlots];
   Vec<T, N> gates[kGateSlots];
+  Vec<T, N> residuals[kMode == Mode::kFusedAdd ? kSlots : 1];
 
-  // Stage 1: read the row (and, cached, its gate: both reads overlap), sum squares.
+  // Stage 1: read the row (and its gate or residual), every load issued before any
+  // math (math between the guarded loads serialises them), then sum squares.
   if constexpr (kCached) {
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
       const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
       if (v < p.num_vecs) {
-        cache[k] = load_row<T, N, kMode>(p, row, v);
+        cache[k] = load_input<T, N>(p, row, v);
         if constexpr (kMode == Mode::kGated) gates[k] = load_gate<T, N>(p, row, v);
+        if constexpr (kMode == Mode::kFusedAdd) residuals[k].load(residual_at<T, N>(p, row, v));
       }
     }
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
-      if (threadIdx.x + static_cast<int64_t>(k) * blockDim.x < p.num_vecs) {
+      const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (v < p.num_vecs) {
+        if constexpr (kMode == Mode::kFusedAdd) {
+          cache[k] = add_residual<T, N>(p, row, v, cache[k], residuals[k]);
+        }
         sum_sq += sum_squares(cache[k]);
       }
     }
