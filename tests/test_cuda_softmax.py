@@ -53,13 +53,13 @@ def test_softmax_many_long_rows(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hidden", [16392, 32768, 40000, 65544, 131072, 262144])
+@pytest.mark.parametrize("hidden", [16392, 32768, 40000, 65544, 131072, 262144, 400000, 524288])
 def test_softmax_sliced_rows(dtype, hidden):
-    """Many long rows take the shared tier, split into slices over clusters of 1 to 8
-    CTAs (uneven last slices) or, past that, the global tier."""
+    """Many long rows take the shared tier, split into slices over clusters of 1 to 16
+    CTAs (uneven last slices; past 16 x 64 KiB, 8 bigger slices), then the global tier."""
     from mllm_kernel.cuda.jit import softmax
 
-    rows = 150 if hidden <= 65544 else 40
+    rows = 150 if hidden <= 65544 else 40 if hidden <= 262144 else 12
     x = (4 * torch.randn(rows, hidden, device="cuda")).to(dtype)
     x[1, :] = float("-inf")  # a fully masked row is NaN, as in torch
     x[-1, ::3] = float("-inf")

@@ -10,9 +10,11 @@
 //              of up to 16 CTAs, each slice kept in shared memory. Pass 1 reads the
 //              slice once with an online max/sum, pass 2 normalises it from shared
 //              memory. Small slices let several CTAs share an SM, so one's loads
-//              overlap another's stores: a row-sized CTA filling an SM reached 78% of a
-//              copy at 32k fp32 where 64 KiB slices reach 90% (H100).
-//   global     rows too long even for that (> 16 x 227 KiB): pass 2 re-reads the row.
+//              overlap another's stores: at 32k fp32 a row-sized CTA filling an SM
+//              reached 78% / 61% of a copy (H100 / H200), 64 KiB slices 92% / 88%.
+//              Split slices are loaded with cp.async, all of a thread's loads in
+//              flight at once (5-10% ahead of plain loads there).
+//   global     rows too long even for that (> 8 x 227 KiB): pass 2 re-reads the row.
 // The online pass keeps a running (max m, sum s) per thread and rescales s when m
 // grows, so max and sum come from one read; the block, then the cluster (through
 // distributed shared memory), merge the pairs.
@@ -375,7 +377,8 @@ struct RowsPlan {
 /// The plan for rows of `vecs` vectors (backward: of y and of dy), on clusters of at most
 /// `max_cluster` CTAs. Slices of at most kSliceBytes let several CTAs share an SM, so
 /// one's loads overlap another's stores (a row-sized CTA that fills an SM cannot); past
-/// what max_cluster such slices hold, bigger slices up to what shared memory takes;
+/// what max_cluster such slices hold, 8 bigger slices (the portable cluster size, which
+/// any Hopper schedules even with CTAs that fill an SM) up to what shared memory takes;
 /// past that, the global tier. Threads and load style as measured best (H100, H200).
 inline RowsPlan plan_rows(int64_t vecs, bool backward, int max_cluster, DLDevice dev) {
   // Leave room for the reductions' static shared memory.
@@ -385,6 +388,7 @@ inline RowsPlan plan_rows(int64_t vecs, bool backward, int max_cluster, DLDevice
   };
   int cluster = 1;
   while (cluster < max_cluster && slice_bytes(cluster) > kSliceBytes) cluster *= 2;
+  if (slice_bytes(cluster) > kSliceBytes && max_cluster >= kMaxCluster) cluster = kMaxCluster;
   if (slice_bytes(cluster) > limit) return {1, kMaxThreads, Load::kGlobal};
   const int64_t slice = div_ceil<int64_t>(vecs, cluster);
   if (backward) return {cluster, threads_for(slice, 4), Load::kShared};
@@ -427,7 +431,9 @@ int max_rows_cluster(DLDevice dev) {
   if (result == 0 && !has_clusters(dev)) result = 1;
   if (result == 0) {
     const std::size_t bytes = kSliceBytes;
-    const bool fits = max_active_clusters(softmax_rows_kernel<T, N, kBackward, Load::kShared>,
+    // The kernel that plan_rows launches in clusters of more than one.
+    constexpr Load kLoad = kBackward ? Load::kShared : Load::kSharedAsync;
+    const bool fits = max_active_clusters(softmax_rows_kernel<T, N, kBackward, kLoad>,
                                           kMaxSliceCluster, kMaxThreads, bytes, dev) > 0;
     result = fits ? kMaxSliceCluster : kMaxCluster;
   }
