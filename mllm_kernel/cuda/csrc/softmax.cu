@@ -36,7 +36,7 @@ namespace softmax {
 inline constexpr int kCachedVecs = 4;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int kMaxCluster = 8;         // the portable cluster size limit
-inline constexpr int kClusterCtaVecs = 2048;  // preferred slice: 512 threads x 4 vectors
+inline constexpr int kClusterCtaVecs = 1024;  // preferred slice: 256 threads x 4 vectors
 // Rows of up to kRegisterVecs vectors take the register tiers.
 inline constexpr int64_t kRegisterVecs = 1024;
 // The shared tier: the slice of a row one CTA prefers, and the most CTAs sharing a row.

@@ -63,11 +63,12 @@ def store_cache(
     """
     errors = _error_counter(k.device)
     module_for(_store_module, k.device).store_cache(k, v, k_cache, v_cache, indices, errors)
-    _raise_if_counted(
-        errors,
-        "store_cache: {count} of argument 'indices' are >= the cache's "
-        f"{k_cache.shape[0]} slots; those rows were not written",
-    )
+    if errors is not None:  # the message is built only when checking: this is a hot path
+        _raise_if_counted(
+            errors,
+            "store_cache: {count} of argument 'indices' are >= the cache's "
+            f"{k_cache.shape[0]} slots; those rows were not written",
+        )
 
 
 def create_kv_indices(
