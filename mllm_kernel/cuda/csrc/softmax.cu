@@ -231,6 +231,28 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   const T* in = row_of<T, N>(p.in, p.in_stride, row);
   const T* grad = kBackward ? row_of<T, N>(p.grad, p.grad_stride, row) : nullptr;
 
+  // Vector v of `src` (in or grad) as pass 1 reads it: from its cp.async copy, or from
+  // global memory (kShared: keeping a copy); as pass 2 reads it: from the copy or again.
+  auto pass1_vec = [&](const T* src, Vec<T, N>* cache, int64_t v) {
+    Vec<T, N> a;
+    if constexpr (kAsync) {
+      a = cache[v - begin];
+    } else {
+      a.load(src + v * N);
+      if constexpr (kShared) cache[v - begin] = a;
+    }
+    return a;
+  };
+  auto pass2_vec = [&](const T* src, const Vec<T, N>* cache, int64_t v) {
+    Vec<T, N> a;
+    if constexpr (kShared) {
+      a = cache[v - begin];
+    } else {
+      a.load(src + v * N);
+    }
+    return a;
+  };
+
   float m = -INFINITY, s = 0.0f;  // backward: s is the dot product
   if constexpr (kAsync) {
     // Each thread reads back only what it copied: no barrier needed.
@@ -242,21 +264,9 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   }
 #pragma unroll 4
   for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
-    Vec<T, N> a;
-    if constexpr (kAsync) {
-      a = cached_in[v - begin];
-    } else {
-      a.load(in + v * N);
-      if constexpr (kShared) cached_in[v - begin] = a;
-    }
+    const Vec<T, N> a = pass1_vec(in, cached_in, v);
     if constexpr (kBackward) {
-      Vec<T, N> g;
-      if constexpr (kAsync) {
-        g = cached_grad[v - begin];
-      } else {
-        g.load(grad + v * N);
-        if constexpr (kShared) cached_grad[v - begin] = g;
-      }
+      const Vec<T, N> g = pass1_vec(grad, cached_grad, v);
 #pragma unroll
       for (int i = 0; i < N; ++i) s += to_float(a[i]) * to_float(g[i]);
     } else {
@@ -279,19 +289,10 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll 4
   for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
-    Vec<T, N> a, y;
-    if constexpr (kShared) {
-      a = cached_in[v - begin];
-    } else {
-      a.load(in + v * N);
-    }
+    const Vec<T, N> a = pass2_vec(in, cached_in, v);
+    Vec<T, N> y;
     if constexpr (kBackward) {
-      Vec<T, N> g;
-      if constexpr (kShared) {
-        g = cached_grad[v - begin];
-      } else {
-        g.load(grad + v * N);
-      }
+      const Vec<T, N> g = pass2_vec(grad, cached_grad, v);
 #pragma unroll
       for (int i = 0; i < N; ++i) y[i] = from_float<T>(to_float(a[i]) * (to_float(g[i]) - s));
     } else {
