@@ -205,8 +205,8 @@ CASES = {
     "silu_and_mul": _activation_case(),
     "rope": _rope_case(),
     "softmax_small": _softmax_case(1000),
-    "softmax_shared": _softmax_case(40000),
-    "softmax_large": _softmax_case(200000),
+    "softmax_cluster": _softmax_case(40000),  # few rows: the cluster tier
+    "softmax_sliced": _softmax_case(200000),  # 16 slices of a row in shared memory
     "store_cache": _store_cache_case(),
     "create_kv_indices": _kv_indices_case(),
 }
