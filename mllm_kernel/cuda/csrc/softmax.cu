@@ -463,15 +463,11 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
   const RowMatrix ys = as_rows(out, "out");
   if (xs.rows == 0 || xs.cols == 0) return;
   RuntimeCheck(xs.rows < (int64_t{1} << 31), "softmax: at most 2^31 - 1 rows, got ", xs.rows);
-  Params p{ys.data,
-           ys.row_stride,
-           xs.data,
-           xs.row_stride,
-           nullptr,
-           0,
-           0,
-           0,
-           static_cast<float>(kLog2e / temperature)};
+  Params p{.out = ys.data,
+           .out_stride = ys.row_stride,
+           .in = xs.data,
+           .in_stride = xs.row_stride,
+           .scale = static_cast<float>(kLog2e / temperature)};
   const DLDevice dev = device.value();
 
   dispatch_dtype<fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
@@ -520,7 +516,13 @@ inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorV
   if (ys.rows == 0 || ys.cols == 0) return;
   RuntimeCheck(ys.rows < (int64_t{1} << 31), "softmax_backward: at most 2^31 - 1 rows, got ",
                ys.rows);
-  Params p{dxs.data, dxs.row_stride, ys.data, ys.row_stride, gs.data, gs.row_stride, 0, 0, 1.0f};
+  Params p{.out = dxs.data,
+           .out_stride = dxs.row_stride,
+           .in = ys.data,
+           .in_stride = ys.row_stride,
+           .grad = gs.data,
+           .grad_stride = gs.row_stride,
+           .scale = 1.0f};
   const DLDevice dev = device.value();
 
   dispatch_dtype<fp32_t, fp16_t, bf16_t>(out.dtype(), "out", [&](auto tag) {
