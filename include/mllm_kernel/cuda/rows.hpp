@@ -24,15 +24,20 @@ struct RowMatrix {
   }
 };
 
-/// `tensor` (named `arg` in errors) seen as rows of its last dim.
-inline RowMatrix as_rows(const TensorView& tensor, const char* arg,
-                         source_location loc = source_location::current()) {
-  const int64_t ndim = tensor.ndim();
-  if (ndim < 1) {
+/// The rank of `tensor` (named `arg`); raises ValueError for a scalar.
+inline int64_t at_least_1d(const TensorView& tensor, const char* arg, source_location loc) {
+  if (tensor.ndim() < 1) {
     detail::throw_error(
         "ValueError", detail::concat("argument '", arg, "': expected at least 1 dim, got a scalar"),
         loc);
   }
+  return tensor.ndim();
+}
+
+/// `tensor` (named `arg` in errors) seen as rows of its last dim.
+inline RowMatrix as_rows(const TensorView& tensor, const char* arg,
+                         source_location loc = source_location::current()) {
+  const int64_t ndim = at_least_1d(tensor, arg, loc);
   const int64_t cols = tensor.size(-1);
   if (cols > 1 && tensor.stride(-1) != 1) {
     detail::throw_error(
@@ -67,12 +72,7 @@ inline RowMatrix as_rows(const TensorView& tensor, const char* arg,
 /// contiguous, the first dim may be strided. For per-token rows (KV cache writes).
 inline RowMatrix as_first_dim_rows(const TensorView& tensor, const char* arg,
                                    source_location loc = source_location::current()) {
-  const int64_t ndim = tensor.ndim();
-  if (ndim < 1) {
-    detail::throw_error(
-        "ValueError", detail::concat("argument '", arg, "': expected at least 1 dim, got a scalar"),
-        loc);
-  }
+  const int64_t ndim = at_least_1d(tensor, arg, loc);
   int64_t cols = 1;
   for (int64_t i = ndim - 1; i >= 1; --i) {
     if (tensor.size(i) != 1 && tensor.stride(i) != cols) {
