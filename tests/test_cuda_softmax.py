@@ -149,6 +149,8 @@ def test_bad_inputs():
     x = torch.randn(4, 64, device="cuda")
     with pytest.raises(ValueError, match="'temperature'"):
         softmax(x, temperature=0.0)
+    with pytest.raises(ValueError, match="'x': expected at least 1 dim, got a scalar"):
+        softmax(torch.tensor(1.0, device="cuda"))
     with pytest.raises(TypeError, match=r"'x'.*int32"):
         softmax(x.to(torch.int32))
     with pytest.raises(ValueError, match="'out'"):
