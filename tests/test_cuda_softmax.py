@@ -8,9 +8,29 @@ import torch
 pytestmark = pytest.mark.cuda
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# Registers (<= 4096 vectors), shared memory (fits the block), global (longer), and
-# unaligned lengths (scalar register and global tiers) for every dtype.
-HIDDEN = [1, 7, 8, 9, 127, 128, 4095, 4096, 5120, 16385, 32768, 32769, 65536, 131072, 262144]
+# Registers (<= 2048 vectors: 8192 fp32 / 16384 half), shared memory (fits the block),
+# global (longer), and unaligned lengths (scalar register and global tiers) for every
+# dtype.
+HIDDEN = [
+    1,
+    7,
+    8,
+    9,
+    127,
+    128,
+    4095,
+    4096,
+    5120,
+    8192,
+    8200,
+    16384,
+    16385,
+    32768,
+    32769,
+    65536,
+    131072,
+    262144,
+]
 RTOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 

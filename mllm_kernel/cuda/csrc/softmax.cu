@@ -1,8 +1,9 @@
 // Softmax over the last dim and its backward, fp32 math.
 //
 // Forward, y = exp(x / t - max) / sum, in four tiers by row length:
-//   registers  up to 1024 vectors (4k fp32 / 8k bf16), one CTA per row, the row in
-//              registers: read once, write once.
+//   registers  up to 2048 vectors (8k fp32 / 16k bf16), one CTA of up to 512 threads
+//              per row, the row in registers: read once, write once. Past that a
+//              1024-thread CTA fills an SM and drops to 59% of a copy (H200).
 //   cluster    few rows (decode) of up to 8 CTAs' registers (128k fp32 / 256k bf16):
 //              the row is split over a thread-block cluster, read once, write once,
 //              and up to 8x the SMs on a row.
@@ -12,18 +13,21 @@
 //              memory. Small slices let several CTAs share an SM, so one's loads
 //              overlap another's stores: at 32k fp32 a row-sized CTA filling an SM
 //              reached 78% / 61% of a copy (H100 / H200), 64 KiB slices 92% / 88%.
-//              Split slices are loaded with cp.async, all of a thread's loads in
-//              flight at once (5-10% ahead of plain loads there).
+//              Slices are loaded with cp.async, all of a thread's loads (16 vectors,
+//              backward 8 of each input) in flight at once: at 16k fp32 90% of a
+//              copy against 83% for plain loads by twice the threads (H200).
 //   global     rows too long even for that (> 8 x 227 KiB): pass 2 re-reads the row.
 // The online pass keeps a running (max m, sum s) per thread and rescales s when m
 // grows, so max and sum come from one read; the block, then the cluster (through
 // distributed shared memory), merge the pairs.
 //
-// Backward, dx = y * (dy - sum(dy * y)): the register, shared and global tiers, with
-// y and dy both cached. Rows whose length or alignment does not allow 16-byte vectors
-// use the register tier (up to 4096 elements) or the global tier one element at a time.
+// Backward, dx = y * (dy - sum(dy * y)): the register (up to 2048 vectors), shared and
+// global tiers, with y and dy both cached. Rows whose length or alignment does not
+// allow 16-byte vectors use the register tier (up to 4096 elements) or the global tier
+// one element at a time.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "mllm_kernel/cuda/rows.hpp"
@@ -37,8 +41,10 @@ inline constexpr int kCachedVecs = 4;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int kMaxCluster = 8;         // the portable cluster size limit
 inline constexpr int kClusterCtaVecs = 1024;  // preferred slice: 256 threads x 4 vectors
-// Rows of up to kRegisterVecs vectors take the register tiers.
-inline constexpr int64_t kRegisterVecs = 1024;
+// Rows of up to kRegisterVecs vectors take the register tiers, at most
+// kRegisterThreads threads per row.
+inline constexpr int64_t kRegisterVecs = 2048;
+inline constexpr int kRegisterThreads = 512;
 // The shared tier: the slice of a row one CTA prefers, and the most CTAs sharing a row.
 inline constexpr int64_t kSliceBytes = 64 * 1024;
 inline constexpr int kMaxSliceCluster = 16;
@@ -207,10 +213,10 @@ __device__ __forceinline__ void online_add(float& m, float& s, const float (&x)[
   m = new_m;
 }
 
-/// How the shared and global tiers read a slice: pass 1 loads it (kSharedAsync: all of a
-/// thread's vectors in flight at once with cp.async) into shared memory, or (kGlobal)
-/// pass 2 reads it again, from L2.
-enum class Load { kGlobal, kShared, kSharedAsync };
+/// How the shared and global tiers read a slice: (kShared) each thread copies its
+/// vectors into shared memory with cp.async, all in flight at once, before pass 1, and
+/// pass 2 reads the copy; or (kGlobal) both passes read global memory, pass 2 from L2.
+enum class Load { kGlobal, kShared };
 
 /// The shared and global tiers, forward and backward: CTA blockIdx.x % cluster size
 /// takes slice [rank * slice_vecs, (rank + 1) * slice_vecs) of row blockIdx.x / cluster
@@ -219,8 +225,7 @@ enum class Load { kGlobal, kShared, kSharedAsync };
 /// their partial results; pass 2 writes the slice.
 template <typename T, int N, bool kBackward, Load kLoad>
 __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params p) {
-  constexpr bool kShared = kLoad != Load::kGlobal;
-  constexpr bool kAsync = kLoad == Load::kSharedAsync;
+  constexpr bool kShared = kLoad == Load::kShared;
   extern __shared__ uint4 shared_slice[];  // kShared: the slice of in, then of grad
   Vec<T, N>* cached_in = reinterpret_cast<Vec<T, N>*>(shared_slice);
   Vec<T, N>* cached_grad = cached_in + p.slice_vecs;
@@ -231,19 +236,8 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   const T* in = row_of<T, N>(p.in, p.in_stride, row);
   const T* grad = kBackward ? row_of<T, N>(p.grad, p.grad_stride, row) : nullptr;
 
-  // Vector v of `src` (in or grad) as pass 1 reads it: from its cp.async copy, or from
-  // global memory (kShared: keeping a copy); as pass 2 reads it: from the copy or again.
-  auto pass1_vec = [&](const T* src, Vec<T, N>* cache, int64_t v) {
-    Vec<T, N> a;
-    if constexpr (kAsync) {
-      a = cache[v - begin];
-    } else {
-      a.load(src + v * N);
-      if constexpr (kShared) cache[v - begin] = a;
-    }
-    return a;
-  };
-  auto pass2_vec = [&](const T* src, const Vec<T, N>* cache, int64_t v) {
+  // Vector v of `src` (in or grad), from its shared copy or from global memory.
+  auto vec_of = [&](const T* src, const Vec<T, N>* cache, int64_t v) {
     Vec<T, N> a;
     if constexpr (kShared) {
       a = cache[v - begin];
@@ -254,7 +248,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   };
 
   float m = -INFINITY, s = 0.0f;  // backward: s is the dot product
-  if constexpr (kAsync) {
+  if constexpr (kShared) {
     // Each thread reads back only what it copied: no barrier needed.
     for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
       cp_async_16(&cached_in[v - begin], in + v * N);
@@ -264,9 +258,9 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   }
 #pragma unroll 4
   for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
-    const Vec<T, N> a = pass1_vec(in, cached_in, v);
+    const Vec<T, N> a = vec_of(in, cached_in, v);
     if constexpr (kBackward) {
-      const Vec<T, N> g = pass1_vec(grad, cached_grad, v);
+      const Vec<T, N> g = vec_of(grad, cached_grad, v);
 #pragma unroll
       for (int i = 0; i < N; ++i) s += to_float(a[i]) * to_float(g[i]);
     } else {
@@ -276,7 +270,6 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
       online_add(m, s, x);
     }
   }
-  // The block reductions also order the shared-memory writes before pass 2.
   if constexpr (kBackward) {
     s = block_reduce_sum(s);
   } else {
@@ -289,10 +282,10 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll 4
   for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
-    const Vec<T, N> a = pass2_vec(in, cached_in, v);
+    const Vec<T, N> a = vec_of(in, cached_in, v);
     Vec<T, N> y;
     if constexpr (kBackward) {
-      const Vec<T, N> g = pass2_vec(grad, cached_grad, v);
+      const Vec<T, N> g = vec_of(grad, cached_grad, v);
 #pragma unroll
       for (int i = 0; i < N; ++i) y[i] = from_float<T>(to_float(a[i]) * (to_float(g[i]) - s));
     } else {
@@ -307,10 +300,11 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
 
 // --- backward ---------------------------------------------------------------
 
-// Vectorised rows (up to kRegisterVecs) take 2 vectors per thread, at most 512 threads:
-// the bound leaves room for y and dy in registers without spilling.
+// Vectorised rows (up to kRegisterVecs) take 2 vectors per thread (4 past 1024 vectors),
+// at most kRegisterThreads threads: the bound leaves room for y and dy in registers
+// without spilling.
 template <typename T, int N>
-__global__ void __launch_bounds__(N == 1 ? kMaxThreads : kMaxThreads / 2)
+__global__ void __launch_bounds__(N == 1 ? kMaxThreads : kRegisterThreads)
     softmax_backward_registers_kernel(const Params p) {
   const int64_t row = blockIdx.x;
   const T* y_row = row_of<T, N>(p.in, p.in_stride, row);
@@ -392,9 +386,7 @@ inline RowsPlan plan_rows(int64_t vecs, bool backward, int max_cluster, DLDevice
   if (slice_bytes(cluster) > kSliceBytes && max_cluster >= kMaxCluster) cluster = kMaxCluster;
   if (slice_bytes(cluster) > limit) return {1, kMaxThreads, Load::kGlobal};
   const int64_t slice = div_ceil<int64_t>(vecs, cluster);
-  if (backward) return {cluster, threads_for(slice, 4), Load::kShared};
-  if (cluster == 1) return {1, threads_for(slice, 8), Load::kShared};
-  return {cluster, threads_for(slice, 16), Load::kSharedAsync};
+  return {cluster, threads_for(slice, backward ? 8 : 16), Load::kShared};
 }
 
 /// Launches softmax_rows_kernel over `rows` rows of `vecs` vectors as `plan` says.
@@ -417,8 +409,6 @@ void run_rows(Params p, int64_t rows, int64_t vecs, const RowsPlan& plan, DLDevi
       return launch_rows<T, N, kBackward, Load::kGlobal>(p, rows, vecs, plan, dev);
     case Load::kShared:
       return launch_rows<T, N, kBackward, Load::kShared>(p, rows, vecs, plan, dev);
-    case Load::kSharedAsync:
-      return launch_rows<T, N, kBackward, Load::kSharedAsync>(p, rows, vecs, plan, dev);
   }
 }
 
@@ -432,9 +422,8 @@ int max_rows_cluster(DLDevice dev) {
   if (result == 0 && !has_clusters(dev)) result = 1;
   if (result == 0) {
     const std::size_t bytes = kSliceBytes;
-    // The kernel that plan_rows launches in clusters of more than one.
-    constexpr Load kLoad = kBackward ? Load::kShared : Load::kSharedAsync;
-    const bool fits = max_active_clusters(softmax_rows_kernel<T, N, kBackward, kLoad>,
+    // The kernel that plan_rows launches.
+    const bool fits = max_active_clusters(softmax_rows_kernel<T, N, kBackward, Load::kShared>,
                                           kMaxSliceCluster, kMaxThreads, bytes, dev) > 0;
     result = fits ? kMaxSliceCluster : kMaxCluster;
   }
@@ -477,6 +466,7 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
     const bool aligned = rows_vec_aligned(xs, sizeof(T), W) && rows_vec_aligned(ys, sizeof(T), W);
     const int64_t vecs = n / W;
     if (aligned && vecs <= kRegisterVecs) {
+      // At most 512 threads: threads_for(kRegisterVecs, kCachedVecs).
       run(softmax_registers_kernel<T, W>, p, xs.rows, vecs, threads_for(vecs, kCachedVecs), dev);
     } else if (aligned && vecs <= int64_t{kMaxCluster} * kMaxThreads * kCachedVecs &&
                xs.rows * kMaxCluster <= 2 * num_sms(dev) && has_clusters(dev)) {
@@ -532,8 +522,10 @@ inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorV
     const bool aligned = rows_vec_aligned(ys, sizeof(T), W) && rows_vec_aligned(gs, sizeof(T), W) &&
                          rows_vec_aligned(dxs, sizeof(T), W);
     if (aligned && n / W <= kRegisterVecs) {
-      // 2 vectors of each per thread: measured a little ahead of 4 (H200).
-      run(softmax_backward_registers_kernel<T, W>, p, ys.rows, n / W, threads_for(n / W, 2), dev);
+      // 2 vectors of each per thread: measured a little ahead of 4 (H200); past 1024
+      // vectors, up to 4 in kRegisterThreads threads (104% of a copy at 8k fp32, H200).
+      const int threads = std::min(threads_for(n / W, 2), kRegisterThreads);
+      run(softmax_backward_registers_kernel<T, W>, p, ys.rows, n / W, threads, dev);
     } else if (aligned) {
       run_rows<T, W, true>(p, ys.rows, n / W, dev);
     } else if (n <= kMaxThreads * kCachedVecs) {
