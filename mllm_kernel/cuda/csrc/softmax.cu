@@ -149,31 +149,43 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_registers_kernel(const Pa
   slice.store(static_cast<T*>(p.out) + row * p.out_stride, inv_sum);
 }
 
+/// Cluster launches call this first, before their loads: cluster_merge waits on it,
+/// since a CTA may write into a peer's shared memory only once that peer runs.
+__device__ __forceinline__ void cluster_arrive_started() {
+#if __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().barrier_arrive();
+#endif
+}
+
 /// Trades a CTA's (max, sum) pair of its slice (forward; backward: only the sum, of
-/// dy * y) with the other CTAs of its cluster; every thread gets the row's.
+/// dy * y) with the other CTAs of its cluster; every thread gets the row's. Each CTA
+/// pushes its pair into every peer's shared memory, so after one barrier all reads are
+/// local and no CTA waits for its peers again before it exits (pulling the pairs from
+/// the peers took a second barrier, to keep each CTA alive until read).
 template <bool kBackward>
 __device__ __forceinline__ void cluster_merge(float& m, float& s) {
 #if __CUDA_ARCH__ >= 900  // clusters exist from Hopper on; the host launches none before
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
-  __shared__ float2 slice_stats;
-  if (threadIdx.x == 0) slice_stats = make_float2(m, s);
-  cluster.sync();
+  __shared__ float2 slice_stats[kMaxSliceCluster];  // the pair of peer r at r
   const unsigned size = cluster.num_blocks();
+  cluster.barrier_wait();  // of cluster_arrive_started: every peer runs
+  if (threadIdx.x < size) {
+    *cluster.map_shared_rank(&slice_stats[cluster.block_rank()], threadIdx.x) = make_float2(m, s);
+  }
+  cluster.sync();
   float row_max = -INFINITY, row_sum = 0.0f;
   if constexpr (!kBackward) {
-    for (unsigned r = 0; r < size; ++r)
-      row_max = fmaxf(row_max, cluster.map_shared_rank(&slice_stats, r)->x);
+    for (unsigned r = 0; r < size; ++r) row_max = fmaxf(row_max, slice_stats[r].x);
   }
   for (unsigned r = 0; r < size; ++r) {
-    const float2 peer = *cluster.map_shared_rank(&slice_stats, r);
+    const float2 peer = slice_stats[r];
     if (kBackward) {
       row_sum += peer.y;
     } else if (peer.y != 0.0f) {  // a slice all -inf adds nothing (and -inf - -inf is NaN)
       row_sum += peer.y * fast_exp2(peer.x - row_max);
     }
   }
-  cluster.sync();  // no CTA leaves (freeing its slice_stats) while a peer still reads it
   m = row_max;
   s = row_sum;
 #endif
@@ -183,6 +195,7 @@ __device__ __forceinline__ void cluster_merge(float& m, float& s) {
 /// of row blockIdx.x / cluster size in registers.
 template <typename T, int N>
 __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Params p) {
+  cluster_arrive_started();
   const unsigned size = cluster_num_blocks();
   const int64_t row = blockIdx.x / size;
   const int64_t begin = (blockIdx.x % size) * p.slice_vecs;
@@ -230,6 +243,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   Vec<T, N>* cached_in = reinterpret_cast<Vec<T, N>*>(shared_slice);
   Vec<T, N>* cached_grad = cached_in + p.slice_vecs;
   const unsigned size = cluster_num_blocks();
+  if (size > 1) cluster_arrive_started();
   const int64_t row = blockIdx.x / size;
   const int64_t begin = (blockIdx.x % size) * p.slice_vecs;
   const int64_t end = begin + p.slice_vecs < p.num_vecs ? begin + p.slice_vecs : p.num_vecs;
