@@ -345,7 +345,7 @@ def rowwise_cases(tokens: int, phase: str) -> list[Case]:
 def softmax_cases() -> list[Case]:
     cases = []
     dtype = torch.float32
-    for hidden in (1024, 4096, 32768, 131072):
+    for hidden in (1024, 4096, 16384, 32768, 65536, 131072):
         for phase, rows in (("decode", 8), ("prefill", max(8, PREFILL_TOKENS * HIDDEN // hidden))):
 
             def make(rows=rows, hidden=hidden):
@@ -365,7 +365,8 @@ def softmax_cases() -> list[Case]:
                     lambda i: ops.softmax(i["x"], temperature=0.7, out=i["out"]),
                 )
             )
-    for hidden, rows in ((4096, PREFILL_TOKENS), (131072, 256)):
+    for hidden in (4096, 16384, 65536, 131072):
+        rows = PREFILL_TOKENS * HIDDEN // hidden
 
         def make_bwd(rows=rows, hidden=hidden):
             return {
