@@ -96,11 +96,14 @@ def test_softmax_sliced_rows(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 3])
-def test_softmax_fully_masked_row_in_cluster_tier(dtype, rows):
+@pytest.mark.parametrize("rows", [1, 3, 20])
+@pytest.mark.parametrize("hidden", [65536, 262144])
+def test_softmax_fully_masked_row_in_cluster_tier(dtype, rows, hidden):
+    """Few rows split over clusters of registers: 16 CTAs, 8 for more rows (20 rows of
+    256k fp32 fit neither and take the shared tier)."""
     from mllm_kernel.cuda.jit import softmax
 
-    x = (4 * torch.randn(rows, 65536, device="cuda")).to(dtype)
+    x = (4 * torch.randn(rows, hidden, device="cuda")).to(dtype)
     x[0, :] = float("-inf")
     out = softmax(x)
     assert torch.isnan(out[0]).all()

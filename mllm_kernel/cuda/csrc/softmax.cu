@@ -4,9 +4,9 @@
 //   registers  up to 2048 vectors (8k fp32 / 16k bf16), one CTA of up to 512 threads
 //              per row, the row in registers: read once, write once. Past that a
 //              1024-thread CTA fills an SM and drops to 59% of a copy (H200).
-//   cluster    few rows (decode) of up to 8 CTAs' registers (128k fp32 / 256k bf16):
-//              the row is split over a thread-block cluster, read once, write once,
-//              and up to 8x the SMs on a row.
+//   cluster    few rows (decode) of up to 16 CTAs' registers (256k fp32 / 512k bf16;
+//              8 CTAs where the device cannot schedule 16): the row is split over a
+//              thread-block cluster, read once, write once, and up to 16 SMs on a row.
 //   shared     the rest: each row split into slices of at most 64 KiB over a cluster
 //              of up to 16 CTAs, each slice kept in shared memory. Pass 1 reads the
 //              slice once with an online max/sum, pass 2 normalises it from shared
@@ -426,22 +426,44 @@ void run_rows(Params p, int64_t rows, int64_t vecs, const RowsPlan& plan, DLDevi
   }
 }
 
-/// The largest cluster the shared tier may use on `dev`: 16 (beyond the portable 8)
-/// where the device schedules a cluster of 16 of its biggest CTAs, else 8; 1 before
-/// Hopper.
-template <typename T, int N, bool kBackward>
-int max_rows_cluster(DLDevice dev) {
+/// The largest cluster `kKernel` may be launched with on `dev`: 16 (beyond the portable
+/// 8) where the device schedules a cluster of 16 of its biggest CTAs (kMaxThreads
+/// threads, kSharedBytes of dynamic shared memory), else 8; 1 before Hopper.
+template <auto kKernel, std::size_t kSharedBytes>
+int max_cluster(DLDevice dev) {
   static int cache[64] = {};
   int& result = cache[dev.device_id % 64];
   if (result == 0 && !has_clusters(dev)) result = 1;
   if (result == 0) {
-    const std::size_t bytes = kSliceBytes;
-    // The kernel that plan_rows launches.
-    const bool fits = max_active_clusters(softmax_rows_kernel<T, N, kBackward, Load::kShared>,
-                                          kMaxSliceCluster, kMaxThreads, bytes, dev) > 0;
+    const bool fits =
+        max_active_clusters(kKernel, kMaxSliceCluster, kMaxThreads, kSharedBytes, dev) > 0;
     result = fits ? kMaxSliceCluster : kMaxCluster;
   }
   return result;
+}
+
+template <typename T, int N, bool kBackward>
+int max_rows_cluster(DLDevice dev) {
+  // The kernel that plan_rows launches in clusters.
+  return max_cluster<softmax_rows_kernel<T, N, kBackward, Load::kShared>, kSliceBytes>(dev);
+}
+
+/// The cluster size of the cluster tier for `rows` rows of `vecs` vectors, 0 where the
+/// tier does not apply: more rows than 2 x SMs / 8 keep every SM busy anyway, and the
+/// shared tier's several CTAs per SM overlap better (measured). The smallest cluster
+/// whose CTAs hold at most kClusterCtaVecs, up to 16 where the device schedules it and
+/// the rows' CTAs stay within 2 per SM, else 8. More SMs on a row pay: 1 / 8 / 16 rows
+/// of 128k fp32 take 5.9 / 7.4 / 12.0 us in clusters of 16 against 7.9 / 8.3 / 15.8 us
+/// in clusters of 8 (H200).
+template <typename T, int N>
+int register_cluster(int64_t rows, int64_t vecs, DLDevice dev) {
+  const int64_t sms = num_sms(dev);
+  if (!has_clusters(dev) || rows * kMaxCluster > 2 * sms) return 0;
+  const int largest = max_cluster<softmax_cluster_kernel<T, N>, 0>(dev);
+  int cluster = 2;
+  while (cluster < largest && vecs > int64_t{cluster} * kClusterCtaVecs) cluster *= 2;
+  if (rows * cluster > 2 * sms) cluster = kMaxCluster;
+  return vecs <= int64_t{cluster} * kMaxThreads * kCachedVecs ? cluster : 0;
 }
 
 /// The shared or global tier for `rows` rows of `vecs` aligned vectors.
@@ -482,14 +504,8 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
     if (aligned && vecs <= kRegisterVecs) {
       // At most 512 threads: threads_for(kRegisterVecs, kCachedVecs).
       run(softmax_registers_kernel<T, W>, p, xs.rows, vecs, threads_for(vecs, kCachedVecs), dev);
-    } else if (aligned && vecs <= int64_t{kMaxCluster} * kMaxThreads * kCachedVecs &&
-               xs.rows * kMaxCluster <= 2 * num_sms(dev) && has_clusters(dev)) {
+    } else if (const int cluster = aligned ? register_cluster<T, W>(xs.rows, vecs, dev) : 0) {
       // Few long rows (decode): spread each over a cluster's registers, read once.
-      // With many rows every SM is busy anyway, and the shared tier's several CTAs
-      // per SM overlap better (measured).
-      // The smallest cluster whose CTAs hold at most kClusterCtaVecs, up to kMaxCluster.
-      int cluster = 2;
-      while (cluster < kMaxCluster && vecs > int64_t{cluster} * kClusterCtaVecs) cluster *= 2;
       p.num_vecs = vecs;
       p.slice_vecs = div_ceil<int64_t>(vecs, cluster);
       KernelLauncher(dim3(static_cast<unsigned>(xs.rows * cluster)),
