@@ -13,9 +13,10 @@
 //              memory. Small slices let several CTAs share an SM, so one's loads
 //              overlap another's stores: at 32k fp32 a row-sized CTA filling an SM
 //              reached 78% / 61% of a copy (H100 / H200), 64 KiB slices 92% / 88%.
-//              Slices are loaded with cp.async, all of a thread's loads (16 vectors,
+//              Slices are loaded with cp.async, all of a thread's loads (8 vectors,
 //              backward 8 of each input) in flight at once: at 16k fp32 90% of a
-//              copy against 83% for plain loads by twice the threads (H200).
+//              copy against 83% for plain loads (H200); 8 vectors per thread beat 16
+//              by 1-4%, the most at 128k (87% against 83%).
 //   global     rows too long even for that (> 8 x 227 KiB): pass 2 re-reads the row.
 // The online pass keeps a running (max m, sum s) per thread and rescales s when m
 // grows, so max and sum come from one read; the block, then the cluster (through
@@ -400,7 +401,7 @@ inline RowsPlan plan_rows(int64_t vecs, bool backward, int max_cluster, DLDevice
   if (slice_bytes(cluster) > kSliceBytes && max_cluster >= kMaxCluster) cluster = kMaxCluster;
   if (slice_bytes(cluster) > limit) return {1, kMaxThreads, Load::kGlobal};
   const int64_t slice = div_ceil<int64_t>(vecs, cluster);
-  return {cluster, threads_for(slice, backward ? 8 : 16), Load::kShared};
+  return {cluster, threads_for(slice, 8), Load::kShared};
 }
 
 /// Launches softmax_rows_kernel over `rows` rows of `vecs` vectors as `plan` says.
