@@ -9,6 +9,9 @@
 #include <tvm/ffi/extra/cuda/device_guard.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "mllm_kernel/utils.hpp"
@@ -183,6 +186,24 @@ inline cudaLaunchAttribute cluster_attribute(unsigned size) {
   return attribute;
 }
 
+namespace detail {
+/// Raises a function attribute of `kernel` on `device` (the current one) to at least
+/// `value`, calling cudaFuncSetAttribute only when it grows: a driver call, paid on every
+/// launch otherwise (softmax's decode clusters of 16 launch in microseconds). Never
+/// lowers it, so an occupancy query cannot undo what a launch needs.
+inline cudaError_t raise_func_attribute(const void* kernel, int device, cudaFuncAttribute attribute,
+                                        int value) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int> raised;  // 0 until set
+  const std::lock_guard<std::mutex> lock(mutex);
+  int& current = raised[{kernel, device, attribute}];
+  if (value <= current) return cudaSuccess;
+  const cudaError_t status = cudaFuncSetAttribute(kernel, attribute, value);
+  if (status == cudaSuccess) current = value;
+  return status;
+}
+}  // namespace detail
+
 /// The stream torch (or whichever framework) has current for `device`.
 inline cudaStream_t current_stream(DLDevice device) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
@@ -210,12 +231,15 @@ class KernelLauncher {
   void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
     if (grid_.x == 0 || grid_.y == 0 || grid_.z == 0) return;
     ::tvm::ffi::CUDADeviceGuard guard(device_.device_id);
+    const auto* address = reinterpret_cast<const void*>(kernel);
     if (shared_mem_ > 48 * 1024) {
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(shared_mem_)));
+      check(detail::raise_func_attribute(address, device_.device_id,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared_mem_)));
     }
     if (cluster_ > 8) {  // past the portable limit: Hopper allows 16 when asked
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      check(detail::raise_func_attribute(address, device_.device_id,
+                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
     if (cluster_ > 1) {
       const cudaLaunchAttribute attribute = cluster_attribute(cluster_);
@@ -259,14 +283,17 @@ template <typename... KernelArgs>
 int max_active_clusters(void (*kernel)(KernelArgs...), int cluster, int threads,
                         std::size_t shared_bytes, DLDevice device) {
   ::tvm::ffi::CUDADeviceGuard guard(device.device_id);
+  const auto* address = reinterpret_cast<const void*>(kernel);
   if (shared_bytes > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared_bytes)) != cudaSuccess) {
+      detail::raise_func_attribute(address, device.device_id,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(shared_bytes)) != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
     return 0;
   }
-  if (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                          1) != cudaSuccess) {
+  if (cluster > 8 && detail::raise_func_attribute(address, device.device_id,
+                                                  cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                                  1) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
