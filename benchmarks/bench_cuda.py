@@ -8,8 +8,8 @@ read and written once; that as a fraction of a device-to-device copy measured in
 same run (the roofline); the speedup over torch eager and over torch.compile of the
 same computation ("n/a" where one fails). Prefill inputs rotate among enough buffer
 sets to exceed the L2 cache several times, so they come from HBM. Decode cases are
-launch-bound: the header gives the time of an empty kernel launched through tvm-ffi,
-their floor.
+launch-bound: each is timed interleaved with an empty kernel launched through
+tvm-ffi, their floor.
 """
 
 from __future__ import annotations
@@ -45,21 +45,40 @@ BF16 = torch.bfloat16
 # --- timing ---------------------------------------------------------------------------
 
 
+def _sample(calls: list[Callable[[], object]], inner: int) -> float:
+    """Seconds per call of ``inner`` calls rotating over ``calls``, by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(inner):
+        calls[i % len(calls)]()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / inner
+
+
+def time_interleaved(
+    contenders: dict[str, list[Callable[[], object]]], inner: int = 20, outer: int = 15
+) -> dict[str, float]:
+    """Median seconds per call of each contender. The samples are taken in turn, one
+    contender after another, in an order rotated every round: the shared machine's load
+    drifts (decode times moved by up to 50% between runs), and interleaving makes the
+    drift fall on all contenders alike, so their ratios hold when absolute times do not."""
+    for calls in contenders.values():
+        for call in calls:
+            call()
+    torch.cuda.synchronize()
+    names = list(contenders)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(outer):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(_sample(contenders[name], inner))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def time_calls(calls: list[Callable[[], object]], inner: int = 20, outer: int = 15) -> float:
     """Median seconds per call; each sample runs ``inner`` calls rotating over ``calls``."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(outer):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(inner):
-            calls[i % len(calls)]()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / inner)
-    return statistics.median(samples)
+    return time_interleaved({"calls": calls}, inner, outer)["calls"]
 
 
 def l2_bytes() -> int:
@@ -98,7 +117,8 @@ inline void launch_empty(tvm::ffi::TensorView x) {
 """
 
 
-def launch_floor() -> float:
+def launch_floor_calls() -> list[Callable[[], object]]:
+    """A call launching an empty kernel through tvm-ffi (one tensor argument)."""
     source = Path(tempfile.gettempdir()) / "mllm_kernel_bench" / "empty_kernel.cu"
     source.parent.mkdir(parents=True, exist_ok=True)
     if not source.is_file() or source.read_text() != _EMPTY_KERNEL:
@@ -109,7 +129,16 @@ def launch_floor() -> float:
         cuda_wrappers=[("launch_empty", "bench::launch_empty")],
     )
     x = torch.empty(1, device="cuda")
-    return time_calls([lambda: module.launch_empty(x)], inner=200, outer=15)
+    return [lambda: module.launch_empty(x)]
+
+
+def host_costs(floor: list[Callable[[], object]]) -> dict[str, float]:
+    """The launch floor and torch's allocation of a decode-sized output, interleaved:
+    what an op that returns a new tensor pays on top of its launch."""
+    x = torch.empty(1, HIDDEN, device="cuda", dtype=BF16)
+    return time_interleaved(
+        {"floor": floor, "empty_like": [lambda: torch.empty_like(x)]}, inner=200, outer=15
+    )
 
 
 # --- cases ----------------------------------------------------------------------------
@@ -404,21 +433,37 @@ def _compiled(fn: Callable[[dict], object]) -> Callable[[dict], object]:
     return torch.compile(fn, dynamic=False)
 
 
-def measure(case: Case) -> dict:
-    sets = input_sets(case)
-    ours = time_calls([lambda s=s: case.ours(s) for s in sets])
-    row = {"case": case, "ours": ours, "ours_out": None, "eager": None, "compiled": None}
-    if case.ours_out is not None and case.phase == "decode":
-        row["ours_out"] = time_calls([lambda s=s: case.ours_out(s) for s in sets])
+def _runnable(name: str, calls: list[Callable[[], object]]) -> bool:
+    """True when the torch reference runs here (one call); else says why, for an n/a."""
     try:
-        row["eager"] = time_calls([lambda s=s: case.torch_fn(s) for s in sets])
-    except Exception as exc:  # a torch reference that cannot run here: report n/a
-        print(f"  eager failed for {case.op}: {exc}", file=sys.stderr)
-    try:
-        compiled = _compiled(case.torch_fn)
-        row["compiled"] = time_calls([lambda s=s: compiled(s) for s in sets])
+        calls[0]()
+        return True
     except Exception as exc:
-        print(f"  torch.compile failed for {case.op}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        print(f"  {name} failed: {reason}", file=sys.stderr)
+        return False
+
+
+def measure(case: Case, floor: list[Callable[[], object]] | None) -> dict:
+    """Times of ours and of torch's forms of ``case``, interleaved (see time_interleaved);
+    a decode case is also interleaved with the launch floor, its own baseline."""
+    sets = input_sets(case)
+    decode = case.phase == "decode"
+    contenders = {"ours": [lambda s=s: case.ours(s) for s in sets]}
+    if case.ours_out is not None and decode:
+        contenders["ours_out"] = [lambda s=s: case.ours_out(s) for s in sets]
+    eager = [lambda s=s: case.torch_fn(s) for s in sets]
+    if _runnable(f"eager {case.op}", eager):
+        contenders["eager"] = eager
+    compiled_fn = _compiled(case.torch_fn)
+    compiled = [lambda s=s: compiled_fn(s) for s in sets]
+    if _runnable(f"torch.compile {case.op}", compiled):
+        contenders["compiled"] = compiled
+    if decode and floor is not None:
+        contenders["floor"] = floor
+    times = time_interleaved(contenders)
+    row = {"case": case, **{k: times.get(k) for k in ("ours", "ours_out", "eager", "compiled")}}
+    row["floor"] = times.get("floor")
     del sets
     torch.cuda.empty_cache()
     return row
@@ -437,11 +482,22 @@ def _git_commit() -> str:
 
 
 def render(
-    rows: list[dict], copy_gbs: float, floor: float | None, same_size: dict[int, float]
+    rows: list[dict], copy_gbs: float, host: dict[str, float] | None, same_size: dict[int, float]
 ) -> str:
     name = torch.cuda.get_device_name()
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    floor_text = f"{floor * 1e6:.2f} us" if floor is not None else "n/a"
+    floors = sorted(row["floor"] for row in rows if row["floor"] is not None)
+    if host is not None:
+        floor_text = (
+            f"{host['floor'] * 1e6:.2f} us alone (across the decode rows "
+            f"{floors[0] * 1e6:.2f}-{floors[-1] * 1e6:.2f} us)"
+            if floors
+            else f"{host['floor'] * 1e6:.2f} us"
+        )
+        alloc = host["empty_like"]
+        alloc_text = f"{alloc * 1e6:.2f} us, {alloc / host['floor']:.2f}x the floor"
+    else:
+        floor_text = alloc_text = "n/a"
     lines = [
         f"# mllm_kernel CUDA benchmarks: {name}",
         "",
@@ -450,9 +506,12 @@ def render(
         "  device-to-device copy_ moving the same bytes, measured in this run: the roofline",
         f"  for that much data; '% 1 GiB copy' is over a copy_ of 1 GiB ({copy_gbs:.0f} GB/s),",
         "  which smaller copies do not reach (launch and tail).",
-        f"- launch floor (empty kernel through tvm-ffi): {floor_text}; 'x floor' is a decode",
-        "  call's time over it, '(out=)' the same call writing into a preallocated output",
-        "  (ops that return a new tensor otherwise pay torch's allocation, ~2 us).",
+        "- Each row's contenders (ours, ours with out=, eager, compile and, at decode, the",
+        "  launch floor) are sampled in turn, so the machine's changing load falls on all alike.",
+        f"- launch floor (an empty kernel through tvm-ffi, one tensor): {floor_text}.",
+        "  'x floor' is a decode call's time over the floor sampled with it; '(out=)' the",
+        "  same call writing into a preallocated output. Ops that return a new tensor also",
+        f"  pay torch's allocation: torch.empty_like of 1x{HIDDEN} bf16 took {alloc_text}.",
         "- 'vs eager' / 'vs compile' are torch's time over ours (> 1: we are faster).",
         "",
         "| op | phase | shape | dtype | time (us) | GB/s | % copy | % 1 GiB copy "
@@ -470,15 +529,14 @@ def render(
             reference = same_size.get(case.bytes)
             return f"{100 * gbs / reference:.0f}%" if reference else "-"
 
-        def over_floor(seconds):
+        def over_floor(seconds, floor=row["floor"]):
             return f"{seconds / floor:.2f}x" if floor and seconds is not None else "-"
 
-        decode = case.phase == "decode"
         dtype = str(case.dtype).removeprefix("torch.")
         lines.append(
             f"| {case.op} | {case.phase} | {case.shape} | {dtype} | {row['ours'] * 1e6:.2f} | "
             f"{gbs:.0f} | {same(case)} | {100 * gbs / copy_gbs:.0f}% | "
-            f"{over_floor(row['ours']) if decode else '-'} | {over_floor(row['ours_out'])} | "
+            f"{over_floor(row['ours'])} | {over_floor(row['ours_out'])} | "
             f"{ratio(row['eager'])} | {ratio(row['compiled'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -495,10 +553,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     copy_gbs = copy_bandwidth()
     try:
-        floor = launch_floor()
-    except Exception:
+        floor = launch_floor_calls()
+        host = host_costs(floor)
+    except Exception:  # no empty kernel (no compiler?): the table still has the rest
         traceback.print_exc()
-        floor = None
+        floor = host = None
     cases = [c for tokens in DECODE_TOKENS for c in rowwise_cases(tokens, "decode")]
     cases += rowwise_cases(PREFILL_TOKENS, "prefill") + softmax_cases()
     wanted = [w for w in args.ops.split(",") if w]
@@ -507,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         print(f"{case.op} {case.phase} {case.shape} ...", file=sys.stderr, flush=True)
         try:
-            rows.append(measure(case))
+            rows.append(measure(case, floor))
         except Exception:
             traceback.print_exc()
     same_size = {
@@ -515,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows
         if row["case"].phase == "prefill"
     }
-    table = render(rows, copy_gbs, floor, same_size)
+    table = render(rows, copy_gbs, host, same_size)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)

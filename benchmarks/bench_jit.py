@@ -136,7 +136,7 @@ def _overheads() -> list[tuple[str, float]]:
 
         xc = torch.randn(16, device="cuda")
         yc = torch.empty_like(xc)
-        raw_cuda = module_for(cuda_module, xc.device, 8).add_constant
+        raw_cuda = module_for(cuda_module, xc, 8).add_constant
         rows += [
             (
                 "cuda add_constant(x, 8, out=y), 16 floats",

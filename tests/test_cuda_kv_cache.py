@@ -13,6 +13,24 @@ def _bits(t):
     return t.contiguous().view(torch.uint8)
 
 
+@pytest.fixture
+def bounds_flag(monkeypatch):
+    """Sets MLLM_KERNEL_CHECK_BOUNDS as a new process would see it: the package reads it
+    once, so the cached value is dropped on each change and after the test."""
+    from mllm_kernel.jit_utils import env
+
+    def set_flag(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv("MLLM_KERNEL_CHECK_BOUNDS", raising=False)
+        else:
+            monkeypatch.setenv("MLLM_KERNEL_CHECK_BOUNDS", value)
+        env.check_bounds.cache_clear()
+
+    yield set_flag
+    monkeypatch.undo()
+    env.check_bounds.cache_clear()
+
+
 def _random(shape, dtype):
     if dtype in (torch.int8, torch.int32):
         return torch.randint(-100, 100, shape, device="cuda", dtype=dtype)
@@ -59,17 +77,17 @@ def test_store_cache_strided_rows_and_different_v_width():
     assert not k_cache[:30].any() and not v_cache[94:].any()
 
 
-def test_store_cache_out_of_range(monkeypatch):
+def test_store_cache_out_of_range(bounds_flag):
     from mllm_kernel.cuda.jit import store_cache
 
     k = torch.randn(4, 64, device="cuda")
     k_cache = torch.zeros(8, 64, device="cuda")
     v_cache = torch.zeros(8, 64, device="cuda")
     indices = torch.tensor([0, 8, 3, 100], device="cuda")
-    monkeypatch.delenv("MLLM_KERNEL_CHECK_BOUNDS", raising=False)
+    bounds_flag(None)
     store_cache(k, k, k_cache, v_cache, indices)  # never writes past the end
     assert torch.equal(k_cache[0], k[0]) and torch.equal(k_cache[3], k[2])
-    monkeypatch.setenv("MLLM_KERNEL_CHECK_BOUNDS", "1")
+    bounds_flag("1")
     with pytest.raises(IndexError, match=r"2 of argument 'indices'.*8 slots"):
         store_cache(k, k, k_cache, v_cache, indices)
     store_cache(k[:1], k[:1], k_cache, v_cache, indices[:1])  # in range: no error
@@ -150,7 +168,7 @@ def test_create_kv_indices(batch, index_dtype, token_dtype, with_start, strided)
     assert torch.equal(kv_indices.cpu(), expected)
 
 
-def test_create_kv_indices_out_of_range(monkeypatch):
+def test_create_kv_indices_out_of_range(bounds_flag):
     from mllm_kernel.cuda.jit import create_kv_indices
 
     req_to_token = torch.arange(4 * 10, device="cuda", dtype=torch.int32).view(4, 10)
@@ -158,10 +176,10 @@ def test_create_kv_indices_out_of_range(monkeypatch):
     lens = torch.tensor([3, 2], device="cuda")
     indptr = torch.tensor([0, 3, 5], device="cuda")
     kv_indices = torch.full((5,), -7, device="cuda", dtype=torch.int32)
-    monkeypatch.delenv("MLLM_KERNEL_CHECK_BOUNDS", raising=False)
+    bounds_flag(None)
     create_kv_indices(req_to_token, pool, lens, indptr, None, kv_indices)
     assert kv_indices.tolist() == [10, 11, 12, -7, -7]
-    monkeypatch.setenv("MLLM_KERNEL_CHECK_BOUNDS", "1")
+    bounds_flag("1")
     with pytest.raises(IndexError, match="1 request"):
         create_kv_indices(req_to_token, pool, lens, indptr, None, kv_indices)
 

@@ -160,3 +160,19 @@ def test_format_bytes():
     assert env_info.format_bytes(512) == "512 B"
     assert env_info.format_bytes(1536) == "1.5 KiB"
     assert env_info.format_bytes(3 << 30) == "3.0 GiB"
+
+
+def test_check_bounds_is_read_once_per_process(monkeypatch):
+    from mllm_kernel.jit_utils import env
+
+    monkeypatch.setenv("MLLM_KERNEL_CHECK_BOUNDS", "1")
+    env.check_bounds.cache_clear()
+    try:
+        assert env.check_bounds() is True
+        monkeypatch.setenv("MLLM_KERNEL_CHECK_BOUNDS", "0")
+        assert env.check_bounds() is True  # cached: decode calls must not read os.environ
+        env.check_bounds.cache_clear()
+        assert env.check_bounds() is False
+    finally:
+        monkeypatch.undo()
+        env.check_bounds.cache_clear()

@@ -23,7 +23,7 @@ def _module():
 def _run(op: str, input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         out = input.new_empty((*input.shape[:-1], input.shape[-1] // 2))
-    getattr(module_for(_module, input.device), op)(out, input)
+    getattr(module_for(_module, input), op)(out, input)
     return out
 
 

@@ -10,14 +10,6 @@ from mllm_kernel.jit_utils import cache_once, load_cuda_jit, make_cpp_args, regi
 ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
 
 
-def _contiguous_empty_like(x: torch.Tensor) -> torch.Tensor:
-    # The memory_format argument costs about a microsecond per call: skip it when x is
-    # contiguous already (the decode case), where empty_like gives the same layout.
-    if x.is_contiguous():
-        return torch.empty_like(x)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
 @register_kernel("add_constant", device="cuda", variants=[(c,) for c in ALLOWED_CONSTANTS])
 @cache_once
 def _module(c: int):
@@ -51,8 +43,8 @@ def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> to
     if isinstance(c, bool) or c not in ALLOWED_CONSTANTS:
         raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
     if out is None:
-        out = _contiguous_empty_like(x)
-    module_for(_module, x.device, int(c)).add_constant(out, x)
+        out = torch.empty_like(x)  # x must be contiguous: the kernel says so if not
+    module_for(_module, x, int(c)).add_constant(out, x)
     return out
 
 
@@ -65,6 +57,6 @@ def add_constant_runtime(
     tensor([0.5000, 0.5000], device='cuda:0', dtype=torch.float16)
     """
     if out is None:
-        out = _contiguous_empty_like(x)
-    module_for(_runtime_module, x.device).add_constant_runtime(out, x, float(c))
+        out = torch.empty_like(x)  # x must be contiguous: the kernel says so if not
+    module_for(_runtime_module, x).add_constant_runtime(out, x, float(c))
     return out

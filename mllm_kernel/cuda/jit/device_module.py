@@ -3,7 +3,9 @@
 A CUDA module is compiled for one arch, which ``load_cuda_jit`` takes from the
 current GPU. The first call per (builder, arguments, device) builds under that
 device, so a tensor on ``cuda:1`` gets code for ``cuda:1`` whatever device is
-current; later calls are one dict lookup.
+current. Later calls are two dict lookups keyed on ``tensor.get_device()``: this
+runs on every decode call, where building a ``torch.device`` and a tuple key
+cost about 0.3 us of a 6 us call.
 """
 
 from __future__ import annotations
@@ -14,27 +16,31 @@ from typing import Any
 
 import torch
 
-_modules: dict[tuple[Any, ...], Any] = {}
+# builder -> {device index, or (device index, *args): module}
+_modules: dict[Callable[..., Any], dict[Any, Any]] = {}
+_NONE: dict[Any, Any] = {}
 _lock = threading.Lock()
 
 
-def module_for(builder: Callable[..., Any], device: torch.device, *args: Any) -> Any:
-    """``builder(*args)`` (a ``cache_once`` module builder) compiled for ``device``.
+def module_for(builder: Callable[..., Any], tensor: torch.Tensor, *args: Any) -> Any:
+    """``builder(*args)`` (a ``cache_once`` module builder) compiled for ``tensor``'s GPU.
 
-    >>> module_for(_norm_module, x.device).rmsnorm(out, x, weight, 1e-6)  # doctest: +SKIP
+    >>> module_for(_norm_module, x).rmsnorm(out, x, weight, 1e-6)  # doctest: +SKIP
     """
-    key = (builder, device.index, *args)
-    module = _modules.get(key)
+    index = tensor.get_device()
+    key = (index, *args) if args else index
+    module = _modules.get(builder, _NONE).get(key)
     if module is not None:
         return module
-    if device.type != "cuda":  # the kernel's own checks name the misplaced argument
+    if index < 0:  # not a CUDA tensor: the kernel's own checks name the argument
         return builder(*args)
     with _lock:
-        module = _modules.get(key)
+        built = _modules.setdefault(builder, {})
+        module = built.get(key)
         if module is None:
-            with torch.cuda.device(device):
+            with torch.cuda.device(index):
                 # uncached: cache_once keys on args alone, which would hand a module
                 # built for one GPU's arch to a GPU of another.
                 module = builder.uncached(*args)
-            _modules[key] = module
+            built[key] = module
     return module

@@ -28,9 +28,10 @@ def _indices_module():
     )
 
 
-def _error_counter(device: torch.device) -> torch.Tensor | None:
-    """A zeroed int32 counter when MLLM_KERNEL_CHECK_BOUNDS=1, else None (no checking)."""
-    return torch.zeros(1, dtype=torch.int32, device=device) if env.check_bounds() else None
+def _error_counter(like: torch.Tensor) -> torch.Tensor | None:
+    """A zeroed int32 counter on ``like``'s device when MLLM_KERNEL_CHECK_BOUNDS=1, else
+    None (no checking)."""
+    return torch.zeros(1, dtype=torch.int32, device=like.device) if env.check_bounds() else None
 
 
 def _raise_if_counted(errors: torch.Tensor | None, message: str) -> None:
@@ -56,13 +57,13 @@ def store_cache(
     same number of elements per row (likewise ``v``/``v_cache``); rows contiguous,
     the token/slot dim may be strided. ``indices`` int32 or int64 ``[tokens]``; a
     negative slot is padding and skipped; a slot ``>= slots`` is never written, and
-    with ``MLLM_KERNEL_CHECK_BOUNDS=1`` raises IndexError after the kernel (this
-    synchronises the stream, so it is a debugging aid).
+    with ``MLLM_KERNEL_CHECK_BOUNDS=1`` (read at the first call) raises IndexError after
+    the kernel (this synchronises the stream, so it is a debugging aid).
 
     >>> store_cache(k, v, k_cache, v_cache, out_cache_loc)  # doctest: +SKIP
     """
-    errors = _error_counter(k.device)
-    module_for(_store_module, k.device).store_cache(k, v, k_cache, v_cache, indices, errors)
+    errors = _error_counter(k)
+    module_for(_store_module, k).store_cache(k, v, k_cache, v_cache, indices, errors)
     if errors is not None:  # the message is built only when checking: this is a hot path
         _raise_if_counted(
             errors,
@@ -91,8 +92,8 @@ def create_kv_indices(
     >>> create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, None, kv_indices)
     ... # doctest: +SKIP
     """
-    errors = _error_counter(kv_indices.device)
-    module_for(_indices_module, kv_indices.device).create_kv_indices(
+    errors = _error_counter(kv_indices)
+    module_for(_indices_module, kv_indices).create_kv_indices(
         req_to_token,
         req_pool_indices,
         page_kernel_lens,

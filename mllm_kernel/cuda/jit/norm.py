@@ -39,7 +39,7 @@ def rmsnorm(
     """
     if out is None:
         out = torch.empty_like(input)
-    module_for(_module, input.device).rmsnorm(out, input, weight, eps)
+    module_for(_module, input).rmsnorm(out, input, weight, eps)
     return out
 
 
@@ -52,7 +52,7 @@ def fused_add_rmsnorm(
 
     >>> fused_add_rmsnorm(hidden, residual, weight)  # doctest: +SKIP
     """
-    module_for(_module, input.device).fused_add_rmsnorm(input, residual, weight, eps)
+    module_for(_module, input).fused_add_rmsnorm(input, residual, weight, eps)
 
 
 def rms_norm_gated(
@@ -69,5 +69,5 @@ def rms_norm_gated(
     """
     if out is None:
         out = torch.empty_like(x)
-    module_for(_module, x.device).rms_norm_gated(out, x, z, weight, eps)
+    module_for(_module, x).rms_norm_gated(out, x, z, weight, eps)
     return out

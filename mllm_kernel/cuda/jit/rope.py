@@ -38,6 +38,6 @@ def apply_rope_with_cos_sin_cache_inplace(
 
     >>> apply_rope_with_cos_sin_cache_inplace(pos, q, k, 128, cache)  # doctest: +SKIP
     """
-    module_for(_module, query.device).apply_rope_inplace(
+    module_for(_module, query).apply_rope_inplace(
         positions, query, key, cos_sin_cache, head_size, is_neox
     )

@@ -39,7 +39,7 @@ def softmax(
     last = dim in (-1, x.dim() - 1)
     src = x if last else x.movedim(dim, -1).contiguous()
     dst = out if (out is not None and last) else torch.empty_like(src)
-    module_for(_module, x.device).softmax_forward(dst, src, t)
+    module_for(_module, x).softmax_forward(dst, src, t)
     if last:
         return dst
     result = dst.movedim(-1, dim)
@@ -57,5 +57,5 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ... # doctest: +SKIP
     """
     grad_input = torch.empty_like(out)
-    module_for(_module, out.device).softmax_backward(grad_input, grad_out, out)
+    module_for(_module, out).softmax_backward(grad_input, grad_out, out)
     return grad_input
