@@ -43,16 +43,20 @@ __device__ __forceinline__ Unit* row_out(const Rows& rows, int64_t row) {
   return reinterpret_cast<Unit*>(static_cast<char*>(rows.data) + row * rows.stride_bytes);
 }
 
-/// Copies row `token` of k and v to row `slot` of the caches. A batch's K and V
-/// loads are all issued before its stores: 2 * kBatch reads in flight per lane
-/// instead of waiting out each one.
-template <typename Unit>
-__device__ __forceinline__ void copy_rows(const Params& p, int64_t token, int64_t slot, int lane) {
+/// Copies row `token` of k and v to row indices[token] of the caches. A batch's K and
+/// V loads are all issued before its stores: 2 * kBatch reads in flight per lane
+/// instead of waiting out each one. The first batch is loaded before the slot is
+/// known, so the index's load and the data's overlap instead of running back to back
+/// (a padded token wastes one batch of reads). Measured on an H200, 8192 tokens x 8 and
+/// x 32 heads of bf16: 0.2-0.7% faster; the kernel runs at 93-95% of a same-size copy,
+/// 96-97% with sequential slots (the rest is the scattered rows' DRAM pages).
+template <typename Unit, typename Index>
+__device__ __forceinline__ void store_token(const Params& p, int64_t token, int lane) {
   constexpr int kBatch = 4;
+  const int64_t slot = static_cast<const Index*>(p.indices)[token * p.indices_stride];
   const Unit* k = row_in<Unit>(p.k, token);
   const Unit* v = row_in<Unit>(p.v, token);
-  Unit* k_dst = row_out<Unit>(p.k_cache, slot);
-  Unit* v_dst = row_out<Unit>(p.v_cache, slot);
+  // Lane 0 always runs the loop (a row has at least one unit), so it counts bad slots.
   const int64_t units = p.k.units > p.v.units ? p.k.units : p.v.units;
   for (int64_t base = lane; base < units; base += kWarpSize * kBatch) {
     Unit k_buf[kBatch], v_buf[kBatch];
@@ -62,6 +66,13 @@ __device__ __forceinline__ void copy_rows(const Params& p, int64_t token, int64_
       if (u < p.k.units) k_buf[j] = k[u];
       if (u < p.v.units) v_buf[j] = v[u];
     }
+    if (slot < 0) return;  // padding
+    if (slot >= p.num_slots) {
+      if (p.errors != nullptr && lane == 0) atomicAdd(p.errors, 1);
+      return;
+    }
+    Unit* k_dst = row_out<Unit>(p.k_cache, slot);
+    Unit* v_dst = row_out<Unit>(p.v_cache, slot);
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t u = base + j * kWarpSize;
@@ -77,13 +88,7 @@ __global__ void store_cache_kernel(const Params p) {
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarpSize);
   for (int64_t token = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
        token < p.num_tokens; token += num_warps) {
-    const int64_t slot = static_cast<const Index*>(p.indices)[token * p.indices_stride];
-    if (slot < 0) continue;
-    if (slot >= p.num_slots) {
-      if (p.errors != nullptr && lane == 0) atomicAdd(p.errors, 1);
-      continue;
-    }
-    copy_rows<Unit>(p, token, slot, lane);
+    store_token<Unit, Index>(p, token, lane);
   }
 }
 
