@@ -155,6 +155,21 @@ def test_softmax_backward(dtype, hidden):
     _close(softmax_backward(grad, out), ref)
 
 
+def test_softmax_backward_into_grad_input():
+    from mllm_kernel.cuda.jit import softmax_backward
+
+    out = torch.softmax(torch.randn(3, 1000, device="cuda"), -1)
+    grad = torch.randn_like(out)
+    grad_input = torch.full_like(out, float("nan"))
+    assert softmax_backward(grad, out, grad_input=grad_input) is grad_input
+    y, g = out.double(), grad.double()
+    _close(grad_input, y * (g - (g * y).sum(-1, keepdim=True)))
+    with pytest.raises(ValueError, match="'grad_input'"):
+        softmax_backward(grad, out, grad_input=torch.empty(3, 999, device="cuda"))
+    with pytest.raises(TypeError, match="'grad_input'"):
+        softmax_backward(grad, out, grad_input=torch.empty_like(out, dtype=torch.float16))
+
+
 def test_softmax_backward_matches_autograd():
     from mllm_kernel.cuda.jit import softmax, softmax_backward
 

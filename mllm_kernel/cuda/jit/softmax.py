@@ -49,13 +49,17 @@ def softmax(
     return out
 
 
-def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def softmax_backward(
+    grad_out: torch.Tensor, out: torch.Tensor, grad_input: torch.Tensor | None = None
+) -> torch.Tensor:
     """The gradient of softmax over the last dim: ``out * (grad_out - sum(grad_out * out))``,
-    where ``out`` is the forward result.
+    where ``out`` is the forward result. Written into ``grad_input`` if given (``out``'s
+    shape and dtype), else into a new tensor.
 
     >>> softmax_backward(torch.ones(2, 8, device="cuda"), softmax(torch.randn(2, 8, device="cuda")))
     ... # doctest: +SKIP
     """
-    grad_input = torch.empty_like(out)
+    if grad_input is None:
+        grad_input = torch.empty_like(out)
     module_for(_module, out).softmax_backward(grad_input, grad_out, out)
     return grad_input
