@@ -106,6 +106,13 @@ def test_add_constant_rejects_other_constants(c):
         add_constant(torch.zeros(3), c)
 
 
+def test_add_constant_takes_any_integer_type():
+    import numpy as np
+
+    x = torch.randn(5)
+    torch.testing.assert_close(add_constant(x, np.int64(4)), x + 4)
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.bool, torch.int8], ids=str)
 def test_add_constant_rejects_dtype(dtype):
     name = str(dtype).removeprefix("torch.")

@@ -76,12 +76,21 @@ def test_runtime_int32_needs_an_integer():
         add_constant_runtime(x, 0.5)
 
 
-@pytest.mark.parametrize("c", [0, 3, 32, -1, True])
+@pytest.mark.parametrize("c", [0, 3, 32, -1, True, 1.0, 2.5, "1", None])
 def test_constant_outside_the_allowed_set(c):
     from mllm_kernel.cuda.jit import add_constant
 
     with pytest.raises(ValueError, match=r"\(1, 2, 4, 8, 16\)"):
         add_constant(torch.zeros(4, device="cuda"), c)
+
+
+def test_constant_of_another_integer_type():
+    import numpy as np
+
+    from mllm_kernel.cuda.jit import add_constant
+
+    x = torch.randn(37, device="cuda")
+    torch.testing.assert_close(add_constant(x, np.int32(16)), x + 16)
 
 
 def test_bad_inputs():

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
 
+from mllm_kernel.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
 from mllm_kernel.cpu.jit.compile_flags import CXX_FLAGS, LDFLAGS
 from mllm_kernel.jit_utils import cache_once, load_cpu_jit, make_cpp_args, register_kernel
-
-ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
 
 
 @register_kernel("add_constant", device="cpu", variants=[(c,) for c in ALLOWED_CONSTANTS])
@@ -44,10 +42,8 @@ _kernels: dict[int, Callable[..., None]] = {}
 
 def _kernel_for(c: object) -> Callable[..., None]:
     """The compiled function for ``c``, after checking ``c`` (a template argument)."""
-    is_integer = type(c) is int or (isinstance(c, numbers.Integral) and not isinstance(c, bool))
-    if not is_integer or c not in ALLOWED_CONSTANTS:
-        raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
-    kernel = _kernels[int(c)] = _module(int(c)).add_constant
+    c = checked_constant(c)
+    kernel = _kernels[c] = _module(c).add_constant
     return kernel
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
 from mllm_kernel.cuda.jit.device_module import module_for
 from mllm_kernel.jit_utils import cache_once, load_cuda_jit, make_cpp_args, register_kernel
 
-ALLOWED_CONSTANTS = (1, 2, 4, 8, 16)
+_ALLOWED = frozenset(ALLOWED_CONSTANTS)
 
 
 @register_kernel("add_constant", device="cuda", variants=[(c,) for c in ALLOWED_CONSTANTS])
@@ -40,11 +41,13 @@ def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> to
     >>> add_constant(torch.zeros(4, dtype=torch.int32, device="cuda"), 8)
     tensor([8, 8, 8, 8], device='cuda:0', dtype=torch.int32)
     """
-    if isinstance(c, bool) or c not in ALLOWED_CONSTANTS:
-        raise ValueError(f"add_constant: c must be one of {ALLOWED_CONSTANTS}, got {c!r}")
+    # Hot path: exact ints pass one set lookup (True and 2.0 would too, so any other
+    # type goes through the full check).
+    if type(c) is not int or c not in _ALLOWED:
+        c = checked_constant(c)
     if out is None:
         out = torch.empty_like(x)  # x must be contiguous: the kernel says so if not
-    module_for(_module, x, int(c)).add_constant(out, x)
+    module_for(_module, x, c).add_constant(out, x)
     return out
 
 
