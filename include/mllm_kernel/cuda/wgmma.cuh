@@ -1,0 +1,79 @@
+// Warpgroup MMA (wgmma, sm_90a): shared-memory matrix descriptors, the fences and
+// group waits around wgmma.mma_async, and warpgroup register reallocation.
+//
+// A warpgroup is 4 consecutive warps starting at a warp index divisible by 4. One
+// k-step of a tile, with both operands K-major in 128-byte-swizzled shared memory
+// (as tma_load_2d leaves them, 64 16-bit elements per 128-byte row):
+//
+//   wgmma_fence();
+//   for (int k = 0; k < 4; ++k)   // 64 columns = 4 x k16
+//     wgmma_m64k16<T, N>(acc, smem_desc_k_major_sw128(a_tile, k), smem_desc_k_major_sw128(b_tile,
+//     k));
+//   wgmma_commit_group();
+//   wgmma_wait_group<0>();        // acc readable, the tiles reusable
+//   wgmma_fence_operands(acc);
+#pragma once
+
+#include <cstdint>
+
+#include "mllm_kernel/cuda/mbarrier.cuh"
+#include "mllm_kernel/cuda/wgmma_mma.cuh"
+
+namespace mllm_kernel::cuda {
+
+/// Threads in a warpgroup.
+inline constexpr int kWarpgroupThreads = 128;
+
+/// Elements of a 16-bit type in one 128-byte swizzled row: a tile's K extent per copy.
+inline constexpr int kSwizzle128Elements = 64;
+
+/// The descriptor of a K-major tile of 16-bit elements in shared memory, rows of 128
+/// bytes swizzled in 8-row (1024-byte) atoms, starting `k16` k-steps (32 bytes each)
+/// into the row. The tile must be 1024-byte aligned.
+///
+/// Fields: start address >> 4 (bits 0-13); leading byte offset >> 4 (16-29), unused
+/// when one swizzled row holds the whole k-step; stride byte offset >> 4 (32-45), the
+/// distance between 8-row atoms; swizzle mode (62-63), 1 = 128 bytes.
+__device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* tile, int k16) {
+  const uint64_t address = shared_address(tile) + static_cast<uint32_t>(k16) * 32;
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+/// Orders earlier register and shared-memory accesses before the next wgmma.mma_async.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+/// Closes the wgmma.mma_async operations issued since the last commit into a group.
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+/// Waits until at most `kPending` committed groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+/// Keeps the compiler from moving accesses to the accumulators across a wgmma wait:
+/// the asm that writes them asynchronously names them, the wait does not.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+/// Gives registers back (producer warpgroups, which need few) or takes them (consumer
+/// warpgroups holding accumulators). Takes effect only in a kernel with a register cap
+/// at entry: __launch_bounds__(threads, 1).
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+}  // namespace mllm_kernel::cuda

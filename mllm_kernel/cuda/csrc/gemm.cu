@@ -1,0 +1,372 @@
+// Dense GEMM for Hopper (sm_90a): out[M, N] = a[M, K] @ b[N, K]^T (+ bias[N]),
+// bf16 or fp16 inputs, fp32 accumulation, output in the input dtype or fp32.
+//
+// One kernel computes C[p, q] = sum_k P[p, k] * Q[q, k] over tiles of kTileP x kTileQ:
+//   - a producer warpgroup, one thread of which streams P and Q tiles into a ring of
+//     shared-memory stages with TMA (128-byte swizzle), full/empty mbarriers per stage;
+//   - one or two consumer warpgroups, each multiplying its 64 rows of the P tile by
+//     the Q tile with wgmma (accumulators in registers), then writing its part of the
+//     output tile straight from registers (bias and the output cast fused);
+//   - a persistent grid walking the tiles in grouped order (tile_scheduler.cuh).
+// For large M, P = a and Q = b. For small M (decode) the roles swap (P = b, Q = a):
+// wgmma's M extent is fixed at 64, its N extent goes down to 8, so the weight rows
+// fill the 64-row side and a few tokens the narrow side. Small-M problems also split
+// K over the CTAs of a thread-block cluster, so that enough SMs stream the weights;
+// the partial sums meet in the first CTA's shared memory (distributed shared memory).
+#include "mllm_kernel/cuda/cluster.cuh"
+#include "mllm_kernel/cuda/mbarrier.cuh"
+#include "mllm_kernel/cuda/tile_scheduler.cuh"
+#include "mllm_kernel/cuda/tma.cuh"
+#include "mllm_kernel/cuda/wgmma.cuh"
+#include "mllm_kernel/tensor.hpp"
+#include "mllm_kernel/utils.cuh"
+
+namespace mllm_kernel::cuda {
+namespace hopper_gemm {
+
+/// A kernel's tile shape and pipeline, fixed at compile time (the Python side picks
+/// one per problem shape: mllm_kernel/cuda/jit/gemm.py, choose_tile).
+template <int kConsumers_, int kTileQ_, int kStages_, bool kSwapAB_>
+struct TileConfig {
+  static constexpr int kConsumers = kConsumers_;      // consumer warpgroups
+  static constexpr int kTileP = 64 * kConsumers;      // wgmma's M: 64 rows each
+  static constexpr int kTileQ = kTileQ_;              // wgmma's N
+  static constexpr int kTileK = kSwizzle128Elements;  // one 128-byte swizzled row
+  static constexpr int kStages = kStages_;
+  static constexpr bool kSwapAB = kSwapAB_;  // P = b, Q = a, out = C^T
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
+  static constexpr int kAccumulators = kTileQ / 2;  // fp32 per consumer thread
+  static constexpr int kTileBytesP = kTileP * kTileK * 2;
+  static constexpr int kTileBytesQ = kTileQ * kTileK * 2;
+  static constexpr int kStageBytes = kTileBytesP + kTileBytesQ;
+  // Two consumers hold 128 accumulators each: move registers to them from the
+  // producer (setmaxnreg). One consumer needs few, and two CTAs share an SM.
+  static constexpr bool kReallocRegisters = kConsumers == 2;
+  static constexpr int kMinBlocksPerSM = kConsumers == 2 ? 1 : 2;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  // One split partner's partial sums: every consumer thread's accumulators.
+  static constexpr int kPartialBytes = kConsumerThreads * kAccumulators * 4;
+
+  static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
+  static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % 1024 == 0, "swizzle atoms");
+
+  /// Dynamic shared memory for a split of `split` CTAs (+1024 to align the tiles).
+  static std::size_t shared_bytes(int split) {
+    return 1024 + std::size_t{kStages} * kStageBytes + 2 * kStages * sizeof(MBarrier) +
+           std::size_t(split - 1) * kPartialBytes;
+  }
+};
+
+inline constexpr int kGroupRows = 8;  // tile-rows per group of the persistent walk
+
+struct Params {
+  void* out;
+  const void* bias;  // nullptr, or one value per output column in the output dtype
+  int64_t out_row_stride;
+  int rows_p;
+  int rows_q;
+  int k_blocks;
+  GroupedTileOrder order;
+  bool out_fp32;
+};
+
+template <typename Out>
+__device__ __forceinline__ void store_pair(Out* at, float x, float y) {
+  Vec<Out, 2> v;
+  v[0] = from_float<Out>(x);
+  v[1] = from_float<Out>(y);
+  v.store(at);
+}
+
+/// Writes one consumer's 64 x kTileQ accumulators, adding the bias, in Out.
+/// Fragment layout of wgmma m64nN (fp32): warp w of the warpgroup holds rows
+/// 16w + lane/4 (+8); acc[4j + 2h + e] is column 8j + 2 (lane % 4) + e of row + 8h.
+template <typename Config, typename Out>
+__device__ __forceinline__ void store_tile(const Params& params,
+                                           const float (&acc)[Config::kAccumulators], int row_base,
+                                           int col_base) {
+  Out* out = static_cast<Out*>(params.out);
+  const Out* bias = static_cast<const Out*>(params.bias);
+  const int lane = threadIdx.x % 32;
+  const int row0 = row_base + (threadIdx.x % kWarpgroupThreads) / 32 * 16 + lane / 4;
+  const int col0 = col_base + (lane % 4) * 2;
+#pragma unroll
+  for (int j = 0; j < Config::kTileQ / 8; ++j) {
+    const int col = col0 + 8 * j;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      const float x = acc[4 * j + 2 * h];
+      const float y = acc[4 * j + 2 * h + 1];
+      if constexpr (Config::kSwapAB) {
+        // C = out^T: row indexes out's columns (N), col its rows (M, not a multiple of 8).
+        if (row >= params.rows_p) continue;
+        const float b = bias ? to_float(bias[row]) : 0.0f;
+        if (col < params.rows_q) out[col * params.out_row_stride + row] = from_float<Out>(x + b);
+        if (col + 1 < params.rows_q) {
+          out[(col + 1) * params.out_row_stride + row] = from_float<Out>(y + b);
+        }
+      } else {
+        // N is a multiple of 8, so a pair is in bounds whole or not at all.
+        if (row >= params.rows_p || col >= params.rows_q) continue;
+        float bx = 0.0f, by = 0.0f;
+        if (bias) {
+          bx = to_float(bias[col]);
+          by = to_float(bias[col + 1]);
+        }
+        store_pair(out + row * params.out_row_stride + col, x + bx, y + by);
+      }
+    }
+  }
+}
+
+template <typename T, typename Config>
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
+    gemm_kernel(const __grid_constant__ CUtensorMap map_p,
+                const __grid_constant__ CUtensorMap map_q, const Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = Config::kStages;
+  constexpr int kTileK = Config::kTileK;
+  extern __shared__ uint8_t shared_raw[];
+  uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) &
+                                               ~uintptr_t{1023});
+  T* tiles_p = reinterpret_cast<T*>(shared);
+  T* tiles_q = reinterpret_cast<T*>(shared + kStages * Config::kTileBytesP);
+  MBarrier* full = reinterpret_cast<MBarrier*>(shared + kStages * Config::kStageBytes);
+  MBarrier* empty = full + kStages;
+  auto* partials = reinterpret_cast<float4*>(empty + kStages);
+
+  // A split-K cluster: each CTA sums its share of the k-blocks of the cluster's tiles.
+  const int split = static_cast<int>(cluster_size());
+  const int rank = static_cast<int>(cluster_rank());
+  const int num_clusters = static_cast<int>(gridDim.x) / split;
+  const int cluster_id = static_cast<int>(blockIdx.x) / split;
+  const int k_begin = rank * params.k_blocks / split;
+  const int k_end = (rank + 1) * params.k_blocks / split;
+  const int num_tiles = params.order.num_tiles();
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      full[s].init(1);                        // the producer's arrive_expect_tx
+      empty[s].init(Config::kConsumers * 4);  // lane 0 of every consumer warp
+    }
+    mbarrier_init_fence();
+    if (params.k_blocks > 0) {
+      tma_prefetch_map(&map_p);
+      tma_prefetch_map(&map_q);
+    }
+  }
+  if (split > 1) {
+    cluster_sync();  // peers write partial sums into this CTA's shared memory
+  } else {
+    __syncthreads();
+  }
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    // Producer: one thread issues every copy.
+    if constexpr (Config::kReallocRegisters) {
+      warpgroup_release_registers<Config::kProducerRegisters>();
+    }
+    PipelineState state;
+    for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
+      if (threadIdx.x == 0) {
+        const TileCoord at = params.order(tile);
+        for (int kb = k_begin; kb < k_end; ++kb) {
+          empty[state.stage].wait(state.phase ^ 1);
+          full[state.stage].arrive_expect_tx(Config::kStageBytes);
+          tma_load_2d(tiles_p + state.stage * Config::kTileP * kTileK, &map_p, &full[state.stage],
+                      kb * kTileK, at.row * Config::kTileP);
+          tma_load_2d(tiles_q + state.stage * Config::kTileQ * kTileK, &map_q, &full[state.stage],
+                      kb * kTileK, at.col * Config::kTileQ);
+          state.advance(kStages);
+        }
+      }
+      if (split > 1) {  // the consumers' two reduction barriers, for every thread
+        cluster_sync();
+        cluster_sync();
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  if constexpr (Config::kReallocRegisters) {
+    warpgroup_claim_registers<Config::kConsumerRegisters>();
+  }
+  const int consumer = warpgroup - 1;
+  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;  // among consumers
+  const bool lane0 = threadIdx.x % 32 == 0;
+  PipelineState state;
+  for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
+    const TileCoord at = params.order(tile);
+    float acc[Config::kAccumulators];
+#pragma unroll
+    for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.0f;
+
+    // Keep one k-block of wgmma in flight: release a stage once the group after it
+    // has been issued and it has completed.
+    int previous = -1;
+    for (int kb = k_begin; kb < k_end; ++kb) {
+      full[state.stage].wait(state.phase);
+      const T* p = tiles_p + state.stage * Config::kTileP * kTileK + consumer * 64 * kTileK;
+      const T* q = tiles_q + state.stage * Config::kTileQ * kTileK;
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kTileK / 16; ++k) {
+        wgmma_m64k16<T, Config::kTileQ>(acc, smem_desc_k_major_sw128(p, k),
+                                        smem_desc_k_major_sw128(q, k));
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<1>();
+      if (previous >= 0 && lane0) empty[previous].arrive();
+      previous = state.stage;
+      state.advance(kStages);
+    }
+    wgmma_wait_group<0>();
+    wgmma_fence_operands(acc);
+    if (previous >= 0 && lane0) empty[previous].arrive();
+
+    if (split > 1) {
+      // Partners add their sums into rank 0's registers through its shared memory.
+      constexpr int kVectors = Config::kAccumulators / 4;
+      if (rank != 0) {
+        float4* slot =
+            cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+          slot[v * Config::kConsumerThreads + thread] =
+              make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+        }
+      }
+      cluster_sync();
+      if (rank == 0) {
+        for (int partner = 0; partner < split - 1; ++partner) {
+#pragma unroll
+          for (int v = 0; v < kVectors; ++v) {
+            const float4 s = partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
+            acc[4 * v] += s.x;
+            acc[4 * v + 1] += s.y;
+            acc[4 * v + 2] += s.z;
+            acc[4 * v + 3] += s.w;
+          }
+        }
+      }
+    }
+    if (rank == 0) {
+      const int row_base = at.row * Config::kTileP + consumer * 64;
+      const int col_base = at.col * Config::kTileQ;
+      if (params.out_fp32) {
+        store_tile<Config, float>(params, acc, row_base, col_base);
+      } else {
+        store_tile<Config, T>(params, acc, row_base, col_base);
+      }
+    }
+    if (split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
+  }
+#endif
+}
+
+/// A 16-bit matrix's tensor map with boxes of `box_rows` x 64 elements.
+template <typename T>
+CUtensorMap matrix_map(const TensorView& m, int box_rows) {
+  static_assert(sizeof(T) == 2);
+  const CUtensorMapDataType type = is_dtype<bf16_t>(m.dtype()) ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return tma_map_2d(TmaMatrix{
+      data_ptr<const T>(m), static_cast<uint64_t>(m.size(0)), static_cast<uint64_t>(m.size(1)),
+      static_cast<uint64_t>(m.stride(0)) * 2, static_cast<uint32_t>(box_rows),
+      static_cast<uint32_t>(kSwizzle128Elements), type, 2});
+}
+
+/// TMA reads rows at 16-byte boundaries: the start and the row pitch must be multiples of 16 bytes.
+inline void check_tma_rows(const TensorView& m, const char* arg) {
+  ValueCheck(m.size(0) <= 1 || m.stride(0) % 8 == 0, "argument '", arg,
+             "': the row stride must be a multiple of 8 elements (16 bytes) for TMA, got ",
+             m.stride(0), "; call .contiguous()");
+  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(m)) % 16 == 0, "argument '", arg,
+             "': the data must start on a 16-byte boundary; call .contiguous()");
+}
+
+template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB>
+void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<TensorView> bias,
+          int64_t split) {
+  using Config = TileConfig<kConsumers, kTileQ, kStages, kSwapAB>;
+  SymbolicSize m{"M"}, n{"N"}, k{"K"};
+  SymbolicDevice device;
+  TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
+  TensorMatcher({n, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(b, "b");
+  TensorMatcher({m, n})
+      .dtype<T, fp32_t>()
+      .device(kDLCUDA, device)
+      .last_dim_contiguous()
+      .verify(out, "out");
+  if (bias.has_value()) {
+    TensorMatcher({n})
+        .dtype(out.dtype())
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*bias, "bias");
+  }
+  ValueCheck(k.value() % 8 == 0, "argument 'a': K (", k.value(),
+             ") must be a multiple of 8 (16-byte rows for TMA)");
+  ValueCheck(n.value() % 8 == 0, "argument 'b': N (", n.value(),
+             ") must be a multiple of 8 (16-byte rows for TMA)");
+  ValueCheck(split >= 1 && split <= 8, "split must be in [1, 8], got ", split);
+  const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
+  ValueCheck(out.size(0) <= 1 || out.stride(0) % 2 == 0,
+             "argument 'out': the row stride must be even, got ", out.stride(0),
+             "; call .contiguous()");
+  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % (out_fp32 ? 8 : 4) == 0,
+             "argument 'out': the data must be aligned to two elements");
+  if (m.value() == 0 || n.value() == 0) return;
+  // K == 0 runs with no k-blocks (the output is the bias, or zeros) and no copies, so
+  // the tensor maps, which cannot describe empty rows, are never built or read.
+  const bool empty_k = k.value() == 0;
+  if (!empty_k) {
+    check_tma_rows(a, "a");
+    check_tma_rows(b, "b");
+  }
+
+  const TensorView& p = kSwapAB ? b : a;
+  const TensorView& q = kSwapAB ? a : b;
+  Params params{};
+  params.out = data_ptr<void>(out);
+  params.bias = bias.has_value() ? data_ptr<const void>(*bias) : nullptr;
+  params.out_row_stride = out.stride(0);
+  params.rows_p = static_cast<int>(p.size(0));
+  params.rows_q = static_cast<int>(q.size(0));
+  params.k_blocks = static_cast<int>(div_ceil<int64_t>(k.value(), Config::kTileK));
+  params.order = GroupedTileOrder{
+      static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP)),
+      static_cast<int>(div_ceil<int64_t>(params.rows_q, Config::kTileQ)), kGroupRows};
+  params.out_fp32 = out_fp32;
+  const CUtensorMap map_p = empty_k ? CUtensorMap{} : matrix_map<T>(p, Config::kTileP);
+  const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ);
+
+  const DLDevice dev = device.value();
+  const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
+  RuntimeCheck(shared <= max_shared_memory_per_block(dev), "gemm: a split of ", split, " needs ",
+               shared, " bytes of shared memory, more than the device's ",
+               max_shared_memory_per_block(dev));
+  auto* kernel = gemm_kernel<T, Config>;
+  const int tiles = params.order.num_tiles();
+  int clusters = tiles;
+  if (split == 1) {  // persistent: as many CTAs as run at once, each walking tiles
+    static int resident[64] = {};
+    int& fit = resident[dev.device_id % 64];
+    if (fit == 0) fit = max_active_clusters(kernel, 1, Config::kThreads, shared, dev);
+    RuntimeCheck(fit > 0, "gemm: the kernel does not fit on the device");
+    clusters = tiles < fit ? tiles : fit;
+  }
+  KernelLauncher(dim3(static_cast<unsigned>(clusters * split)), dim3(Config::kThreads), dev, shared)
+      .cluster(static_cast<unsigned>(split))(kernel, map_p, map_q, params);
+}
+
+}  // namespace hopper_gemm
+
+using hopper_gemm::gemm;
+
+}  // namespace mllm_kernel::cuda

@@ -1,0 +1,372 @@
+"""Dense GEMM for Hopper: ``a @ b.T`` (+ bias), TMA + wgmma, fp32 accumulation.
+
+One kernel source (``csrc/gemm.cu``) compiled per tile configuration; which one runs
+is decided per problem shape by :func:`choose_tile`, the one place that knows the
+heuristic. Every configuration is registered under the kernel name ``gemm``, so
+``python -m mllm_kernel precompile --device cuda --arch 9.0a --kernel gemm`` builds
+them all ahead of time.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, make_cpp_args, register_kernel
+from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_H100_SMS = 132
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """A compiled kernel shape (the template arguments of ``csrc/gemm.cu``).
+
+    ``consumers`` warpgroups each multiply 64 rows of the P operand by ``tile_q`` rows
+    of the Q operand (wgmma m64 x n``tile_q``) through ``stages`` shared-memory
+    stages. Without ``swap_ab`` P is ``a`` and Q is ``b``: an output tile is
+    ``64 * consumers`` x ``tile_q``. With it P is ``b`` (weights) and Q is ``a``
+    (tokens): an output tile is ``tile_q`` tokens x ``64 * consumers`` columns, and up
+    to ``max_split`` CTAs of a cluster share its K (shared memory bounds the split).
+    """
+
+    name: str
+    swap_ab: bool
+    consumers: int
+    tile_q: int
+    stages: int
+    max_split: int
+
+    @property
+    def tile_m(self) -> int:
+        """Output rows per tile."""
+        return self.tile_q if self.swap_ab else 64 * self.consumers
+
+    @property
+    def tile_n(self) -> int:
+        """Output columns per tile."""
+        return 64 * self.consumers if self.swap_ab else self.tile_q
+
+    def template_args(self, dtype: torch.dtype) -> tuple[Any, ...]:
+        return (dtype, self.consumers, self.tile_q, self.stages, self.swap_ab)
+
+
+TILES = (
+    TileConfig("128x256", swap_ab=False, consumers=2, tile_q=256, stages=4, max_split=1),
+    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6, max_split=1),
+    TileConfig("swap-16x64", swap_ab=True, consumers=1, tile_q=16, stages=8, max_split=8),
+    TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
+    TileConfig("swap-64x64", swap_ab=True, consumers=1, tile_q=64, stages=6, max_split=4),
+    TileConfig("swap-128x64", swap_ab=True, consumers=1, tile_q=128, stages=6, max_split=2),
+)
+_BY_NAME = {tile.name: tile for tile in TILES}
+
+
+@dataclass(frozen=True)
+class TileChoice:
+    """The configuration a problem shape runs with, and its split of K."""
+
+    tile: TileConfig
+    split: int = 1
+
+    def __str__(self) -> str:
+        return self.tile.name + (f", split-K {self.split}" if self.split > 1 else "")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
+    """The tile configuration for an ``m x n x k`` problem on ``num_sms`` SMs.
+
+    - ``m <= 128`` (decode and small batches) reads far more weight bytes than it
+      does arithmetic: the swapped kernels put 64 weight rows on wgmma's fixed
+      64-row side and the ``m`` tokens, rounded up to 16/32/64/128, on its narrow
+      side. K is split over a cluster until about two CTAs per SM stream weights,
+      keeping at least 8 k-blocks (512 columns) per CTA.
+    - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
+      unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids).
+    """
+    if m <= 128:
+        tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
+        tiles = _ceil_div(n, tile.tile_n) * _ceil_div(m, tile.tile_m)
+        k_blocks = _ceil_div(k, 64)
+        split = 1
+        while (
+            split * 2 <= tile.max_split
+            and tiles * split < 2 * num_sms
+            and k_blocks // (split * 2) >= 8
+        ):
+            split *= 2
+        return TileChoice(tile, split)
+
+    def wave_efficiency(tile: TileConfig) -> float:
+        tiles = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
+        return tiles / (_ceil_div(tiles, num_sms) * num_sms)
+
+    wide, narrow = _BY_NAME["128x256"], _BY_NAME["128x128"]
+    if wave_efficiency(narrow) > 1.25 * wave_efficiency(wide):
+        return TileChoice(narrow)
+    return TileChoice(wide)
+
+
+@register_kernel(
+    "gemm",
+    device="cuda",
+    variants=[tile.template_args(dtype) for dtype in _DTYPES for tile in TILES],
+)
+@cache_once
+def _module(dtype: torch.dtype, consumers: int, tile_q: int, stages: int, swap_ab: bool):
+    args = make_cpp_args(dtype, consumers, tile_q, stages, swap_ab)
+    return load_cuda_jit(
+        "gemm",
+        *args,
+        cuda_files=["gemm.cu"],
+        cuda_wrappers=[("gemm", f"mllm_kernel::cuda::gemm<{args}>")],
+    )
+
+
+# Per GPU index: its SM count once it is known to be Hopper with sm_90a code.
+_sm_counts: dict[int, int] = {}
+_choices: dict[tuple[int, int, int, int], TileChoice] = {}
+_lock = threading.Lock()
+
+
+def _hopper_sms(index: int) -> int:
+    """The SM count of GPU ``index``; NotImplementedError unless it is sm_90 built as sm_90a."""
+    count = _sm_counts.get(index)
+    if count is not None:
+        return count
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) != (9, 0):
+        raise NotImplementedError(
+            f"gemm needs a GPU of compute capability 9.0 (Hopper: H100, H200; it uses TMA "
+            f"and wgmma); cuda:{index} has compute capability {major}.{minor}"
+        )
+    if CudaArch(9, 0, "a") not in resolve_cuda_archs(index):
+        raise NotImplementedError(
+            "gemm needs code built for sm_90a (wgmma exists only there): include 9.0a in "
+            "MLLM_KERNEL_CUDA_ARCH_LIST / TORCH_CUDA_ARCH_LIST, or unset them"
+        )
+    count = torch.cuda.get_device_properties(index).multi_processor_count
+    with _lock:
+        _sm_counts[index] = count
+    return count
+
+
+def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
+    key = (m, n, k, index)
+    choice = _choices.get(key)
+    if choice is None:
+        choice = choose_tile(m, n, k, _hopper_sms(index))
+        with _lock:
+            _choices[key] = choice
+    return choice
+
+
+def _check_operands(a: Any, b: Any) -> int:
+    """The CUDA device index of ``a`` (the C++ side checks the rest of both)."""
+    for arg, value in (("a", a), ("b", b)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"argument '{arg}': expected a torch.Tensor, got {type(value).__name__}"
+            )
+        if value.dim() != 2:
+            raise ValueError(
+                f"argument '{arg}': expected a 2-D tensor ([M, K] for a, [N, K] for b) but got "
+                f"shape {list(value.shape)}"
+            )
+    index = a.get_device()
+    if index < 0:
+        raise ValueError(f"argument 'a': expected a tensor on a CUDA GPU but got one on {a.device}")
+    return index
+
+
+def _output(
+    a: torch.Tensor, n: int, out: torch.Tensor | None, out_dtype: torch.dtype | None
+) -> torch.Tensor:
+    """``out``, or a new ``[M, N]`` tensor, in the requested output dtype."""
+    if out_dtype is None:
+        out_dtype = a.dtype if out is None else out.dtype
+    elif out_dtype not in (a.dtype, torch.float32):
+        raise ValueError(
+            f"argument 'out_dtype': expected the input dtype ({a.dtype}) or torch.float32, "
+            f"got {out_dtype}"
+        )
+    if out is None:
+        return torch.empty((a.shape[0], n), dtype=out_dtype, device=a.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"argument 'out': expected a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != out_dtype:
+        raise ValueError(f"argument 'out': expected dtype {out_dtype} but got {out.dtype}")
+    return out
+
+
+def _launch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    choice: TileChoice,
+) -> torch.Tensor:
+    module_for(_module, a, *choice.tile.template_args(a.dtype)).gemm(out, a, b, bias, choice.split)
+    return out
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``a @ b.T (+ bias)`` on a Hopper GPU (compute capability 9.0).
+
+    ``a`` is ``[M, K]`` and ``b`` ``[N, K]`` (the ``nn.Linear`` weight layout), both
+    bf16 or both fp16, with a contiguous last dim; a larger row stride (a slice of a
+    bigger buffer) is fine when it is a multiple of 8 elements. ``N`` and ``K`` must
+    be multiples of 8 (16-byte rows for TMA); any ``M``. Accumulates in fp32 and
+    returns ``[M, N]`` in ``out_dtype`` (the input dtype by default, or
+    ``torch.float32``), written into ``out`` if given. ``bias`` (``[N]``, the output
+    dtype) is added before the cast. Runs on torch's current stream of ``a``'s GPU.
+
+    Raises TypeError/ValueError naming the argument for bad inputs, and
+    NotImplementedError on a GPU other than sm_90.
+
+    >>> a = torch.randn(16, 4096, dtype=torch.bfloat16, device="cuda")
+    >>> w = torch.randn(14336, 4096, dtype=torch.bfloat16, device="cuda")
+    >>> gemm(a, w).shape
+    torch.Size([16, 14336])
+    """
+    index = _check_operands(a, b)
+    m, k = a.shape
+    n = b.shape[0]
+    choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
+    return _launch(a, b, _output(a, n, out, out_dtype), bias, choice)
+
+
+_DTYPE_NAMES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+_SM90_NAMES = {"sm90", "sm_90", "sm90a", "sm_90a", "9.0", "9.0a", "90", "90a"}
+
+
+def _as_dtype(value: str | torch.dtype, arg: str) -> torch.dtype:
+    dtype = value if isinstance(value, torch.dtype) else _DTYPE_NAMES.get(str(value).lower())
+    if dtype is None:
+        raise ValueError(
+            f"argument '{arg}': unknown dtype {value!r}; use one of {list(_DTYPE_NAMES)}"
+        )
+    return dtype
+
+
+class Gemm:
+    """A GEMM of one problem shape, ``[M, K] @ [N, K]^T``, with its tile chosen once.
+
+    For users of the CuTe runtime's object API: build it once per shape, call it
+    many times. It runs the same kernel as :func:`gemm`; ``tile_config`` reports the
+    configuration :func:`choose_tile` picked for this shape and this GPU.
+
+    NumPy arrays are accepted for ``a`` and ``b``: they are copied to the current
+    GPU in ``dtype``, and the result comes back as a NumPy array (float32 for a
+    bf16 result, which NumPy cannot hold).
+
+    >>> op = Gemm(16, 14336, 4096)
+    >>> op.tile_config  # doctest: +SKIP
+    TileChoice(tile=TileConfig(name='swap-16x64', ...), split=1)
+    >>> op(a, w).shape  # doctest: +SKIP
+    torch.Size([16, 14336])
+    """
+
+    def __init__(
+        self,
+        M: int,
+        N: int,
+        K: int,
+        dtype: str | torch.dtype = "bfloat16",
+        out_dtype: str | torch.dtype | None = None,
+        arch: str = "sm90",
+    ) -> None:
+        for arg, value in (("M", M), ("N", N), ("K", K)):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"argument '{arg}': expected a non-negative int, got {value!r}")
+        if N % 8 or K % 8:
+            raise ValueError(f"N ({N}) and K ({K}) must be multiples of 8 (16-byte rows for TMA)")
+        if str(arch).lower() not in _SM90_NAMES:
+            raise NotImplementedError(
+                f"Gemm is built for Hopper only (arch='sm90', compute capability 9.0), got {arch!r}"
+            )
+        self.M, self.N, self.K = M, N, K
+        self.dtype = _as_dtype(dtype, "dtype")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"argument 'dtype': expected bfloat16 or float16, got {self.dtype}")
+        self.out_dtype = self.dtype if out_dtype is None else _as_dtype(out_dtype, "out_dtype")
+        if self.out_dtype not in (self.dtype, torch.float32):
+            raise ValueError(
+                f"argument 'out_dtype': expected {self.dtype} or float32, got {self.out_dtype}"
+            )
+        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+        self.num_sms = _hopper_sms(torch.cuda.current_device()) if hopper else _H100_SMS
+        self.tile_config = choose_tile(M, N, K, self.num_sms)
+
+    @staticmethod
+    def choose_tile(M: int, N: int, K: int, num_sms: int = _H100_SMS) -> TileChoice:
+        """The configuration an ``M x N x K`` problem runs with (see :func:`choose_tile`)."""
+        return choose_tile(M, N, K, num_sms)
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: torch.Tensor | None = None,
+        *,
+        bias: torch.Tensor | None = None,
+    ) -> Any:
+        from_numpy = not isinstance(a, torch.Tensor)
+        a, b = self._on_gpu(a, "a"), self._on_gpu(b, "b")
+        for arg, value, shape in (("a", a, (self.M, self.K)), ("b", b, (self.N, self.K))):
+            if tuple(value.shape) != shape:
+                raise ValueError(
+                    f"expected {arg} of shape {list(shape)} (this Gemm's M, N, K) but got "
+                    f"{list(value.shape)}"
+                )
+        index = _check_operands(a, b)
+        _hopper_sms(index)
+        result = _launch(a, b, _output(a, self.N, out, self.out_dtype), bias, self.tile_config)
+        if not from_numpy:
+            return result
+        if result.dtype == torch.bfloat16:
+            result = result.float()
+        return result.cpu().numpy()
+
+    def _on_gpu(self, value: Any, arg: str) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
+        import numpy as np
+
+        if not isinstance(value, np.ndarray):
+            raise TypeError(
+                f"argument '{arg}': expected a torch.Tensor or numpy.ndarray, got "
+                f"{type(value).__name__}"
+            )
+        return torch.from_numpy(np.ascontiguousarray(value)).to("cuda", self.dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"Gemm(M={self.M}, N={self.N}, K={self.K}, dtype={self.dtype}, "
+            f"out_dtype={self.out_dtype}, tile={self.tile_config})"
+        )

@@ -1,0 +1,278 @@
+"""The Hopper GEMM against a float64 product, with cuBLAS's own error as the yardstick."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+# The module, not the function of the same name that mllm_kernel.cuda.jit exports.
+gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = [torch.bfloat16, torch.float16]
+# Not tile multiples: every M, N and K tail of every tile (M 1 and 7 are decode shapes).
+SMALL_M = [1, 7, 64, 129, 1000]
+SIZES_NK = [8, 72, 136, 1000, 4104]
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H100/H200)")
+
+
+def _operands(m, n, k, dtype, device="cuda"):
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(n, k, device=device).to(dtype)
+    return a, b
+
+
+def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not out.isnan().any(), "NaN in the output: an element was not written"
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _check(out, a, b, bias=None):
+    """Our error is within 2x cuBLAS's error on the same inputs (floor: 1e-6)."""
+    ref = a.double() @ b.double().T
+    if bias is not None:
+        ref = ref + bias.double()
+    if out.dtype == torch.float32:
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            cublas = a.float() @ b.float().T
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+        if bias is not None:
+            cublas = cublas + bias.float()
+    else:
+        cublas = torch.nn.functional.linear(a, b, bias)
+    ours, theirs = _relative_error(out, ref), _relative_error(cublas, ref)
+    assert ours <= 2 * theirs + 1e-6, f"relative error {ours:.3g} vs cuBLAS {theirs:.3g}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", SMALL_M)
+@pytest.mark.parametrize("n", SIZES_NK)
+@pytest.mark.parametrize("k", SIZES_NK)
+def test_gemm_tails(dtype, m, n, k):
+    from mllm_kernel.cuda.jit import gemm
+
+    a, b = _operands(m, n, k, dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    assert gemm(a, b, out) is out
+    _check(out, a, b)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (4096, 14336, 4096),
+        (4096, 4104, 1000),
+        (1000, 14336, 4104),
+        (16, 14336, 4096),
+        (1, 4096, 14336),
+        (128, 28672, 8192),
+    ],
+)
+def test_gemm_large(dtype, m, n, k):
+    from mllm_kernel.cuda.jit import gemm
+
+    a, b = _operands(m, n, k, dtype)
+    _check(gemm(a, b), a, b)
+
+
+@needs_hopper
+@pytest.mark.parametrize("config", gemm_module.TILES, ids=lambda t: t.name)
+def test_every_tile_and_split(config):
+    """Each configuration (and each split of K it allows) on shapes that cross its tails."""
+    from mllm_kernel.cuda.jit.gemm import TileChoice, _launch
+
+    m, n, k = 2 * config.tile_m + 3, 2 * config.tile_n + 8, 1000
+    splits = sorted({1, 2, config.max_split} & set(range(1, config.max_split + 1)))
+    for split in splits:
+        for dtype in DTYPES:
+            a, b = _operands(m, n, k, dtype)
+            bias = torch.randn(n, device="cuda").to(dtype)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            _launch(a, b, out, bias, TileChoice(config, split))
+            _check(out, a, b, bias)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 7, 129, 1000])
+def test_gemm_fp32_out_and_bias(dtype, m):
+    from mllm_kernel.cuda.jit import gemm
+
+    n, k = 1000, 4104
+    a, b = _operands(m, n, k, dtype)
+    bias32 = torch.randn(n, device="cuda")
+    out = gemm(a, b, bias=bias32, out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.shape == (m, n)
+    _check(out, a, b, bias32)
+    bias = torch.randn(n, device="cuda").to(dtype)
+    _check(gemm(a, b, bias=bias), a, b, bias)
+    poisoned = torch.full((m, n), float("nan"), device="cuda")
+    assert gemm(a, b, poisoned, out_dtype=torch.float32) is poisoned
+    _check(poisoned, a, b)
+
+
+@needs_hopper
+@pytest.mark.parametrize("m", [1, 129])
+def test_gemm_k_zero(m):
+    from mllm_kernel.cuda.jit import gemm
+
+    a = torch.empty(m, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty(72, 0, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, 72), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(72, device="cuda").to(torch.bfloat16)
+    gemm(a, b, out, bias=bias)
+    torch.testing.assert_close(out, bias.expand(m, 72), rtol=0, atol=0)
+    assert gemm(a, b).eq(0).all()
+
+
+@needs_hopper
+@pytest.mark.parametrize("m", [1, 7, 1000])
+def test_gemm_strided_rows(m):
+    """Slices of bigger buffers: row strides larger than the rows, for a, b and out."""
+    from mllm_kernel.cuda.jit import gemm
+
+    n, k = 136, 1000
+    a_big, b_big = _operands(m, n + 24, k + 40, torch.bfloat16)
+    a, b = a_big[:, 8 : k + 8], b_big[:n, 16 : k + 16]
+    out_big = torch.full((m, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = out_big[:, :n]
+    gemm(a, b, out)
+    _check(out, a, b)
+    assert out_big[:, n:].isnan().all(), "wrote outside out"
+
+
+@needs_hopper
+def test_gemm_cuda_graph_and_side_stream():
+    from mllm_kernel.cuda.jit import gemm
+
+    a, b = _operands(7, 4104, 1000, torch.bfloat16)
+    big_a, _ = _operands(1000, 8, 1000, torch.bfloat16)
+    out = torch.empty(7, 4104, device="cuda", dtype=torch.bfloat16)
+    big_out = torch.empty(1000, 4104, device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out)  # build and load outside the capture
+    gemm(big_a, b, big_out)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        gemm(a, b, out)
+        gemm(big_a, b, big_out)
+    for _ in range(2):
+        a.copy_(torch.randn_like(a, dtype=torch.float32))
+        big_a.copy_(torch.randn_like(big_a, dtype=torch.float32))
+        out.fill_(float("nan"))
+        big_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, a, b)
+        _check(big_out, big_a, b)
+
+
+@needs_hopper
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gemm_on_second_gpu():
+    from mllm_kernel.cuda.jit import gemm
+
+    with torch.cuda.device(0):
+        a, b = _operands(129, 1000, 4104, torch.bfloat16, device="cuda:1")
+        out = gemm(a, b)
+        assert out.device == torch.device("cuda:1")
+        _check(out, a, b)
+        with pytest.raises(ValueError, match=r"argument 'b'.*device"):
+            gemm(a, b.to("cuda:0"))
+
+
+@needs_hopper
+def test_gemm_object():
+    from mllm_kernel.cuda import Gemm
+    from mllm_kernel.cuda.jit.gemm import choose_tile
+
+    op = Gemm(7, 4104, 1000)
+    assert op.tile_config == choose_tile(7, 4104, 1000, op.num_sms)
+    assert Gemm.choose_tile(4096, 4096, 4096).tile.name == "128x256"
+    a, b = _operands(7, 4104, 1000, torch.bfloat16)
+    _check(op(a, b), a, b)
+    # numpy in, numpy out (bf16 results come back as float32: numpy has no bf16).
+    a_np = np.random.randn(7, 1000).astype(np.float32)
+    b_np = np.random.randn(4104, 1000).astype(np.float32)
+    result = op(a_np, b_np)
+    assert isinstance(result, np.ndarray) and result.dtype == np.float32
+    a_t = torch.from_numpy(a_np).cuda().to(torch.bfloat16)
+    b_t = torch.from_numpy(b_np).cuda().to(torch.bfloat16)
+    _check(torch.from_numpy(result).cuda().to(torch.bfloat16), a_t, b_t)
+    with pytest.raises(ValueError, match="expected a of shape \\[7, 1000\\]"):
+        op(a[:5], b)
+    half = Gemm(64, 72, 136, dtype="float16", out_dtype="float32")
+    a16, b16 = _operands(64, 72, 136, torch.float16)
+    out = half(a16, b16)
+    assert out.dtype == torch.float32
+    _check(out, a16, b16)
+
+
+@needs_hopper
+def test_gemm_bad_inputs():
+    from mllm_kernel.cuda.jit import gemm
+
+    a, b = _operands(16, 72, 136, torch.bfloat16)
+    cases = [
+        ((a.half(), b), {}, TypeError, "argument 'a'.*dtype"),
+        ((a, b.half()), {}, TypeError, "argument 'b'.*dtype"),
+        ((a.float(), b.float()), {}, TypeError, "argument 'a'.*dtype"),
+        ((a, b[:, :128]), {}, ValueError, "argument 'b'.*K"),
+        ((a[:, :130], b[:, :130]), {}, ValueError, "argument 'a': K \\(130\\) must be a multiple"),
+        ((a, b[:70]), {}, ValueError, "argument 'b': N \\(70\\) must be a multiple"),
+        ((a.cpu(), b), {}, ValueError, "argument 'a'.*CUDA"),
+        ((a, b.cpu()), {}, ValueError, "argument 'b'.*cuda"),
+        ((a[0], b), {}, ValueError, "argument 'a': expected a 2-D"),
+        ((a, None), {}, TypeError, "argument 'b': expected a torch.Tensor"),
+        (
+            (a, b),
+            {"out": torch.empty(16, 71, device="cuda", dtype=torch.bfloat16)},
+            ValueError,
+            "argument 'out'",
+        ),
+        ((a, b), {"out": torch.empty(16, 72, device="cuda")}, ValueError, "argument 'out'"),
+        (
+            (a, b),
+            {"bias": torch.empty(71, device="cuda", dtype=torch.bfloat16)},
+            ValueError,
+            "argument 'bias'",
+        ),
+        ((a, b), {"bias": torch.empty(72, device="cuda")}, TypeError, "argument 'bias'"),
+        ((a, b), {"out_dtype": torch.float16}, ValueError, "argument 'out_dtype'"),
+        ((a.t(), b), {}, ValueError, "argument 'a'"),
+        (
+            (torch.empty(16, 140, device="cuda", dtype=torch.bfloat16)[:, :136], b),
+            {},
+            ValueError,
+            "row stride must be a multiple of 8",
+        ),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            gemm(*args, **kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gemm_refuses_other_gpus(monkeypatch):
+    monkeypatch.setattr(gemm_module, "_sm_counts", {})
+    monkeypatch.setattr(gemm_module, "_choices", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    a, b = _operands(4, 8, 8, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"compute capability 9\.0"):
+        gemm_module.gemm(a, b)
