@@ -66,6 +66,8 @@ def measure(m: int, n: int, k: int) -> dict[str, float]:
     theirs_out = torch.empty_like(ours_out)
     ours = [lambda b=b: gemm(a, b, ours_out) for b in weights]
     theirs = [lambda b=b: torch.matmul(a, b.T, out=theirs_out) for b in weights]
+    ours[0]()
+    theirs[0]()
     torch.cuda.synchronize()
     ok = (ours_out.float() - theirs_out.float()).abs().max().item() <= 0.05 * (
         theirs_out.float().abs().max().item() + 1
@@ -75,6 +77,37 @@ def measure(m: int, n: int, k: int) -> dict[str, float]:
     result = {name: seconds / CALLS_PER_GRAPH for name, seconds in times.items()}
     result["agree"] = float(ok)
     return result
+
+
+def _tile_tflops(m: int, n: int, k: int, tiles: list) -> dict[str, float]:
+    from mllm_kernel.cuda.jit.gemm import TileChoice, _launch
+
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    contenders = {
+        t.name: [_graph([lambda t=t: _launch(a, b, out, None, TileChoice(t))])] for t in tiles
+    }
+    contenders["cuBLAS"] = [_graph([lambda: torch.matmul(a, b.T, out=out)])]
+    times = time_interleaved(contenders, 3, 8)
+    return {name: 2 * m * n * k / (t / CALLS_PER_GRAPH) / 1e12 for name, t in times.items()}
+
+
+def tile_comparison(shapes: list[tuple[int, int, int]]) -> list[str]:
+    """TFLOP/s of every large-M tile configuration at ``shapes``, interleaved: the data
+    behind choose_tile's choice among them."""
+    tiles = [t for t in TILES if not t.swap_ab]
+    lines = [
+        "| M | N | K | " + " | ".join(t.name for t in tiles) + " | cuBLAS |",
+        "|---:|---:|---:|" + "---:|" * (len(tiles) + 1),
+    ]
+    for m, n, k in shapes:
+        tflops = _tile_tflops(m, n, k, tiles)
+        lines.append(
+            f"| {m} | {n} | {k} | " + " | ".join(f"{v:.0f}" for v in tflops.values()) + " |"
+        )
+        print(lines[-1], flush=True)
+    return lines
 
 
 def sass_report() -> list[str]:
@@ -167,6 +200,7 @@ def main() -> None:
         if ratios["small"]
         else "",
     ]
+    comparison = tile_comparison([(8192, 8192, 8192), (4096, 14336, 4096), (1024, 4096, 4096)])
     sass = sass_report()
     text = "\n".join(
         [
@@ -181,6 +215,10 @@ def main() -> None:
             *rows,
             "",
             *[line for line in summary if line],
+            "",
+            "Large-M tile configurations, TFLOP/s (interleaved):",
+            "",
+            *comparison,
             "",
             "SASS of the bf16 tile variants:",
             "",

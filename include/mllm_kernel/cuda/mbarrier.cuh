@@ -43,6 +43,18 @@ struct alignas(8) MBarrier {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(this)) : "memory");
   }
 
+  /// Arrives once on the barrier at this one's offset in the shared memory of the
+  /// cluster's CTA `rank` (release at cluster scope).
+  __device__ __forceinline__ void arrive_cluster(uint32_t rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(
+            shared_address(this)),
+        "r"(rank)
+        : "memory");
+  }
+
   /// True once the phase of `parity` has completed (acquire).
   __device__ __forceinline__ bool try_wait(uint32_t parity) {
     uint32_t done;

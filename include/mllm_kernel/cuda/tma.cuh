@@ -34,6 +34,20 @@ __device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map
       : "memory");
 }
 
+/// Like tma_load_2d, but the box lands at the same shared-memory offset in every CTA
+/// of the cluster named in `cta_mask` (bit i: rank i), each counting its bytes on its
+/// own barrier at `barrier`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtensorMap* map,
+                                                      MBarrier* barrier, int32_t col, int32_t row,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(shared_address(shared)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(barrier)), "r"(col), "r"(row),
+      "h"(cta_mask)
+      : "memory");
+}
+
 /// Fetches the tensor map into the constant cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

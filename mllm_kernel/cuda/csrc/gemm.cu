@@ -26,7 +26,7 @@ namespace hopper_gemm {
 
 /// A kernel's tile shape and pipeline, fixed at compile time (the Python side picks
 /// one per problem shape: mllm_kernel/cuda/jit/gemm.py, choose_tile).
-template <int kConsumers_, int kTileQ_, int kStages_, bool kSwapAB_>
+template <int kConsumers_, int kTileQ_, int kStages_, bool kSwapAB_, int kMulticast_>
 struct TileConfig {
   static constexpr int kConsumers = kConsumers_;      // consumer warpgroups
   static constexpr int kTileP = 64 * kConsumers;      // wgmma's M: 64 rows each
@@ -34,6 +34,9 @@ struct TileConfig {
   static constexpr int kTileK = kSwizzle128Elements;  // one 128-byte swizzled row
   static constexpr int kStages = kStages_;
   static constexpr bool kSwapAB = kSwapAB_;  // P = b, Q = a, out = C^T
+  // CTAs of a cluster on neighbouring tile-rows that share each Q tile: each loads
+  // 1/kMulticast of it and multicasts that to all, so L2 serves each Q byte once.
+  static constexpr int kMulticast = kMulticast_;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
   static constexpr int kAccumulators = kTileQ / 2;  // fp32 per consumer thread
@@ -50,7 +53,9 @@ struct TileConfig {
   static constexpr int kPartialBytes = kConsumerThreads * kAccumulators * 4;
 
   static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
-  static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % 1024 == 0, "swizzle atoms");
+  static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % (1024 * kMulticast) == 0,
+                "swizzle atoms (per multicast slice)");
+  static_assert(kMulticast == 1 || !kSwapAB, "multicast tiles do not split K");
 
   /// Dynamic shared memory for a split of `split` CTAs (+1024 to align the tiles).
   static std::size_t shared_bytes(int split) {
@@ -129,6 +134,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Config::kStages;
   constexpr int kTileK = Config::kTileK;
+  constexpr int kMulticast = Config::kMulticast;
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) &
                                                ~uintptr_t{1023});
@@ -138,19 +144,22 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
   MBarrier* empty = full + kStages;
   auto* partials = reinterpret_cast<float4*>(empty + kStages);
 
-  // A split-K cluster: each CTA sums its share of the k-blocks of the cluster's tiles.
-  const int split = static_cast<int>(cluster_size());
+  // A cluster either shares Q tiles (multicast) or splits K: each CTA then sums its
+  // share of the k-blocks of the cluster's tiles.
+  const int cluster = static_cast<int>(cluster_size());
   const int rank = static_cast<int>(cluster_rank());
-  const int num_clusters = static_cast<int>(gridDim.x) / split;
-  const int cluster_id = static_cast<int>(blockIdx.x) / split;
-  const int k_begin = rank * params.k_blocks / split;
-  const int k_end = (rank + 1) * params.k_blocks / split;
+  const int split = kMulticast > 1 ? 1 : cluster;
+  const int num_clusters = static_cast<int>(gridDim.x) / cluster;
+  const int cluster_id = static_cast<int>(blockIdx.x) / cluster;
+  const int k_begin = kMulticast > 1 ? 0 : rank * params.k_blocks / split;
+  const int k_end = kMulticast > 1 ? params.k_blocks : (rank + 1) * params.k_blocks / split;
   const int num_tiles = params.order.num_tiles();
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      full[s].init(1);                        // the producer's arrive_expect_tx
-      empty[s].init(Config::kConsumers * 4);  // lane 0 of every consumer warp
+      full[s].init(1);  // the producer's arrive_expect_tx
+      // Lane 0 of every consumer warp of every CTA whose producer writes this stage.
+      empty[s].init(Config::kConsumers * 4 * kMulticast);
     }
     mbarrier_init_fence();
     if (params.k_blocks > 0) {
@@ -158,8 +167,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
       tma_prefetch_map(&map_q);
     }
   }
-  if (split > 1) {
-    cluster_sync();  // peers write partial sums into this CTA's shared memory
+  // Peers write into this CTA's shared memory and arrive on its barriers.
+  if (cluster > 1) {
+    cluster_sync();
   } else {
     __syncthreads();
   }
@@ -174,13 +184,21 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
     for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
       if (threadIdx.x == 0) {
         const TileCoord at = params.order(tile);
+        const int row = (at.row * kMulticast + (kMulticast > 1 ? rank : 0)) * Config::kTileP;
+        constexpr int kSliceRows = Config::kTileQ / kMulticast;
         for (int kb = k_begin; kb < k_end; ++kb) {
           empty[state.stage].wait(state.phase ^ 1);
           full[state.stage].arrive_expect_tx(Config::kStageBytes);
+          T* tile_q = tiles_q + state.stage * Config::kTileQ * kTileK;
           tma_load_2d(tiles_p + state.stage * Config::kTileP * kTileK, &map_p, &full[state.stage],
-                      kb * kTileK, at.row * Config::kTileP);
-          tma_load_2d(tiles_q + state.stage * Config::kTileQ * kTileK, &map_q, &full[state.stage],
-                      kb * kTileK, at.col * Config::kTileQ);
+                      kb * kTileK, row);
+          if constexpr (kMulticast > 1) {
+            tma_load_2d_multicast(tile_q + rank * kSliceRows * kTileK, &map_q, &full[state.stage],
+                                  kb * kTileK, at.col * Config::kTileQ + rank * kSliceRows,
+                                  static_cast<uint16_t>((1u << kMulticast) - 1));
+          } else {
+            tma_load_2d(tile_q, &map_q, &full[state.stage], kb * kTileK, at.col * Config::kTileQ);
+          }
           state.advance(kStages);
         }
       }
@@ -189,83 +207,96 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
         cluster_sync();
       }
     }
-    return;
-  }
-
-  // Consumers.
-  if constexpr (Config::kReallocRegisters) {
-    warpgroup_claim_registers<Config::kConsumerRegisters>();
-  }
-  const int consumer = warpgroup - 1;
-  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;  // among consumers
-  const bool lane0 = threadIdx.x % 32 == 0;
-  PipelineState state;
-  for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
-    const TileCoord at = params.order(tile);
-    float acc[Config::kAccumulators];
-#pragma unroll
-    for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.0f;
-
-    // Keep one k-block of wgmma in flight: release a stage once the group after it
-    // has been issued and it has completed.
-    int previous = -1;
-    for (int kb = k_begin; kb < k_end; ++kb) {
-      full[state.stage].wait(state.phase);
-      const T* p = tiles_p + state.stage * Config::kTileP * kTileK + consumer * 64 * kTileK;
-      const T* q = tiles_q + state.stage * Config::kTileQ * kTileK;
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kTileK / 16; ++k) {
-        wgmma_m64k16<T, Config::kTileQ>(acc, smem_desc_k_major_sw128(p, k),
-                                        smem_desc_k_major_sw128(q, k));
-      }
-      wgmma_commit_group();
-      wgmma_wait_group<1>();
-      if (previous >= 0 && lane0) empty[previous].arrive();
-      previous = state.stage;
-      state.advance(kStages);
+  } else {
+    // Consumers.
+    if constexpr (Config::kReallocRegisters) {
+      warpgroup_claim_registers<Config::kConsumerRegisters>();
     }
-    wgmma_wait_group<0>();
-    wgmma_fence_operands(acc);
-    if (previous >= 0 && lane0) empty[previous].arrive();
-
-    if (split > 1) {
-      // Partners add their sums into rank 0's registers through its shared memory.
-      constexpr int kVectors = Config::kAccumulators / 4;
-      if (rank != 0) {
-        float4* slot =
-            cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
-#pragma unroll
-        for (int v = 0; v < kVectors; ++v) {
-          slot[v * Config::kConsumerThreads + thread] =
-              make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
-        }
+    const int consumer = warpgroup - 1;
+    const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;  // among consumers
+    const bool lane0 = threadIdx.x % 32 == 0;
+    // A stage is free once every CTA that reads a slice written by this one is done.
+    auto release = [&](int stage) {
+      if (!lane0) return;
+      if constexpr (kMulticast > 1) {
+        for (int peer = 0; peer < kMulticast; ++peer) empty[stage].arrive_cluster(peer);
+      } else {
+        empty[stage].arrive();
       }
-      cluster_sync();
-      if (rank == 0) {
-        for (int partner = 0; partner < split - 1; ++partner) {
+    };
+    PipelineState state;
+    for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
+      const TileCoord at = params.order(tile);
+      float acc[Config::kAccumulators];
+#pragma unroll
+      for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.0f;
+
+      // Keep one k-block of wgmma in flight: release a stage once the group after it
+      // has been issued and it has completed.
+      int previous = -1;
+      for (int kb = k_begin; kb < k_end; ++kb) {
+        full[state.stage].wait(state.phase);
+        const T* p = tiles_p + state.stage * Config::kTileP * kTileK + consumer * 64 * kTileK;
+        const T* q = tiles_q + state.stage * Config::kTileQ * kTileK;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kTileK / 16; ++k) {
+          wgmma_m64k16<T, Config::kTileQ>(acc, smem_desc_k_major_sw128(p, k),
+                                          smem_desc_k_major_sw128(q, k));
+        }
+        wgmma_commit_group();
+        wgmma_wait_group<1>();
+        if (previous >= 0) release(previous);
+        previous = state.stage;
+        state.advance(kStages);
+      }
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(acc);
+      if (previous >= 0) release(previous);
+
+      if (split > 1) {
+        // Partners add their sums into rank 0's registers through its shared memory.
+        constexpr int kVectors = Config::kAccumulators / 4;
+        if (rank != 0) {
+          float4* slot =
+              cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
 #pragma unroll
           for (int v = 0; v < kVectors; ++v) {
-            const float4 s = partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
-            acc[4 * v] += s.x;
-            acc[4 * v + 1] += s.y;
-            acc[4 * v + 2] += s.z;
-            acc[4 * v + 3] += s.w;
+            slot[v * Config::kConsumerThreads + thread] =
+                make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+          }
+        }
+        cluster_sync();
+        if (rank == 0) {
+          for (int partner = 0; partner < split - 1; ++partner) {
+#pragma unroll
+            for (int v = 0; v < kVectors; ++v) {
+              const float4 s =
+                  partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
+              acc[4 * v] += s.x;
+              acc[4 * v + 1] += s.y;
+              acc[4 * v + 2] += s.z;
+              acc[4 * v + 3] += s.w;
+            }
           }
         }
       }
-    }
-    if (rank == 0) {
-      const int row_base = at.row * Config::kTileP + consumer * 64;
-      const int col_base = at.col * Config::kTileQ;
-      if (params.out_fp32) {
-        store_tile<Config, float>(params, acc, row_base, col_base);
-      } else {
-        store_tile<Config, T>(params, acc, row_base, col_base);
+      if (split == 1 || rank == 0) {
+        const int tile_row = at.row * kMulticast + (kMulticast > 1 ? rank : 0);
+        const int row_base = tile_row * Config::kTileP + consumer * 64;
+        const int col_base = at.col * Config::kTileQ;
+        if (params.out_fp32) {
+          store_tile<Config, float>(params, acc, row_base, col_base);
+        } else {
+          store_tile<Config, T>(params, acc, row_base, col_base);
+        }
       }
+      if (split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
     }
-    if (split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
   }
+  // No CTA leaves while a peer may still write into its shared memory or arrive on
+  // its barriers.
+  if (kMulticast > 1) cluster_sync();
 #endif
 }
 
@@ -290,10 +321,10 @@ inline void check_tma_rows(const TensorView& m, const char* arg) {
              "': the data must start on a 16-byte boundary; call .contiguous()");
 }
 
-template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB>
+template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB, int kMulticast>
 void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<TensorView> bias,
           int64_t split) {
-  using Config = TileConfig<kConsumers, kTileQ, kStages, kSwapAB>;
+  using Config = TileConfig<kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
   SymbolicSize m{"M"}, n{"N"}, k{"K"};
   SymbolicDevice device;
   TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
@@ -315,6 +346,7 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
   ValueCheck(n.value() % 8 == 0, "argument 'b': N (", n.value(),
              ") must be a multiple of 8 (16-byte rows for TMA)");
   ValueCheck(split >= 1 && split <= 8, "split must be in [1, 8], got ", split);
+  ValueCheck(kMulticast == 1 || split == 1, "multicast tiles do not split K, got split ", split);
   const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
   ValueCheck(out.size(0) <= 1 || out.stride(0) % 2 == 0,
              "argument 'out': the row stride must be even, got ", out.stride(0),
@@ -339,12 +371,13 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
   params.rows_p = static_cast<int>(p.size(0));
   params.rows_q = static_cast<int>(q.size(0));
   params.k_blocks = static_cast<int>(div_ceil<int64_t>(k.value(), Config::kTileK));
+  // Tiles of the walk: a cluster's kMulticast neighbouring tile-rows count as one.
   params.order = GroupedTileOrder{
-      static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP)),
+      static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP * kMulticast)),
       static_cast<int>(div_ceil<int64_t>(params.rows_q, Config::kTileQ)), kGroupRows};
   params.out_fp32 = out_fp32;
   const CUtensorMap map_p = empty_k ? CUtensorMap{} : matrix_map<T>(p, Config::kTileP);
-  const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ);
+  const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ / kMulticast);
 
   const DLDevice dev = device.value();
   const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
@@ -352,17 +385,19 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
                shared, " bytes of shared memory, more than the device's ",
                max_shared_memory_per_block(dev));
   auto* kernel = gemm_kernel<T, Config>;
+  const int cluster = kMulticast > 1 ? kMulticast : static_cast<int>(split);
   const int tiles = params.order.num_tiles();
   int clusters = tiles;
-  if (split == 1) {  // persistent: as many CTAs as run at once, each walking tiles
+  if (split == 1) {  // persistent: as many clusters as run at once, each walking tiles
     static int resident[64] = {};
     int& fit = resident[dev.device_id % 64];
-    if (fit == 0) fit = max_active_clusters(kernel, 1, Config::kThreads, shared, dev);
+    if (fit == 0) fit = max_active_clusters(kernel, cluster, Config::kThreads, shared, dev);
     RuntimeCheck(fit > 0, "gemm: the kernel does not fit on the device");
     clusters = tiles < fit ? tiles : fit;
   }
-  KernelLauncher(dim3(static_cast<unsigned>(clusters * split)), dim3(Config::kThreads), dev, shared)
-      .cluster(static_cast<unsigned>(split))(kernel, map_p, map_q, params);
+  KernelLauncher(dim3(static_cast<unsigned>(clusters * cluster)), dim3(Config::kThreads), dev,
+                 shared)
+      .cluster(static_cast<unsigned>(cluster))(kernel, map_p, map_q, params);
 }
 
 }  // namespace hopper_gemm

@@ -33,6 +33,8 @@ class TileConfig:
     ``64 * consumers`` x ``tile_q``. With it P is ``b`` (weights) and Q is ``a``
     (tokens): an output tile is ``tile_q`` tokens x ``64 * consumers`` columns, and up
     to ``max_split`` CTAs of a cluster share its K (shared memory bounds the split).
+    ``multicast`` CTAs of a cluster on neighbouring tile-rows share each Q tile, each
+    loading a slice of it for all (TMA multicast): less L2 traffic per flop.
     """
 
     name: str
@@ -40,7 +42,8 @@ class TileConfig:
     consumers: int
     tile_q: int
     stages: int
-    max_split: int
+    max_split: int = 1
+    multicast: int = 1
 
     @property
     def tile_m(self) -> int:
@@ -53,12 +56,14 @@ class TileConfig:
         return 64 * self.consumers if self.swap_ab else self.tile_q
 
     def template_args(self, dtype: torch.dtype) -> tuple[Any, ...]:
-        return (dtype, self.consumers, self.tile_q, self.stages, self.swap_ab)
+        return (dtype, self.consumers, self.tile_q, self.stages, self.swap_ab, self.multicast)
 
 
 TILES = (
-    TileConfig("128x256", swap_ab=False, consumers=2, tile_q=256, stages=4, max_split=1),
-    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6, max_split=1),
+    TileConfig("128x256", swap_ab=False, consumers=2, tile_q=256, stages=4),
+    TileConfig("128x256-mc2", swap_ab=False, consumers=2, tile_q=256, stages=4, multicast=2),
+    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6),
+    TileConfig("128x128-mc2", swap_ab=False, consumers=2, tile_q=128, stages=6, multicast=2),
     TileConfig("swap-16x64", swap_ab=True, consumers=1, tile_q=16, stages=8, max_split=8),
     TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
     TileConfig("swap-64x64", swap_ab=True, consumers=1, tile_q=64, stages=6, max_split=4),
@@ -88,8 +93,10 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
     - ``m <= 128`` (decode and small batches) reads far more weight bytes than it
       does arithmetic: the swapped kernels put 64 weight rows on wgmma's fixed
       64-row side and the ``m`` tokens, rounded up to 16/32/64/128, on its narrow
-      side. K is split over a cluster until about two CTAs per SM stream weights,
-      keeping at least 8 k-blocks (512 columns) per CTA.
+      side. K is split over a cluster while the CTAs still fit on the GPU at once
+      (two per SM), keeping at least 8 k-blocks (512 columns) per CTA: on an H100,
+      more and shorter CTAs lost bandwidth to pipeline fill and the reduction (split
+      8 of 4096 x 4096: 48% of a copy; see benchmarks/RESULTS.md).
     - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
       unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids).
     """
@@ -100,7 +107,7 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
         split = 1
         while (
             split * 2 <= tile.max_split
-            and tiles * split < 2 * num_sms
+            and tiles * split * 2 <= 2 * num_sms
             and k_blocks // (split * 2) >= 8
         ):
             split *= 2
@@ -122,8 +129,10 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
     variants=[tile.template_args(dtype) for dtype in _DTYPES for tile in TILES],
 )
 @cache_once
-def _module(dtype: torch.dtype, consumers: int, tile_q: int, stages: int, swap_ab: bool):
-    args = make_cpp_args(dtype, consumers, tile_q, stages, swap_ab)
+def _module(
+    dtype: torch.dtype, consumers: int, tile_q: int, stages: int, swap_ab: bool, multicast: int
+):
+    args = make_cpp_args(dtype, consumers, tile_q, stages, swap_ab, multicast)
     return load_cuda_jit(
         "gemm",
         *args,
