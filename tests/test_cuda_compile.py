@@ -1,14 +1,55 @@
 """Every registered CUDA kernel variant compiles and links for sm_90a, and every CUDA
-module also for sm_80, which has no thread-block clusters (no GPU needed)."""
+module also for sm_80, which has no thread-block clusters (no GPU needed). Kernels
+built on Hopper's matrix instructions must show them in their SASS."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from mllm_kernel.jit_utils import cuda_arch_override, registry
 from mllm_kernel.jit_utils.build import build
+
+# Kernel name -> the SASS instruction every variant must contain (HGMMA: wgmma ran
+# through; a kernel on the slower mma.sync path would show only HMMA).
+EXPECTED_SASS = {"gemm": "HGMMA"}
+
+
+def _cuda_binary(name: str) -> Path | None:
+    """``name`` (cuobjdump, nvdisasm) from the toolkit, PATH, or the nvidia-cuda-* wheels."""
+    from mllm_kernel.jit_utils import toolchain
+    from mllm_kernel.jit_utils.errors import ToolchainError
+
+    candidates = []
+    with contextlib.suppress(ToolchainError):
+        candidates.append(toolchain.find_cuda().nvcc.path.parent / name)
+    if shutil.which(name):
+        candidates.append(Path(shutil.which(name)))
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec else ():
+        candidates += sorted(Path(root).glob(f"cu*/bin/{name}"))
+    return next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def _sass(artifact: Path) -> str:
+    cuobjdump, nvdisasm = _cuda_binary("cuobjdump"), _cuda_binary("nvdisasm")
+    if cuobjdump is None or nvdisasm is None:
+        pytest.fail("cuobjdump/nvdisasm not found: install the dev extra (nvidia-cuda-cuobjdump)")
+    env = {**os.environ, "PATH": f"{nvdisasm.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        [str(cuobjdump), "-sass", str(artifact)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
 
 CUDA_VARIANTS = [
     pytest.param(entry, variant, id=f"{entry.name}-{'-'.join(map(str, variant)) or 'all'}")
@@ -27,6 +68,11 @@ def test_compiles_for_sm90a(entry, variant, tmp_path):
     result = build(spec, tmp_path, tmp_path / "build.log")
     print(f"{spec.describe()}: {time.monotonic() - started:.1f}s")
     assert result.artifact.is_file()
+    instruction = EXPECTED_SASS.get(entry.name)
+    if instruction:
+        assert re.search(rf"\b{instruction}\.", _sass(result.artifact)), (
+            f"{spec.describe()}: no {instruction} in the SASS"
+        )
 
 
 @pytest.mark.nvcc
@@ -52,4 +98,5 @@ def test_every_op_module_registers_a_variant():
         "create_kv_indices",
         "add_constant",
         "add_constant_runtime",
+        "gemm",
     } <= names

@@ -200,7 +200,7 @@ def test_gemm_object():
 
     op = Gemm(7, 4104, 1000)
     assert op.tile_config == choose_tile(7, 4104, 1000, op.num_sms)
-    assert Gemm.choose_tile(4096, 4096, 4096).tile.name == "128x256"
+    assert Gemm.choose_tile(4096, 4096, 4096).tile.name == "128x256-mc2"
     a, b = _operands(7, 4104, 1000, torch.bfloat16)
     _check(op(a, b), a, b)
     # numpy in, numpy out (bf16 results come back as float32: numpy has no bf16).

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
     auto release = [&](int stage) {
       if (!lane0) return;
       if constexpr (kMulticast > 1) {
-        for (int peer = 0; peer < kMulticast; ++peer) empty[stage].arrive_cluster(peer);
+        for (int peer = 0; peer < kMulticast; ++peer) empty[stage].arrive_cluster_relaxed(peer);
       } else {
         empty[stage].arrive();
       }

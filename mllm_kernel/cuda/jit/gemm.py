@@ -60,9 +60,9 @@ class TileConfig:
 
 
 TILES = (
-    TileConfig("128x256", swap_ab=False, consumers=2, tile_q=256, stages=4),
+    # Multicast over clusters of 2 measured +5% (128 x 256) and +12% (128 x 128) at
+    # 8192^3 on an H100 against the same tiles without it (benchmarks/RESULTS.md).
     TileConfig("128x256-mc2", swap_ab=False, consumers=2, tile_q=256, stages=4, multicast=2),
-    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6),
     TileConfig("128x128-mc2", swap_ab=False, consumers=2, tile_q=128, stages=6, multicast=2),
     TileConfig("swap-16x64", swap_ab=True, consumers=1, tile_q=16, stages=8, max_split=8),
     TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
@@ -93,12 +93,14 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
     - ``m <= 128`` (decode and small batches) reads far more weight bytes than it
       does arithmetic: the swapped kernels put 64 weight rows on wgmma's fixed
       64-row side and the ``m`` tokens, rounded up to 16/32/64/128, on its narrow
-      side. K is split over a cluster while the CTAs still fit on the GPU at once
-      (two per SM), keeping at least 8 k-blocks (512 columns) per CTA: on an H100,
-      more and shorter CTAs lost bandwidth to pipeline fill and the reduction (split
-      8 of 4096 x 4096: 48% of a copy; see benchmarks/RESULTS.md).
+      side. K is split over a cluster while there is at most one CTA per SM, keeping
+      at least 8 k-blocks (512 columns) per CTA: on an H100 more and shorter CTAs lost
+      bandwidth to pipeline fill and the reduction (M = 1, N = K = 4096: 74% of a
+      copy with splits 1 and 2, 57% with 4, 49% with 8; N = 4096, K = 14336: 86, 92,
+      80 and 78%).
     - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
-      unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids).
+      unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids);
+      both in clusters of 2 CTAs on neighbouring tile-rows that multicast B.
     """
     if m <= 128:
         tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
@@ -107,7 +109,7 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
         split = 1
         while (
             split * 2 <= tile.max_split
-            and tiles * split * 2 <= 2 * num_sms
+            and tiles * split * 2 <= num_sms
             and k_blocks // (split * 2) >= 8
         ):
             split *= 2
@@ -117,7 +119,7 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
         tiles = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
         return tiles / (_ceil_div(tiles, num_sms) * num_sms)
 
-    wide, narrow = _BY_NAME["128x256"], _BY_NAME["128x128"]
+    wide, narrow = _BY_NAME["128x256-mc2"], _BY_NAME["128x128-mc2"]
     if wave_efficiency(narrow) > 1.25 * wave_efficiency(wide):
         return TileChoice(narrow)
     return TileChoice(wide)
