@@ -8,6 +8,7 @@
 #   GPU_CHECK_TESTS=0 / GPU_CHECK_BENCH=0      # skip a part
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
 #   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
+#   GPU_CHECK_BENCHES="bench_gemm bench_runtime"  # which benchmarks (default: all)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-$repo/gpu_results}" && cd "${1:-$repo/gpu_results}" && pwd)
@@ -47,9 +48,9 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   echo "- tests (${GPU_CHECK_MARKERS:-cuda}): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
 fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-  for bench in benchmarks/bench_cuda.py benchmarks/bench_jit.py; do
+  for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_jit bench_gemm bench_runtime}; do
+    bench="benchmarks/$name.py"
     [ -f "$bench" ] || continue
-    name=$(basename "$bench" .py)
     python3 "$bench" --out "$out/$name.md" 2>&1 | tee "$out/$name.log"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || status=$rc
