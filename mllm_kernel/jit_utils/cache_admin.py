@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,12 +205,14 @@ def _staging_dirname(name: str) -> str:
     return parts[0] if len(parts) == 3 else name
 
 
-def _matches_kernel(dirname: str, kernel: str | None, manifest: cache.Manifest | None) -> bool:
-    if kernel is None:
+def _matches_kernel(
+    dirname: str, kernels: frozenset[str] | None, manifest: cache.Manifest | None
+) -> bool:
+    if kernels is None:
         return True
     if manifest is not None:
-        return manifest.name == kernel
-    return any(dirname.startswith(f"{kernel}_{device}_") for device in _DEVICES)
+        return manifest.name in kernels
+    return any(dirname.startswith(f"{k}_{device}_") for k in kernels for device in _DEVICES)
 
 
 def _remove(path: Path) -> None:
@@ -221,13 +223,14 @@ def _remove(path: Path) -> None:
 
 
 def clear_cache(
-    kernel: str | None = None,
+    kernel: str | Sequence[str] | None = None,
     older_than_days: float | None = None,
     dry_run: bool = False,
     root: Path | None = None,
 ) -> ClearReport:
-    """Removes cached modules (all, or those of ``kernel``, or built more than
-    ``older_than_days`` ago), interrupted builds in ``.staging`` and failure logs.
+    """Removes cached modules (all, or those of ``kernel``: one name or several, or
+    built more than ``older_than_days`` ago), interrupted builds in ``.staging``
+    and failure logs.
 
     A module or staging directory whose build lock is held is left alone and
     listed in ``busy``. With ``dry_run`` nothing is removed; the report says
@@ -235,6 +238,7 @@ def clear_cache(
     """
     root = (env.cache_root() if root is None else root).absolute()
     report = ClearReport(root, dry_run)
+    kernels = None if kernel is None else frozenset([kernel] if isinstance(kernel, str) else kernel)
     cutoff = None if older_than_days is None else time.time() - older_than_days * _DAY
     if not root.is_dir():
         return report
@@ -260,7 +264,7 @@ def clear_cache(
             if entry.is_symlink():
                 report.skipped.append((Path(entry.path), "a symlink (never followed)"))
     for module in cached_modules(root):
-        if not _matches_kernel(module.path.name, kernel, module.manifest):
+        if not _matches_kernel(module.path.name, kernels, module.manifest):
             continue
         if cutoff is not None and module.built_at > cutoff:
             continue
@@ -270,7 +274,7 @@ def clear_cache(
     if staging.is_dir() and not staging.is_symlink():
         for leftover in sorted(staging.iterdir()):
             dirname = _staging_dirname(leftover.name)
-            if leftover.is_symlink() or not _matches_kernel(dirname, kernel, None):
+            if leftover.is_symlink() or not _matches_kernel(dirname, kernels, None):
                 continue
             if cutoff is not None and leftover.lstat().st_mtime > cutoff:
                 continue
@@ -281,7 +285,7 @@ def clear_cache(
         for log in sorted(logs.iterdir()):
             if log.is_symlink() or not log.is_file():
                 continue
-            if not _matches_kernel(log.stem, kernel, None):
+            if not _matches_kernel(log.stem, kernels, None):
                 continue
             if cutoff is not None and log.stat().st_mtime > cutoff:
                 continue
