@@ -25,10 +25,13 @@ from typing import Any
 from mllm_kernel.jit_utils import cache, env, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
+from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
 
 _DAY = 86400.0
 _DEVICES = ("cpu", "cuda")
+# Any arch would do: it only lets a kernel be planned (to list its exports) without a GPU.
+_STAND_IN_ARCH = "9.0a"
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,14 @@ def cached_modules(root: Path | None = None) -> list[CachedModule]:
 # ---------------------------------------------------------------------------
 @dataclass
 class KernelReport:
-    """A registered kernel and the cache status of each of its variants."""
+    """A registered kernel, the ops its module exports and the cache status of each of
+    its variants (one module can export several ops: ``rmsnorm`` and ``fused_add_rmsnorm``)."""
 
     name: str
     device: str
     builtin: bool
     variants: list[VariantStatus]
+    exports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -113,12 +118,14 @@ class ConfigReport:
 
     ``other_builds`` counts cached builds of registered kernels that match none
     of this environment's keys (another arch, toolchain or package version).
+    ``device`` is the device the report was limited to (None: both).
     """
 
     arch: str | None
     kernels: list[KernelReport]
     unclaimed: list[CachedModule]
     other_builds: int
+    device: str | None = None
 
 
 def _variant_list(entry: KernelEntry) -> list[tuple[Any, ...]]:
@@ -139,6 +146,22 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
     return registry.variant_status(entry, variant)
 
 
+def _exports(entry: KernelEntry) -> tuple[str, ...]:
+    """The functions ``entry``'s module exports, from its first variant's plan; empty
+    where it cannot be planned (a user kernel with no builder, sources not installed)."""
+    if entry.builder is None or not entry.variants:
+        return ()
+    try:
+        try:
+            return entry.plan(entry.variants[0]).exports
+        except CudaArchError:
+            # The exports do not depend on the arch; planning only needs one to proceed.
+            with cuda_arch_override(_STAND_IN_ARCH):
+                return entry.plan(entry.variants[0]).exports
+    except Exception:  # whatever stops the plan, variant_status reports it per variant
+        return ()
+
+
 def config_report(
     device: str | None = None, arch: str | None = None, root: Path | None = None
 ) -> ConfigReport:
@@ -151,7 +174,9 @@ def config_report(
     override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
     with override:
         reports = [
-            KernelReport(e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)])
+            KernelReport(
+                e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)], _exports(e)
+            )
             for e in registry.kernels(device)
         ]
     claimed_paths = {s.path for r in reports for s in r.variants if s.path is not None}
@@ -164,7 +189,7 @@ def config_report(
             other += 1
         else:
             unclaimed.append(module)
-    return ConfigReport(arch, reports, unclaimed, other)
+    return ConfigReport(arch, reports, unclaimed, other, device)
 
 
 # ---------------------------------------------------------------------------
