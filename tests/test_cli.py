@@ -37,6 +37,22 @@ def test_every_command_has_help(command, capsys):
     assert f"usage: mllm_kernel {command}" in capsys.readouterr().out
 
 
+def test_every_option_has_help_and_says_its_default():
+    import argparse
+
+    from mllm_kernel.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for command, parser in commands.choices.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            option = f"{command} {'/'.join(action.option_strings)}"
+            assert action.help, f"{option} has no help text"
+            if action.default not in (None, False):
+                assert "default" in action.help, f"{option} does not say its default"
+
+
 def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
