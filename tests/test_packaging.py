@@ -59,6 +59,7 @@ def test_wheel_holds_headers_sources_and_cmake_config(wheel):
     )
     assert "mllm_kernel/share/cmake/MllmKernel/MllmKernelConfig.cmake" in names
     assert "mllm_kernel/jit_utils/loader.py" in names
+    assert "mllm_kernel/py.typed" in names  # PEP 561: type checkers read our annotations
     # Nothing lands at the top level of site-packages, and no checkout csrc/ copy.
     assert all(n.startswith(("mllm_kernel/", "mllm_kernel-")) for n in names), names
     assert not any("/csrc/" in n or "__pycache__" in n for n in names)
