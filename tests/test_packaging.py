@@ -176,3 +176,20 @@ def test_installed_copy_compiles_a_kernel_without_the_source_tree(tmp_path, site
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_cmake_dir_of_an_editable_install(tmp_path, monkeypatch):
+    import mllm_kernel
+    from mllm_kernel.jit_utils import paths
+
+    # An editable install: the code runs from the checkout, and what CMake installed
+    # (the package config) lives in site-packages, another entry of __path__.
+    checkout, site = tmp_path / "checkout" / "mllm_kernel", tmp_path / "site" / "mllm_kernel"
+    checkout.mkdir(parents=True)
+    monkeypatch.setattr(paths, "PACKAGE_DIR", checkout)
+    monkeypatch.setattr(mllm_kernel, "__path__", [str(site), str(checkout)])
+    assert paths.cmake_dir() is None
+    config_dir = site / "share" / "cmake" / "MllmKernel"
+    config_dir.mkdir(parents=True)
+    (config_dir / "MllmKernelConfig.cmake").write_text("# installed by CMake\n")
+    assert paths.cmake_dir() == config_dir
