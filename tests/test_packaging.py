@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site as sitelib
 import subprocess
 import sys
 import textwrap
@@ -170,9 +171,13 @@ def test_installed_copy_compiles_a_kernel_without_the_source_tree(tmp_path, site
         assert torch.equal(add_constant(x, 4), x + 4)
         print("ok")
     """).replace("SITE", repr(str(site)))
-    env = {**os.environ, "PYTHONPATH": str(site), "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "c")}
+    # -S: no .pth files, so an editable install of this checkout (README set-up
+    # command 1), whose import hook would win over PYTHONPATH, stays out; the
+    # private site comes first, then site-packages for torch.
+    search_path = os.pathsep.join([str(site), *sitelib.getsitepackages()])
+    env = {**os.environ, "PYTHONPATH": search_path, "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "c")}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, "-S", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
