@@ -63,6 +63,17 @@ def test_kernel_filter_does_not_take_prefix_matches(fresh_cache):
     assert add_constant.is_dir()
 
 
+def test_kernel_filter_takes_several_names(fresh_cache):
+    alpha, beta = fake_module(fresh_cache, "alpha", "1"), fake_module(fresh_cache, "beta", "1")
+    gamma = fake_module(fresh_cache, "gamma", "1")
+    (fresh_cache / ".logs").mkdir()
+    for name in ("alpha", "gamma"):
+        (fresh_cache / ".logs" / f"{name}_cpu_1_0123.log").write_text("error")
+    report = cache_admin.clear_cache(kernel=["alpha", "beta"])
+    assert _names(report) == {alpha.name, beta.name, "alpha_cpu_1_0123.log"}
+    assert gamma.is_dir() and (fresh_cache / ".logs" / "gamma_cpu_1_0123.log").is_file()
+
+
 def test_older_than(fresh_cache):
     old = fake_module(fresh_cache, "alpha", "old", age_days=10)
     new = fake_module(fresh_cache, "alpha", "new", age_days=1)
@@ -189,6 +200,20 @@ def test_clear_cache_cli(fresh_cache):
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0 and "removed 1 item(s)" in done.stdout
     assert cache_admin.cached_modules() == []
+
+
+def test_clear_cache_cli_kernel_repeats(fresh_cache):
+    kept = fake_module(fresh_cache, "gamma", "1")
+    for name in ("alpha", "beta"):
+        fake_module(fresh_cache, name, "1")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLLM_KERNEL_CACHE_DIR": str(fresh_cache)}
+    command = [sys.executable, "-m", "mllm_kernel", "clear-cache"]
+    done = subprocess.run(
+        [*command, "--kernel", "alpha", "--kernel", "beta"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "removed 2 item(s)" in done.stdout
+    assert [m.path for m in cache_admin.cached_modules()] == [kept]
 
 
 @pytest.mark.parametrize("bad", [["--older-than", "soon"], ["--older-than", "-1"], ["--bogus"]])

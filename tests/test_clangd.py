@@ -104,11 +104,14 @@ def test_cli_writes_then_keeps_an_existing_file(no_gpu, tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     assert main(["show-clangd-recommend-config"]) == 0
     written = (tmp_path / ".clangd").read_text()
-    assert "wrote .clangd" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # The first line says a file was written, before any note (no GPU gives one here).
+    assert out.startswith("wrote .clangd (CUDA arch sm_90a, from default")
+    assert "note: no GPU or arch list found" in out
     (tmp_path / ".clangd").write_text("# mine\n")
     assert main(["show-clangd-recommend-config"]) == 0
     out = capsys.readouterr().out
-    assert "already exists and was left untouched" in out and "--force" in out
+    assert out.startswith(".clangd already exists and was left untouched.") and "--force" in out
     assert written in out  # the recommended content is printed instead
     assert (tmp_path / ".clangd").read_text() == "# mine\n"
     assert main(["show-clangd-recommend-config", "--force"]) == 0
@@ -116,6 +119,16 @@ def test_cli_writes_then_keeps_an_existing_file(no_gpu, tmp_path, monkeypatch, c
     other = tmp_path / "sub" / "config.yaml"
     assert main(["show-clangd-recommend-config", "--output", str(other), "--cuda-arch", "8.0"]) == 0
     assert "--cuda-gpu-arch=sm_80" in other.read_text()
+
+
+def test_help_says_the_command_writes_a_file(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    words = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "show-clangd-recommend-config write ./.clangd (despite 'show' in the name)" in words
+    with pytest.raises(SystemExit):
+        main(["show-clangd-recommend-config", "--help"])
+    assert "Writes a .clangd file" in " ".join(capsys.readouterr().out.split())
 
 
 def _clangd_check(path: Path, env: dict) -> subprocess.CompletedProcess:

@@ -37,6 +37,22 @@ def test_every_command_has_help(command, capsys):
     assert f"usage: mllm_kernel {command}" in capsys.readouterr().out
 
 
+def test_every_option_has_help_and_says_its_default():
+    import argparse
+
+    from mllm_kernel.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for command, parser in commands.choices.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            option = f"{command} {'/'.join(action.option_strings)}"
+            assert action.help, f"{option} has no help text"
+            if action.default not in (None, False):
+                assert "default" in action.help, f"{option} does not say its default"
+
+
 def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
@@ -119,6 +135,59 @@ def test_show_config_cuda_statuses_unknown_without_an_arch(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["show-config", "--arch", "banana"])
     assert "cannot parse CUDA arch" in str(exc.value.code)
+
+
+@pytest.fixture
+def no_cuda_arch(monkeypatch):
+    """No GPU and no arch list: CUDA variants cannot be keyed here."""
+    import torch
+
+    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def _section(out: str, title: str) -> str:
+    """The lines under ``title`` up to the next blank line."""
+    return out.split(f"{title}\n", 1)[1].split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize(("device", "other"), [("cpu", "cuda"), ("cuda", "cpu")])
+def test_show_config_device_says_the_other_is_not_shown(device, other, no_cuda_arch, capsys):
+    assert main(["show-config", "--device", device]) == 0
+    out = capsys.readouterr().out
+    assert _section(out, f"{other.upper()} kernels").strip() == f"not shown (--device {device})"
+    assert "add_constant" in _section(out, f"{device.upper()} kernels")
+
+
+def test_show_config_says_why_the_arch_is_unknown_once(no_cuda_arch, capsys):
+    assert main(["show-config"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("No CUDA GPU is visible") == 1
+    assert "CUDA arch       unknown: No CUDA GPU is visible" in out
+    *cuda_rows, hint = _section(out, "CUDA kernels").splitlines()[1:]
+    assert cuda_rows and all('no CUDA arch (see "CUDA arch" above)' in r for r in cuda_rows)
+    assert hint == "  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)"
+
+
+def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
+    import mllm_kernel.cpu.jit
+
+    report = cache_admin.config_report()
+    exports = {(k.device, k.name): k.exports for k in report.kernels}
+    assert exports[("cpu", "rmsnorm")] == ("rmsnorm", "fused_add_rmsnorm")
+    # Known without a GPU or an arch: the exports do not depend on the arch.
+    assert "fused_add_rmsnorm" in exports[("cuda", "norm")]
+    # Every public CPU op shows up in show-config.
+    cpu_exports = {e for (device, _), names in exports.items() if device == "cpu" for e in names}
+    assert set(mllm_kernel.cpu.jit.__all__) <= cpu_exports
+    assert main(["show-config", "--device", "cpu"]) == 0
+    (row,) = [r for r in capsys.readouterr().out.splitlines() if "fused_add_rmsnorm" in r]
+    assert row.split()[:3] == ["rmsnorm", "rmsnorm,", "fused_add_rmsnorm"]
+    assert main(["show-config", "--device", "cuda", "--json"]) == 0
+    kernels = json.loads(capsys.readouterr().out)["kernels"]
+    norm = next(k for k in kernels if k["name"] == "norm")
+    assert "fused_add_rmsnorm" in norm["exports"]
 
 
 def test_show_config_lists_unclaimed_modules(fresh_cache, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site as sitelib
 import subprocess
 import sys
 import textwrap
@@ -59,6 +60,7 @@ def test_wheel_holds_headers_sources_and_cmake_config(wheel):
     )
     assert "mllm_kernel/share/cmake/MllmKernel/MllmKernelConfig.cmake" in names
     assert "mllm_kernel/jit_utils/loader.py" in names
+    assert "mllm_kernel/py.typed" in names  # PEP 561: type checkers read our annotations
     # Nothing lands at the top level of site-packages, and no checkout csrc/ copy.
     assert all(n.startswith(("mllm_kernel/", "mllm_kernel-")) for n in names), names
     assert not any("/csrc/" in n or "__pycache__" in n for n in names)
@@ -169,9 +171,30 @@ def test_installed_copy_compiles_a_kernel_without_the_source_tree(tmp_path, site
         assert torch.equal(add_constant(x, 4), x + 4)
         print("ok")
     """).replace("SITE", repr(str(site)))
-    env = {**os.environ, "PYTHONPATH": str(site), "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "c")}
+    # -S: no .pth files, so an editable install of this checkout (README set-up
+    # command 1), whose import hook would win over PYTHONPATH, stays out; the
+    # private site comes first, then site-packages for torch.
+    search_path = os.pathsep.join([str(site), *sitelib.getsitepackages()])
+    env = {**os.environ, "PYTHONPATH": search_path, "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "c")}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, "-S", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_cmake_dir_of_an_editable_install(tmp_path, monkeypatch):
+    import mllm_kernel
+    from mllm_kernel.jit_utils import paths
+
+    # An editable install: the code runs from the checkout, and what CMake installed
+    # (the package config) lives in site-packages, another entry of __path__.
+    checkout, site = tmp_path / "checkout" / "mllm_kernel", tmp_path / "site" / "mllm_kernel"
+    checkout.mkdir(parents=True)
+    monkeypatch.setattr(paths, "PACKAGE_DIR", checkout)
+    monkeypatch.setattr(mllm_kernel, "__path__", [str(site), str(checkout)])
+    assert paths.cmake_dir() is None
+    config_dir = site / "share" / "cmake" / "MllmKernel"
+    config_dir.mkdir(parents=True)
+    (config_dir / "MllmKernelConfig.cmake").write_text("# installed by CMake\n")
+    assert paths.cmake_dir() == config_dir

@@ -139,6 +139,61 @@ def test_failing_kernel_reports_first_error(fresh_cache, temp_kernels, tmp_path,
     assert "full log: " in err
 
 
+def _progress_output(monkeypatch, rows: int, columns: int) -> str:
+    """What precompile's progress writes to a pseudo-terminal of ``rows`` x ``columns``
+    (its stdout) for two finished builds."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from mllm_kernel.cli.precompile import _Progress
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    with os.fdopen(slave, "w") as terminal:
+        monkeypatch.setattr(sys, "stdout", terminal)  # tqdm sizes itself from sys.stdout
+        progress = _Progress()
+        entry = registry.KernelEntry("k", "cpu", builder=None, variants=[(1,), (2,)])
+        progress.start(2)
+        for variant in entry.variants:
+            job = precompile.Job(entry, variant)
+            progress.result(precompile.JobResult(job, "built", 1.5))
+        progress.close()
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return b"".join(chunks).decode()
+
+
+def test_progress_on_a_terminal_of_size_0x0_prints_a_line_per_build(monkeypatch):
+    out = _progress_output(monkeypatch, 0, 0)
+    assert out.splitlines() == ["[1/2] built  k<1> (cpu) (1.5s)", "[2/2] built  k<2> (cpu) (1.5s)"]
+
+
+def test_progress_on_a_sized_terminal_draws_a_bar(monkeypatch):
+    out = _progress_output(monkeypatch, 24, 80)
+    assert "precompile: 100%" in out and "2/2" in out and "[1/2]" not in out
+
+
+def test_progress_off_a_terminal_prints_a_line_per_build(capsys):
+    from mllm_kernel.cli.precompile import _Progress
+
+    progress = _Progress()
+    entry = registry.KernelEntry("k", "cpu", builder=None, variants=[(1,)])
+    progress.start(1)
+    progress.result(precompile.JobResult(precompile.Job(entry, (1,)), "failed", 2.0))
+    progress.close()
+    assert capsys.readouterr().out == "[1/1] failed k<1> (cpu) (2.0s)\n"
+
+
 def test_unknown_kernel_exits_2(capsys):
     assert main(["precompile", "--kernel", "no_such_kernel"]) == 2
     assert "unknown kernel(s) no_such_kernel" in capsys.readouterr().err

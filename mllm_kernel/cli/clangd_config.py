@@ -14,10 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``show-clangd-recommend-config`` to the CLI."""
     parser = subparsers.add_parser(
         "show-clangd-recommend-config",
-        help="write a .clangd for mllm-kernel's C++/CUDA headers",
-        description="Write a .clangd (in the current directory, or --output) with -std=c++20, "
-        "the tvm-ffi, DLPack and mllm-kernel include paths, and a CUDA fragment for .cu/.cuh "
-        "files. An existing file is left untouched unless --force is given.",
+        help="write ./.clangd (despite 'show' in the name) for mllm-kernel's C++/CUDA headers",
+        description="Writes a .clangd file (in the current directory, or --output): despite "
+        "'show' in the command's name it does not only print. The config has -std=c++20, the "
+        "tvm-ffi, DLPack and mllm-kernel include paths, and a CUDA fragment for .cu/.cuh "
+        "files. An existing file is left untouched (the recommended content is printed "
+        "instead) unless --force is given.",
     )
     parser.add_argument(
         "--output", type=Path, default=Path(".clangd"), help="where to write (default: ./.clangd)"
@@ -33,21 +35,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Writes :func:`mllm_kernel.clangd.recommend`'s config unless the file exists."""
+    """Writes :func:`mllm_kernel.clangd.recommend`'s config unless the file exists.
+
+    The first line of output says what happened to the file (wrote it, or kept it).
+    """
     try:
         config = clangd.recommend(args.cuda_arch)
     except CudaArchError as exc:
         raise SystemExit(f"mllm_kernel show-clangd-recommend-config: error: {exc}") from None
+    wrote = clangd.write(args.output, config, force=args.force)
+    if wrote:
+        print(f"wrote {args.output} (CUDA arch {config.cuda_arch}, from {config.cuda_arch_source})")
+    else:
+        print(
+            paint(f"{args.output} already exists and was left untouched.", "yellow")
+            + " The recommended content is below; rerun with --force to overwrite it."
+        )
     for note in config.notes:
         print(f"note: {note}")
-    if clangd.write(args.output, config, force=args.force):
-        print(f"wrote {args.output} (CUDA arch {config.cuda_arch}, from {config.cuda_arch_source})")
+    if wrote:
         if clangd.clangd_path() is None:
             print("note: clangd is not on PATH; install it to use this config")
         return 0
-    print(
-        paint(f"{args.output} already exists and was left untouched.", "yellow")
-        + " The recommended content is below; rerun with --force to overwrite it.\n"
-    )
+    print()
     print(config.text, end="")
     return 0

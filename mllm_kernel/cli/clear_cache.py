@@ -28,7 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "builds left in .staging and failure logs. Modules being built are skipped; "
         "nothing outside the cache root is touched and symlinks are never followed.",
     )
-    parser.add_argument("--kernel", metavar="NAME", help="only this kernel's builds")
+    parser.add_argument(
+        "--kernel",
+        metavar="NAME",
+        action="append",
+        help="only this kernel's builds (repeat for several)",
+    )
     parser.add_argument(
         "--older-than", metavar="DAYS", type=_days, help="only builds older than DAYS (e.g. 7, 0.5)"
     )

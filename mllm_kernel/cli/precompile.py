@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -32,7 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cache, -j at a time. With --arch, CUDA kernels are built for that arch without a "
         "GPU (compiled and installed, not loaded). Exits 1 listing each failure.",
     )
-    parser.add_argument("--device", choices=precompile.DEVICE_CHOICES, default="all")
+    parser.add_argument(
+        "--device",
+        choices=precompile.DEVICE_CHOICES,
+        default="all",
+        help="build this device's kernels (default: all, which skips CUDA kernels with "
+        "a note where no CUDA toolkit or arch is found; cuda makes that an error)",
+    )
     parser.add_argument(
         "--arch", metavar="LIST", help="CUDA archs to build for, e.g. 9.0a or '8.0;9.0a'"
     )
@@ -48,8 +55,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _has_sized_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal that reports a size: one that says 0x0 (some
+    CI consoles, a detached pty) would get a bar tqdm draws zero columns wide."""
+    try:
+        if not stream.isatty():
+            return False
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # no fileno, a closed or odd stream
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
 class _Progress:
-    """A tqdm bar on a terminal, one plain line per finished build otherwise."""
+    """A tqdm bar on a terminal, one plain line per finished build otherwise (a pipe, a
+    file, or a terminal that reports no size)."""
 
     def __init__(self, stream=None) -> None:
         self.stream = sys.stdout if stream is None else stream
@@ -59,7 +79,7 @@ class _Progress:
 
     def start(self, total: int) -> None:
         self.total = total
-        if self.stream.isatty() and total:
+        if total and _has_sized_terminal(self.stream):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="module", desc="precompile", file=self.stream)

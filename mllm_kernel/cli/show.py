@@ -83,6 +83,7 @@ def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[
                 "name": k.name,
                 "device": k.device,
                 "builtin": k.builtin,
+                "exports": list(k.exports),
                 "variants": [_status_json(s) for s in k.variants],
             }
             for k in report.kernels
@@ -132,21 +133,33 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
 
 def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str:
     """``show-config``'s text: the summary, kernel tables by device, unclaimed modules."""
-    out = [_summary(info, _arch_summary(report.arch))]
+    arch = _arch_summary(report.arch)
+    # Why the CUDA arch is unknown is said once, in the summary; variants it leaves
+    # unknown point there.
+    arch_error = (arch.get("error") or "").split("\n")[0] or None
+    out = [_summary(info, arch)]
     footnotes: list[str] = []  # an unknown status's reason, printed once per distinct reason
+    unknown_arch = False
     for device in ("cpu", "cuda"):
         kernels = [k for k in report.kernels if k.device == device]
         out.append("")
         out.append(paint(f"{device.upper()} kernels", "bold"))
+        if report.device not in (None, device):
+            out.append(f"  not shown (--device {report.device})")
+            continue
         if not kernels:
             out.append("  (none registered)")
             continue
         rows = []
         for kernel in kernels:
             name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
+            exports = ", ".join(kernel.exports) or "-"
             for status in kernel.variants:
                 if status.status == "cached":
                     where = str(status.path)
+                elif status.status == "unknown" and status.detail == arch_error:
+                    unknown_arch = True
+                    where = 'no CUDA arch (see "CUDA arch" above)'
                 elif status.status == "unknown":
                     if status.detail not in footnotes:
                         footnotes.append(status.detail)
@@ -156,6 +169,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                 rows.append(
                     (
                         name,
+                        exports,
                         ", ".join(status.template_args) or "-",
                         paint(status.status, _STATUS_COLOUR.get(status.status, "dim")),
                         env_info.format_bytes(status.size_bytes),
@@ -163,11 +177,11 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                     )
                 )
             if not kernel.variants:
-                rows.append((name, "-", "no variants listed", "-", "-"))
-        out.append(table(("kernel", "variant", "status", "size", "path / detail"), rows))
+                rows.append((name, exports, "-", "no variants listed", "-", "-"))
+        out.append(table(("kernel", "exports", "variant", "status", "size", "path / detail"), rows))
     for number, detail in enumerate(footnotes, 1):
         out.append(f"  [{number}] {detail}")
-    if footnotes and report.arch is None:
+    if unknown_arch and report.arch is None:
         out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
     out.append("")
     out.append(paint("Other cached modules (no registered kernel claims them)", "bold"))

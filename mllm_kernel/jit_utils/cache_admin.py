@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,13 @@ from typing import Any
 from mllm_kernel.jit_utils import cache, env, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
+from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
 
 _DAY = 86400.0
 _DEVICES = ("cpu", "cuda")
+# Any arch would do: it only lets a kernel be planned (to list its exports) without a GPU.
+_STAND_IN_ARCH = "9.0a"
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,14 @@ def cached_modules(root: Path | None = None) -> list[CachedModule]:
 # ---------------------------------------------------------------------------
 @dataclass
 class KernelReport:
-    """A registered kernel and the cache status of each of its variants."""
+    """A registered kernel, the ops its module exports and the cache status of each of
+    its variants (one module can export several ops: ``rmsnorm`` and ``fused_add_rmsnorm``)."""
 
     name: str
     device: str
     builtin: bool
     variants: list[VariantStatus]
+    exports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -113,12 +118,14 @@ class ConfigReport:
 
     ``other_builds`` counts cached builds of registered kernels that match none
     of this environment's keys (another arch, toolchain or package version).
+    ``device`` is the device the report was limited to (None: both).
     """
 
     arch: str | None
     kernels: list[KernelReport]
     unclaimed: list[CachedModule]
     other_builds: int
+    device: str | None = None
 
 
 def _variant_list(entry: KernelEntry) -> list[tuple[Any, ...]]:
@@ -139,6 +146,22 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
     return registry.variant_status(entry, variant)
 
 
+def _exports(entry: KernelEntry) -> tuple[str, ...]:
+    """The functions ``entry``'s module exports, from its first variant's plan; empty
+    where it cannot be planned (a user kernel with no builder, sources not installed)."""
+    if entry.builder is None or not entry.variants:
+        return ()
+    try:
+        try:
+            return entry.plan(entry.variants[0]).exports
+        except CudaArchError:
+            # The exports do not depend on the arch; planning only needs one to proceed.
+            with cuda_arch_override(_STAND_IN_ARCH):
+                return entry.plan(entry.variants[0]).exports
+    except Exception:  # whatever stops the plan, variant_status reports it per variant
+        return ()
+
+
 def config_report(
     device: str | None = None, arch: str | None = None, root: Path | None = None
 ) -> ConfigReport:
@@ -151,7 +174,9 @@ def config_report(
     override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
     with override:
         reports = [
-            KernelReport(e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)])
+            KernelReport(
+                e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)], _exports(e)
+            )
             for e in registry.kernels(device)
         ]
     claimed_paths = {s.path for r in reports for s in r.variants if s.path is not None}
@@ -164,7 +189,7 @@ def config_report(
             other += 1
         else:
             unclaimed.append(module)
-    return ConfigReport(arch, reports, unclaimed, other)
+    return ConfigReport(arch, reports, unclaimed, other, device)
 
 
 # ---------------------------------------------------------------------------
@@ -205,12 +230,14 @@ def _staging_dirname(name: str) -> str:
     return parts[0] if len(parts) == 3 else name
 
 
-def _matches_kernel(dirname: str, kernel: str | None, manifest: cache.Manifest | None) -> bool:
-    if kernel is None:
+def _matches_kernel(
+    dirname: str, kernels: frozenset[str] | None, manifest: cache.Manifest | None
+) -> bool:
+    if kernels is None:
         return True
     if manifest is not None:
-        return manifest.name == kernel
-    return any(dirname.startswith(f"{kernel}_{device}_") for device in _DEVICES)
+        return manifest.name in kernels
+    return any(dirname.startswith(f"{k}_{device}_") for k in kernels for device in _DEVICES)
 
 
 def _remove(path: Path) -> None:
@@ -221,13 +248,14 @@ def _remove(path: Path) -> None:
 
 
 def clear_cache(
-    kernel: str | None = None,
+    kernel: str | Sequence[str] | None = None,
     older_than_days: float | None = None,
     dry_run: bool = False,
     root: Path | None = None,
 ) -> ClearReport:
-    """Removes cached modules (all, or those of ``kernel``, or built more than
-    ``older_than_days`` ago), interrupted builds in ``.staging`` and failure logs.
+    """Removes cached modules (all, or those of ``kernel``: one name or several, or
+    built more than ``older_than_days`` ago), interrupted builds in ``.staging``
+    and failure logs.
 
     A module or staging directory whose build lock is held is left alone and
     listed in ``busy``. With ``dry_run`` nothing is removed; the report says
@@ -235,6 +263,7 @@ def clear_cache(
     """
     root = (env.cache_root() if root is None else root).absolute()
     report = ClearReport(root, dry_run)
+    kernels = None if kernel is None else frozenset([kernel] if isinstance(kernel, str) else kernel)
     cutoff = None if older_than_days is None else time.time() - older_than_days * _DAY
     if not root.is_dir():
         return report
@@ -260,7 +289,7 @@ def clear_cache(
             if entry.is_symlink():
                 report.skipped.append((Path(entry.path), "a symlink (never followed)"))
     for module in cached_modules(root):
-        if not _matches_kernel(module.path.name, kernel, module.manifest):
+        if not _matches_kernel(module.path.name, kernels, module.manifest):
             continue
         if cutoff is not None and module.built_at > cutoff:
             continue
@@ -270,7 +299,7 @@ def clear_cache(
     if staging.is_dir() and not staging.is_symlink():
         for leftover in sorted(staging.iterdir()):
             dirname = _staging_dirname(leftover.name)
-            if leftover.is_symlink() or not _matches_kernel(dirname, kernel, None):
+            if leftover.is_symlink() or not _matches_kernel(dirname, kernels, None):
                 continue
             if cutoff is not None and leftover.lstat().st_mtime > cutoff:
                 continue
@@ -281,7 +310,7 @@ def clear_cache(
         for log in sorted(logs.iterdir()):
             if log.is_symlink() or not log.is_file():
                 continue
-            if not _matches_kernel(log.stem, kernel, None):
+            if not _matches_kernel(log.stem, kernels, None):
                 continue
             if cutoff is not None and log.stat().st_mtime > cutoff:
                 continue

@@ -40,12 +40,20 @@ def kernel_source_dir(device: str) -> Path | None:
 
 
 def cmake_dir() -> Path | None:
-    """The directory holding ``MllmKernelConfig.cmake`` (installed wheels only).
+    """The directory holding ``MllmKernelConfig.cmake`` (installs only: a bare source
+    checkout has none).
 
     Pass it to CMake as ``-DMllmKernel_DIR=...`` to ``find_package(MllmKernel)``.
     """
-    candidate = PACKAGE_DIR / "share" / "cmake" / "MllmKernel"
-    return candidate if (candidate / "MllmKernelConfig.cmake").is_file() else None
+    import mllm_kernel
+
+    # An editable install keeps what CMake installed in site-packages, one of the
+    # package's __path__ entries, while the code runs from the checkout.
+    for package_dir in (PACKAGE_DIR, *map(Path, mllm_kernel.__path__)):
+        candidate = package_dir / "share" / "cmake" / "MllmKernel"
+        if (candidate / "MllmKernelConfig.cmake").is_file():
+            return candidate
+    return None
 
 
 def tvm_ffi_include_dirs() -> list[Path]:
