@@ -139,14 +139,16 @@ def test_gemm_k_zero(m):
 
 @needs_hopper
 @pytest.mark.parametrize("m", [1, 7, 1000])
-def test_gemm_strided_rows(m):
-    """Slices of bigger buffers: row strides larger than the rows, for a, b and out."""
+@pytest.mark.parametrize("out_pad", [8, 2])
+def test_gemm_strided_rows(m, out_pad):
+    """Slices of bigger buffers: row strides larger than the rows, for a, b and out. An
+    out pitch of 16-byte multiples leaves through TMA stores, others (pad 2) directly."""
     from mllm_kernel.cuda.jit import gemm
 
     n, k = 136, 1000
     a_big, b_big = _operands(m, n + 24, k + 40, torch.bfloat16)
     a, b = a_big[:, 8 : k + 8], b_big[:n, 16 : k + 16]
-    out_big = torch.full((m, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out_big = torch.full((m, n + out_pad), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = out_big[:, :n]
     gemm(a, b, out)
     _check(out, a, b)

@@ -48,6 +48,40 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtens
       : "memory");
 }
 
+/// Makes this thread's ordinary shared-memory writes visible to TMA (the async proxy);
+/// then a barrier, then one thread issues the store that reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/// Copies the box at (column `col`, row `row`) of `map` from `shared` to global memory;
+/// rows and columns outside the matrix are not written. Completes asynchronously, in
+/// bulk groups of this thread: tma_store_commit(), then tma_store_wait_read<N>() before
+/// `shared` is written again, tma_store_wait<0>() before the CTA exits.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* shared,
+                                             int32_t col, int32_t row) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(shared_address(shared)), "r"(col), "r"(row)
+               : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+/// Waits until at most `kPending` of this thread's store groups still read shared memory.
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+/// Waits until at most `kPending` of this thread's store groups are unfinished.
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 /// Fetches the tensor map into the constant cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -64,6 +64,12 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
+/// A barrier over the 128 threads of one warpgroup: hardware barrier `id` (1-15; 0
+/// is __syncthreads), so warpgroups of a CTA synchronise independently.
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
+}
+
 /// Gives registers back (producer warpgroups, which need few) or takes them (consumer
 /// warpgroups holding accumulators). Takes effect only in a kernel with a register cap
 /// at entry: __launch_bounds__(threads, 1).

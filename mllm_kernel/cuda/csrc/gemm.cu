@@ -51,6 +51,12 @@ struct TileConfig {
   static constexpr int kConsumerRegisters = 232;
   // One split partner's partial sums: every consumer thread's accumulators.
   static constexpr int kPartialBytes = kConsumerThreads * kAccumulators * 4;
+  // The output leaves through shared memory and TMA stores, 64 rows x 128 bytes at a
+  // time, two buffers per consumer (one filling while the other is read). Swapped
+  // tiles write out^T, which TMA cannot, and go straight from registers.
+  static constexpr bool kTmaStore = !kSwapAB;
+  static constexpr int kStoreChunkBytes = 64 * 128;
+  static constexpr int kStoreBytes = kTmaStore ? kConsumers * 2 * kStoreChunkBytes : 0;
 
   static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
   static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % (1024 * kMulticast) == 0,
@@ -59,12 +65,10 @@ struct TileConfig {
 
   /// Dynamic shared memory for a split of `split` CTAs (+1024 to align the tiles).
   static std::size_t shared_bytes(int split) {
-    return 1024 + std::size_t{kStages} * kStageBytes + 2 * kStages * sizeof(MBarrier) +
-           std::size_t(split - 1) * kPartialBytes;
+    return 1024 + std::size_t{kStages} * kStageBytes + kStoreBytes +
+           2 * kStages * sizeof(MBarrier) + std::size_t(split - 1) * kPartialBytes;
   }
 };
-
-inline constexpr int kGroupRows = 8;  // tile-rows per group of the persistent walk
 
 struct Params {
   void* out;
@@ -75,6 +79,7 @@ struct Params {
   int k_blocks;
   GroupedTileOrder order;
   bool out_fp32;
+  bool tma_store;  // the output's rows allow TMA stores (16-byte aligned pitch and start)
 };
 
 template <typename Out>
@@ -127,10 +132,63 @@ __device__ __forceinline__ void store_tile(const Params& params,
   }
 }
 
+/// Writes one consumer's 64 x kTileQ accumulators (bias added, cast to Out) through
+/// its two 8 KB shared-memory buffers: each 64 x (128 bytes) chunk is stored with the
+/// 128-byte swizzle (conflict-free: the 8 rows a warp writes at once fall in 8
+/// different 16-byte columns) and leaves by one TMA store, which clips the matrix
+/// edges. `chunk` counts this consumer's chunks across tiles, to alternate buffers.
+template <typename Config, typename Out>
+__device__ __forceinline__ void store_tile_tma(const Params& params,
+                                               const float (&acc)[Config::kAccumulators],
+                                               int row_base, int col_base, uint8_t* buffers,
+                                               const CUtensorMap* map_out, int barrier_id,
+                                               int& chunk) {
+  constexpr int kChunkCols = 128 / sizeof(Out);
+  constexpr int kPairBytes = 2 * sizeof(Out);
+  const Out* bias = static_cast<const Out*>(params.bias);
+  const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+  const int lane = thread % 32;
+  const int row0 = thread / 32 * 16 + lane / 4;  // within the consumer's 64 rows
+#pragma unroll
+  for (int c = 0; c < Config::kTileQ / kChunkCols; ++c, ++chunk) {
+    uint8_t* buffer = buffers + (chunk % 2) * Config::kStoreChunkBytes;
+    if (thread == 0) tma_store_wait_read<1>();  // the store from this buffer has read it
+    warpgroup_barrier(barrier_id);
+#pragma unroll
+    for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+      const int j = c * (kChunkCols / 8) + jj;
+      const int col = 8 * jj + 2 * (lane % 4);  // within the chunk
+      float bx = 0.0f, by = 0.0f;
+      if (bias && col_base + c * kChunkCols + col < params.rows_q) {
+        bx = to_float(bias[col_base + c * kChunkCols + col]);
+        by = to_float(bias[col_base + c * kChunkCols + col + 1]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        const int byte = col * static_cast<int>(sizeof(Out));
+        const int swizzled = (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
+        Vec<Out, 2> v;
+        v[0] = from_float<Out>(acc[4 * j + 2 * h] + bx);
+        v[1] = from_float<Out>(acc[4 * j + 2 * h + 1] + by);
+        static_assert(sizeof(v) == kPairBytes);
+        *reinterpret_cast<Vec<Out, 2>*>(buffer + row * 128 + swizzled) = v;
+      }
+    }
+    fence_shared_for_tma();
+    warpgroup_barrier(barrier_id);
+    if (thread == 0) {
+      tma_store_2d(map_out, buffer, col_base + c * kChunkCols, row_base);
+      tma_store_commit();
+    }
+  }
+}
+
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
     gemm_kernel(const __grid_constant__ CUtensorMap map_p,
-                const __grid_constant__ CUtensorMap map_q, const Params params) {
+                const __grid_constant__ CUtensorMap map_q,
+                const __grid_constant__ CUtensorMap map_out, const Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Config::kStages;
   constexpr int kTileK = Config::kTileK;
@@ -140,7 +198,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
                                                ~uintptr_t{1023});
   T* tiles_p = reinterpret_cast<T*>(shared);
   T* tiles_q = reinterpret_cast<T*>(shared + kStages * Config::kTileBytesP);
-  MBarrier* full = reinterpret_cast<MBarrier*>(shared + kStages * Config::kStageBytes);
+  uint8_t* store_buffers = shared + kStages * Config::kStageBytes;
+  MBarrier* full = reinterpret_cast<MBarrier*>(store_buffers + Config::kStoreBytes);
   MBarrier* empty = full + kStages;
   auto* partials = reinterpret_cast<float4*>(empty + kStages);
 
@@ -225,6 +284,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
       }
     };
     PipelineState state;
+    int chunk = 0;  // output chunks this consumer has stored (store_tile_tma)
     for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
       const TileCoord at = params.order(tile);
       float acc[Config::kAccumulators];
@@ -285,7 +345,16 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
         const int tile_row = at.row * kMulticast + (kMulticast > 1 ? rank : 0);
         const int row_base = tile_row * Config::kTileP + consumer * 64;
         const int col_base = at.col * Config::kTileQ;
-        if (params.out_fp32) {
+        uint8_t* buffers = store_buffers + consumer * 2 * Config::kStoreChunkBytes;
+        if (Config::kTmaStore && params.tma_store) {
+          if (params.out_fp32) {
+            store_tile_tma<Config, float>(params, acc, row_base, col_base, buffers, &map_out,
+                                          1 + consumer, chunk);
+          } else {
+            store_tile_tma<Config, T>(params, acc, row_base, col_base, buffers, &map_out,
+                                      1 + consumer, chunk);
+          }
+        } else if (params.out_fp32) {
           store_tile<Config, float>(params, acc, row_base, col_base);
         } else {
           store_tile<Config, T>(params, acc, row_base, col_base);
@@ -293,6 +362,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
       }
       if (split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
     }
+    // The stores must finish reading shared memory (and writing) before the CTA exits.
+    if (Config::kTmaStore && threadIdx.x % kWarpgroupThreads == 0) tma_store_wait<0>();
   }
   // No CTA leaves while a peer may still write into its shared memory or arrive on
   // its barriers.
@@ -312,6 +383,20 @@ CUtensorMap matrix_map(const TensorView& m, int box_rows) {
       static_cast<uint32_t>(kSwizzle128Elements), type, 2});
 }
 
+/// The output's tensor map for TMA stores: boxes of 64 rows x 128 bytes.
+inline CUtensorMap output_map(const TensorView& out) {
+  const bool fp32 = is_dtype<fp32_t>(out.dtype());
+  const CUtensorMapDataType type = fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : is_dtype<bf16_t>(out.dtype())
+                                       ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const uint32_t element = fp32 ? 4 : 2;
+  return tma_map_2d(TmaMatrix{data_ptr<const void>(out), static_cast<uint64_t>(out.size(0)),
+                              static_cast<uint64_t>(out.size(1)),
+                              static_cast<uint64_t>(out.stride(0)) * element, 64, 128 / element,
+                              type, element});
+}
+
 /// TMA reads rows at 16-byte boundaries: the start and the row pitch must be multiples of 16 bytes.
 inline void check_tma_rows(const TensorView& m, const char* arg) {
   ValueCheck(m.size(0) <= 1 || m.stride(0) % 8 == 0, "argument '", arg,
@@ -323,7 +408,7 @@ inline void check_tma_rows(const TensorView& m, const char* arg) {
 
 template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB, int kMulticast>
 void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<TensorView> bias,
-          int64_t split) {
+          int64_t split, int64_t group_rows) {
   using Config = TileConfig<kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
   SymbolicSize m{"M"}, n{"N"}, k{"K"};
   SymbolicDevice device;
@@ -346,6 +431,7 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
   ValueCheck(n.value() % 8 == 0, "argument 'b': N (", n.value(),
              ") must be a multiple of 8 (16-byte rows for TMA)");
   ValueCheck(split >= 1 && split <= 8, "split must be in [1, 8], got ", split);
+  ValueCheck(group_rows >= 1, "group_rows must be at least 1, got ", group_rows);
   ValueCheck(kMulticast == 1 || split == 1, "multicast tiles do not split K, got split ", split);
   const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
   ValueCheck(out.size(0) <= 1 || out.stride(0) % 2 == 0,
@@ -374,10 +460,17 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
   // Tiles of the walk: a cluster's kMulticast neighbouring tile-rows count as one.
   params.order = GroupedTileOrder{
       static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP * kMulticast)),
-      static_cast<int>(div_ceil<int64_t>(params.rows_q, Config::kTileQ)), kGroupRows};
+      static_cast<int>(div_ceil<int64_t>(params.rows_q, Config::kTileQ)),
+      static_cast<int>(group_rows)};
   params.out_fp32 = out_fp32;
   const CUtensorMap map_p = empty_k ? CUtensorMap{} : matrix_map<T>(p, Config::kTileP);
   const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ / kMulticast);
+
+  const std::size_t out_element = out_fp32 ? 4 : 2;
+  params.tma_store = Config::kTmaStore && !empty_k &&
+                     reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % 16 == 0 &&
+                     out.stride(0) * out_element % 16 == 0;
+  const CUtensorMap map_out = params.tma_store ? output_map(out) : CUtensorMap{};
 
   const DLDevice dev = device.value();
   const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
@@ -397,7 +490,7 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
   }
   KernelLauncher(dim3(static_cast<unsigned>(clusters * cluster)), dim3(Config::kThreads), dev,
                  shared)
-      .cluster(static_cast<unsigned>(cluster))(kernel, map_p, map_q, params);
+      .cluster(static_cast<unsigned>(cluster))(kernel, map_p, map_q, map_out, params);
 }
 
 }  // namespace hopper_gemm
