@@ -127,13 +127,16 @@ def resolve_arch(arch: str | None = None) -> CudaArch:
     )
 
 
-def _deps(depfile: Path, staging: Path) -> dict[str, str]:
-    """Headers the source included, less the toolkit's own (its identity is in the key)."""
+def _deps(depfile: Path, staging: Path, source: Path | None) -> dict[str, str]:
+    """Headers the source included, less the toolkit's own (its identity is in the key)
+    and the source itself (its text is)."""
     toolkit = toolchain.find_cuda().home.resolve()
     deps = {}
     for dep in build.parse_depfile(depfile.read_text()):
         path = (staging / dep).resolve()
         if path.parent == staging.resolve() or path.is_relative_to(toolkit):
+            continue
+        if source is not None and path == source.resolve():
             continue
         deps[str(path)] = cache.file_digest(path)
     return deps
@@ -190,7 +193,7 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         artifact=artifact,
         log=log,
         seconds=time.monotonic() - started,
-        deps=_deps(staging / "deps.d", staging),
+        deps=_deps(staging / "deps.d", staging, request.source_path),
         toolchain={"nvcc": cuda.nvcc.version()},
     )
 

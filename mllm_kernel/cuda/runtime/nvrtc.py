@@ -23,7 +23,7 @@ _MISSING = (
 
 def _bindings() -> Any:
     try:
-        from cuda.bindings import nvrtc
+        import cuda.bindings.nvrtc as nvrtc
     except ImportError as exc:
         raise ToolchainError(f"{_MISSING} ({exc})") from None
     return nvrtc
@@ -75,13 +75,13 @@ def compile_with_nvrtc(request: CompileRequest, staging: Path) -> CompileOutput:
     nvrtc = _bindings()
     options = _options(request)
     started = time.monotonic()
-    result, program = nvrtc.nvrtcCreateProgram(
-        request.source.encode(), request.source_name.encode(), 0, [], []
-    )
+    # Messages name the file as nvcc's do: the path given, or "<label>.cu" for text.
+    name = str(request.source_path) if request.source_path else request.source_name
+    result, program = nvrtc.nvrtcCreateProgram(request.source.encode(), name.encode(), 0, [], [])
     _check(result, "nvrtcCreateProgram")
     try:
         (result,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
-        log = f"nvrtc {' '.join(options)} {request.source_name}\n{_program_log(nvrtc, program)}"
+        log = f"nvrtc {' '.join(options)} {name}\n{_program_log(nvrtc, program)}"
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileFailed(log)
         get_size, get = (
