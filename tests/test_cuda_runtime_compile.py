@@ -92,9 +92,11 @@ def test_source_from_a_path_and_its_headers_are_tracked(fresh_cache, tmp_path):
     assert second != first and "0f40400000" in second  # 3.0f: recompiled for the header
 
 
-def test_options_change_the_key(fresh_cache):
-    plain = compile_to_ptx(SAXPY)
-    fast = compile_to_ptx(SAXPY, options=["--use_fast_math", "-DUNUSED=1"])
+def test_options_reach_the_compiler_and_the_key(fresh_cache):
+    source = "#ifndef SCALE\n#define SCALE 2.0f\n#endif\n" + SAXPY.replace("a * x", "SCALE * x")
+    plain = compile_to_ptx(source)
+    scaled = compile_to_ptx(source, options=["-DSCALE=3.0f"])
+    assert "0f40000000" in plain and "0f40400000" in scaled  # 2.0f, then 3.0f
     assert len(_entries(fresh_cache)) == 2
     with pytest.raises(TypeError, match=r"options must be a sequence of flags"):
         compile_to_ptx(SAXPY, options="--use_fast_math")
