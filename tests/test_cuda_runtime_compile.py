@@ -324,6 +324,8 @@ def test_infinities_and_nan_pass_through(pack):
         ("int n", 1.5, TypeError, r"argument 'n' \(int\): expected an int, got float"),
         ("int n", "3", TypeError, r"expected an int, got str"),
         ("int n", None, TypeError, r"expected an int, got None"),
+        ("int n", b"3", TypeError, r"expected an int, got bytes"),
+        ("float* p", [1.0], TypeError, r"got a list or tuple"),
         ("bool b", 1.0, TypeError, r"argument 'b' \(bool\): expected a bool, got float"),
         ("float f", "1", TypeError, r"argument 'f' \(float\): expected a float or an int, got"),
         (

@@ -166,6 +166,11 @@ std::string describe(const ffi::AnyView& arg) {
     case ffi::TypeIndex::kTVMFFIStr:
     case ffi::TypeIndex::kTVMFFISmallStr:
     case ffi::TypeIndex::kTVMFFIRawStr: return "str";
+    case ffi::TypeIndex::kTVMFFIBytes:
+    case ffi::TypeIndex::kTVMFFISmallBytes:
+    case ffi::TypeIndex::kTVMFFIByteArrayPtr: return "bytes";
+    case ffi::TypeIndex::kTVMFFIArray:
+    case ffi::TypeIndex::kTVMFFIList: return "a list or tuple";
     case ffi::TypeIndex::kTVMFFIOpaquePyObject: return "a Python object tvm-ffi does not convert";
     default: return arg.GetTypeKey();
   }

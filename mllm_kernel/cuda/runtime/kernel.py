@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mllm_kernel.cuda.runtime import host_arrays
 from mllm_kernel.cuda.runtime.binary_cache import compile_cached
 from mllm_kernel.cuda.runtime.compiler import CompileRequest, read_source, resolve_arch
@@ -42,9 +44,9 @@ class CompiledKernel:
     Launch configuration: ``grid`` and ``block`` are an int or 1-3 ints, ``shared_mem``
     the dynamic shared memory in bytes (above 48 KiB the kernel is opted in for you),
     ``stream`` a torch stream, any ``__cuda_stream__`` object, a ``cudaStream_t`` int,
-    or None: torch's current stream on the tensors' GPU (the default stream when no
-    torch tensor is passed). Values given when compiling are the defaults; per-call
-    values override them.
+    or None: torch's current stream on the tensors' GPU (for CuPy or JAX arrays alone,
+    the default stream). Values given when compiling are the defaults; per-call values
+    override them.
 
     Errors: TypeError for a wrong number or kind of arguments, ValueError for a tensor
     on the wrong device or a missing configuration, OverflowError for a scalar out of
@@ -75,6 +77,9 @@ class CompiledKernel:
             shared_mem,
         )
         self._device: int | None = None
+        # The launcher takes stream=None from the call's torch tensors; a kernel that takes
+        # none is given torch's current stream here.
+        self._tensorless = not any(p.is_pointer for p in self.params)
 
     def __call__(
         self,
@@ -84,6 +89,8 @@ class CompiledKernel:
         shared_mem: int | None = None,
         stream: Any = None,
     ) -> None:
+        if stream is None and self._tensorless:
+            stream = torch.cuda.current_stream().cuda_stream
         try:
             self._device = self._launch(grid, block, shared_mem, stream, *args)
         except (TypeError, ValueError, BufferError):
@@ -99,8 +106,6 @@ class CompiledKernel:
     def synchronize(self, stream: Any = None) -> None:
         """Waits for ``stream`` (a stream object or ``cudaStream_t`` int), or with None for
         all work on the GPU this kernel last ran on; a fault in the kernel raises here."""
-        import torch
-
         device = self._device if self._device is not None else torch.cuda.current_device()
         handle = host_arrays.stream_handle(stream)
         launcher().synchronize(device, handle or 0, handle is None)
