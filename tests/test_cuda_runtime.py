@@ -400,7 +400,9 @@ def test_every_bad_argument(add, count):
     hits = torch.zeros(1, dtype=torch.int32, device="cuda")
     configs = [
         ({"grid": 0}, ValueError, r"grid sizes must be between 1 and 2\^32-1, got 0"),
-        ({"grid": (1, 1, 1, 1)}, TypeError, r"grid must be an int or a tuple of 1 to 3 ints"),
+        ({"grid": (1, 1, 1, 1)}, ValueError, r"grid must have 1 to 3 sizes \(x, y, z\), got 4"),
+        ({"grid": ()}, ValueError, r"grid must have 1 to 3 sizes \(x, y, z\), got 0"),
+        ({"grid": (2, 1.5)}, TypeError, r"grid must be an int or a tuple of 1 to 3 ints"),
         ({"block": "x"}, TypeError, r"block must be an int or a tuple of 1 to 3 ints, got str"),
         ({"shared_mem": -1}, ValueError, r"shared_mem must be between 0 and 2\^31-1 bytes"),
         ({"shared_mem": 1.5}, TypeError, r"shared_mem must be an int \(bytes\), got float"),

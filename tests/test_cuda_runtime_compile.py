@@ -379,3 +379,16 @@ def test_cache_entries_are_listed_with_other_modules(fresh_cache):
     (module,) = [m for m in cached_modules(fresh_cache) if m.name == "kernel"]
     assert module.device == "cuda" and module.manifest.template_args[0] == "cubin"
     shutil.rmtree(module.path)
+
+
+def test_verbose_prints_command_time_and_registers(fresh_cache, capsys):
+    compile_to_cubin(SAXPY, verbose=True)
+    err = capsys.readouterr().err
+    assert "kernel.cu -> cubin for sm_90a (nvcc): compiled in" in err
+    assert "nvcc" in err and "-gencode=arch=compute_90a,code=sm_90a" in err
+    assert "Used" in err and "registers" in err and "spill" in err
+    compile_to_cubin(SAXPY, verbose=True)
+    err = capsys.readouterr().err
+    assert f"from the cache ({_entries(fresh_cache)[0]})" in err and "registers" in err
+    compile_to_cubin(SAXPY)
+    assert capsys.readouterr().err == ""

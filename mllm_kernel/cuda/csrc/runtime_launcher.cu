@@ -372,8 +372,11 @@ Dims parse_dims(const ffi::AnyView& arg, const char* what, const Dims& fallback)
     default: break;
   }
   const std::optional<ffi::Array<int64_t>> dims = arg.try_cast<ffi::Array<int64_t>>();
-  if (!dims || dims->empty() || dims->size() > 3) {
+  if (!dims) {
     raise("TypeError", what, " must be an int or a tuple of 1 to 3 ints, got ", describe(arg));
+  }
+  if (dims->empty() || dims->size() > 3) {
+    raise("ValueError", what, " must have 1 to 3 sizes (x, y, z), got ", dims->size());
   }
   std::array<unsigned, 3> xyz{1, 1, 1};
   for (size_t i = 0; i < dims->size(); ++i) xyz[i] = positive_dim((*dims)[i], what);
