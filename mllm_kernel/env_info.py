@@ -212,11 +212,58 @@ def torch_info() -> dict[str, Any]:
                     "compute_capability": f"{props.major}.{props.minor}",
                     "arch": f"sm_{arch_for_capability(props.major, props.minor).number}",
                     "memory_bytes": int(props.total_memory),
+                    "details": gpu_details(index),
                 }
             )
     except Exception as exc:  # e.g. a driver too old for this torch build
         info["error"] = str(exc).splitlines()[0]
     return info
+
+
+def gpu_details(index: int) -> dict[str, Any]:
+    """:func:`mllm_kernel.cuda.device_info` of GPU ``index`` (builds the runtime's launcher
+    module on first use), or ``{"error": why}`` where it cannot be had (no nvcc, say)."""
+    try:
+        from mllm_kernel.cuda.runtime import device_info
+
+        return device_info(index)
+    except Exception as exc:
+        return {"error": str(exc).splitlines()[0]}
+
+
+def gpu_detail_rows(gpu: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """show-env rows of one GPU's :func:`gpu_details`."""
+    name, details = f"GPU {gpu['index']}", gpu.get("details") or {}
+    if "error" in details or not details:
+        return [("PyTorch", f"{name} details", f"unavailable ({details.get('error', '?')})")]
+    clusters = "yes" if details["cluster_launch"] else "no"
+    return [
+        (
+            "PyTorch",
+            f"{name} compute",
+            f"{details['sm_count']} SMs, warp {details['warp_size']}, "
+            f"{details['max_threads_per_block']} threads/block, "
+            f"{details['max_threads_per_sm']} threads/SM, "
+            f"{details['registers_per_sm']} registers/SM, clusters {clusters}, "
+            f"JIT arch {details['jit_arch']}",
+        ),
+        (
+            "PyTorch",
+            f"{name} shared memory",
+            f"{format_bytes(details['shared_memory_per_block'])}/block "
+            f"({format_bytes(details['shared_memory_per_block_optin'])} opt-in), "
+            f"{format_bytes(details['shared_memory_per_sm'])}/SM",
+        ),
+        (
+            "PyTorch",
+            f"{name} memory",
+            f"{format_bytes(details['total_memory_bytes'])}, "
+            f"L2 {format_bytes(details['l2_cache_bytes'])}, "
+            f"{details['memory_bus_width_bits']}-bit at "
+            f"{details['memory_clock_khz'] / 1000:.0f} MHz: "
+            f"{details['memory_bandwidth_gbps']:.0f} GB/s theoretical",
+        ),
+    ]
 
 
 def _dist_version(name: str) -> str | None:
@@ -352,6 +399,7 @@ def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{format_bytes(gpu['memory_bytes'])}",
                 )
             )
+            rows += gpu_detail_rows(gpu)
         if not torch_["gpus"]:
             rows.append(("PyTorch", "GPUs", "none visible"))
     rows += [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import types
 from pathlib import Path
@@ -126,6 +127,7 @@ def test_torch_gpus_are_listed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(env_info, "gpu_details", lambda index: {"error": f"stub {index}"})
     info = env_info.torch_info()
     assert info["gpus"] == [
         {
@@ -134,10 +136,12 @@ def test_torch_gpus_are_listed(monkeypatch):
             "compute_capability": "9.0",
             "arch": "sm_90a",
             "memory_bytes": 80 << 30,
+            "details": {"error": "stub 0"},
         }
     ]
     text = env_info.format_env({**env_info.collect(), "torch": info})
     assert "GPU 0" in text and "sm_90a" in text and "80.0 GiB" in text
+    assert re.search(r"GPU 0 details +unavailable \(stub 0\)", text)
 
 
 @pytest.mark.parametrize(
@@ -176,3 +180,34 @@ def test_check_bounds_is_read_once_per_process(monkeypatch):
     finally:
         monkeypatch.undo()
         env.check_bounds.cache_clear()
+
+
+def test_gpu_details_rows():
+    details = {
+        "sm_count": 132,
+        "warp_size": 32,
+        "max_threads_per_block": 1024,
+        "max_threads_per_sm": 2048,
+        "registers_per_sm": 65536,
+        "cluster_launch": True,
+        "jit_arch": "sm_90a",
+        "shared_memory_per_block": 48 * 1024,
+        "shared_memory_per_block_optin": 227 * 1024,
+        "shared_memory_per_sm": 228 * 1024,
+        "total_memory_bytes": 80 * 2**30,
+        "l2_cache_bytes": 50 * 2**20,
+        "memory_bus_width_bits": 5120,
+        "memory_clock_khz": 2619000,
+        "memory_bandwidth_gbps": 3352.3,
+    }
+    rows = {f: v for _, f, v in env_info.gpu_detail_rows({"index": 1, "details": details})}
+    assert rows["GPU 1 compute"] == (
+        "132 SMs, warp 32, 1024 threads/block, 2048 threads/SM, 65536 registers/SM, "
+        "clusters yes, JIT arch sm_90a"
+    )
+    assert rows["GPU 1 shared memory"] == "48.0 KiB/block (227.0 KiB opt-in), 228.0 KiB/SM"
+    assert rows["GPU 1 memory"] == (
+        "80.0 GiB, L2 50.0 MiB, 5120-bit at 2619 MHz: 3352 GB/s theoretical"
+    )
+    unavailable = env_info.gpu_detail_rows({"index": 0, "details": {"error": "no nvcc"}})
+    assert unavailable == [("PyTorch", "GPU 0 details", "unavailable (no nvcc)")]

@@ -1,0 +1,221 @@
+"""Compiling CUDA source to one CUBIN or PTX file, with nvcc or NVRTC (see :mod:`.nvrtc`).
+
+A :class:`CompileRequest` describes the compilation as data; :func:`compile_in` runs it
+in a directory and returns the artifact, or raises KernelBuildError leading with the
+compiler's first ``file:line: message``. Caching is :mod:`.binary_cache`'s job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mllm_kernel.jit_utils import build, cache, toolchain
+from mllm_kernel.jit_utils.cuda_arch import (
+    CudaArch,
+    arch_for_capability,
+    parse_arch_list,
+    resolve_cuda_archs,
+)
+from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError
+
+KINDS = ("cubin", "ptx")
+BACKENDS = ("nvcc", "nvrtc")
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """One source compiled to one ``kind`` (``cubin`` or ``ptx``) for one ``arch``.
+
+    ``label`` names the source in compiler messages and in the cache: the file's stem,
+    or for source text the kernel's name (``vector_add.cu(3): error: ...``).
+    """
+
+    source: str
+    source_path: Path | None
+    label: str
+    kind: str
+    arch: CudaArch
+    options: tuple[str, ...] = ()
+    backend: str = "nvcc"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be 'nvcc' or 'nvrtc', got {self.backend!r}")
+
+    @property
+    def target(self) -> str:
+        """``sm_90a`` for a CUBIN, ``compute_90a`` for PTX."""
+        return f"{'sm' if self.kind == 'cubin' else 'compute'}_{self.arch.number}"
+
+    @property
+    def source_name(self) -> str:
+        return self.source_path.name if self.source_path else f"{self.label}.cu"
+
+    def describe(self) -> str:
+        return f"{self.source_name} -> {self.kind} for {self.target} ({self.backend})"
+
+
+@dataclass
+class CompileOutput:
+    """A finished compilation: the artifact, what to record and what to report."""
+
+    artifact: Path
+    log: str
+    seconds: float
+    deps: dict[str, str] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+
+
+class CompileFailed(Exception):
+    """A backend's compiler failed; carries its full log (turned into KernelBuildError)."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__(log)
+        self.log = log
+
+
+def read_source(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
+    """``(text, path)``: a path (or a one-line str naming a file) is read; other text is
+    the source itself (``path`` None)."""
+    if isinstance(source, os.PathLike):
+        path = Path(source)
+    elif isinstance(source, str):
+        if "\n" in source or not source.strip():
+            return source, None
+        path = Path(source)
+        if not path.is_file():
+            if path.suffix in (".cu", ".cuh", ".cpp", ".h", ".hpp"):
+                raise FileNotFoundError(f"CUDA source file {source!r} does not exist")
+            return source, None
+    else:
+        raise TypeError(f"source must be CUDA source text or a path, got {type(source).__name__}")
+    if not path.is_file():
+        raise FileNotFoundError(f"CUDA source file {str(path)!r} does not exist")
+    return path.read_text(), path.absolute()
+
+
+def resolve_arch(arch: str | None = None) -> CudaArch:
+    """One target arch: ``arch`` (``"sm_90a"``, ``"9.0a"``, ``"90a"``), else what the JIT
+    would build for (``MLLM_KERNEL_CUDA_ARCH_LIST``, else the current GPU). A CUBIN holds
+    one arch, so a list of several picks the current GPU's or asks for ``arch=``."""
+    if arch is not None:
+        archs = parse_arch_list(str(arch))
+        if len(archs) != 1:
+            raise CudaArchError(f"arch must name one architecture, got {arch!r}")
+        return archs[0]
+    archs = resolve_cuda_archs()
+    if len(archs) == 1:
+        return archs[0]
+    import torch
+
+    if torch.cuda.is_available():
+        mine = arch_for_capability(*torch.cuda.get_device_capability())
+        for candidate in archs:
+            if (candidate.major, candidate.minor) == (mine.major, mine.minor):
+                return candidate
+    listed = ";".join(map(str, archs))
+    raise CudaArchError(
+        f"a CUBIN or PTX holds one architecture, and the arch list is {listed}: pass arch= "
+        "(for example arch='sm_90a')"
+    )
+
+
+def _deps(depfile: Path, staging: Path, source: Path | None) -> dict[str, str]:
+    """Headers the source included, less the toolkit's own (its identity is in the key)
+    and the source itself (its text is)."""
+    toolkit = toolchain.find_cuda().home.resolve()
+    deps = {}
+    for dep in build.parse_depfile(depfile.read_text()):
+        path = (staging / dep).resolve()
+        if path.parent == staging.resolve() or path.is_relative_to(toolkit):
+            continue
+        if source is not None and path == source.resolve():
+            continue
+        deps[str(path)] = cache.file_digest(path)
+    return deps
+
+
+def _build_error(request: CompileRequest, log: str, log_path: Path) -> KernelBuildError:
+    error = build.first_error(log)
+    hint = build.hint_for(log)
+    message = f"{error}\n  while compiling {request.describe()}\n  full log: {log_path}" + (
+        f"\n  hint: {hint}" if hint else ""
+    )
+    return KernelBuildError(
+        message,
+        module=request.label,
+        template_args=(request.kind, request.target),
+        first_error=error,
+        log_path=str(log_path),
+        hint=hint,
+    )
+
+
+def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
+    cuda = toolchain.find_cuda()
+    if request.source_path is None:
+        unit = request.source_name  # relative, so messages say "vector_add.cu(3): ..."
+        (staging / unit).write_text(request.source)
+    else:
+        unit = str(request.source_path)
+    artifact = staging / f"{request.label}.{request.kind}"
+    number = request.arch.number
+    code = f"sm_{number}" if request.kind == "cubin" else f"compute_{number}"
+    command = [
+        str(cuda.nvcc.path),
+        "-ccbin",
+        str(toolchain.find_cxx().path),
+        f"-{request.kind}",
+        f"-gencode=arch=compute_{number},code={code}",
+        # The register and spill report, kept in the log for verbose=True.
+        *(["--resource-usage"] if request.kind == "cubin" else []),
+        *request.options,
+        "-MMD",
+        "-MF",
+        "deps.d",
+        "-o",
+        str(artifact),
+        unit,
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=staging, capture_output=True, text=True, check=False)
+    log = f"$ {shlex.join(command)}\n{proc.stdout}{proc.stderr}"
+    if proc.returncode != 0 or not artifact.is_file():
+        raise CompileFailed(log)
+    return CompileOutput(
+        artifact=artifact,
+        log=log,
+        seconds=time.monotonic() - started,
+        deps=_deps(staging / "deps.d", staging, request.source_path),
+        toolchain={"nvcc": cuda.nvcc.version()},
+    )
+
+
+def compile_in(request: CompileRequest, staging: Path, log_path: Path) -> CompileOutput:
+    """Compiles ``request`` inside ``staging``; on failure writes the log to ``log_path``
+    and raises KernelBuildError."""
+    try:
+        if request.backend == "nvrtc":
+            from mllm_kernel.cuda.runtime import nvrtc
+
+            return nvrtc.compile_with_nvrtc(request, staging)
+        return _compile_with_nvcc(request, staging)
+    except CompileFailed as failed:
+        log_path.write_text(failed.log)
+        raise _build_error(request, failed.log, log_path) from None
+
+
+def compiler_identity(backend: str) -> dict[str, str]:
+    """What identifies the compiler in a cache key, found without running it."""
+    if backend == "nvrtc":
+        from mllm_kernel.cuda.runtime import nvrtc
+
+        return {"nvrtc": nvrtc.identity()}
+    return {"nvcc": toolchain.find_cuda().identity, "cxx": toolchain.find_cxx().identity}
