@@ -368,7 +368,9 @@ def test_import_initialises_no_cuda():
         "assert not torch.cuda.is_initialized(); "
         "assert 'mllm_kernel.cuda.runtime.nvrtc' not in sys.modules"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent)])}
+    # The checkout first, then whatever the caller's PYTHONPATH holds (tvm-ffi may be there).
+    search = [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in search if p)}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120)
 
 

@@ -201,6 +201,8 @@ def _check_operands(a: Any, b: Any) -> int:
                 f"argument '{arg}': expected a 2-D tensor ([M, K] for a, [N, K] for b) but got "
                 f"shape {list(value.shape)}"
             )
+    if a.dtype not in _DTYPES:  # checked before a module is chosen (one per dtype)
+        raise TypeError(f"argument 'a': expected dtype bfloat16 or float16 but got {a.dtype}")
     index = a.get_device()
     if index < 0:
         raise ValueError(f"argument 'a': expected a tensor on a CUDA GPU but got one on {a.device}")
