@@ -27,6 +27,17 @@ _NVCC_ERROR = re.compile(
     r"^(?P<file>\S[^(]*)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.*)$"
 )
 _ANY_ERROR = re.compile(r"(?i)\berror\b|undefined reference|cannot find -l|nvcc fatal")
+# A full, read-only or forbidden filesystem: the tools report it in passing and then
+# fail with a generic line (collect2's "ld returned 1 exit status"), so it is looked
+# for first. strerror text -> errno name.
+_FILESYSTEM_ERRORS = {
+    "No space left on device": "ENOSPC",
+    "Read-only file system": "EROFS",
+    "Permission denied": "EACCES",
+}
+_FILESYSTEM_ERROR = re.compile("|".join(map(re.escape, _FILESYSTEM_ERRORS)))
+_ABSOLUTE_PATH = re.compile(r"(/[^\s:'\"]+)")
+_TOOL_PREFIX = re.compile(r"^\S+?: ")  # "/usr/bin/ld: ", "cc1plus: "
 
 _HINTS = (
     (
@@ -128,6 +139,21 @@ def first_error(log: str) -> str:
     return lines[-1].strip() if lines else "unknown error (empty compiler output)"
 
 
+def filesystem_error(log: str, workdir: Path) -> str | None:
+    """``"<strerror> (<ERRNO>): <path>"`` when the tools failed on the filesystem.
+
+    The path is the one the failing line names, else ``workdir`` (where every
+    output of the build is written).
+    """
+    for line in log.splitlines():
+        match = _FILESYSTEM_ERROR.search(line)
+        if match:
+            named = _ABSOLUTE_PATH.findall(_TOOL_PREFIX.sub("", line[: match.start()], count=1))
+            path = named[-1] if named else str(workdir)
+            return f"{match[0]} ({_FILESYSTEM_ERRORS[match[0]]}): {path}"
+    return None
+
+
 def hint_for(log: str) -> str | None:
     for pattern, hint in _HINTS:
         if pattern.search(log):
@@ -165,8 +191,7 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
         log += f"$ {shlex.join(link)}\n{out}\n"
         failed = code != 0
     if failed:
-        log_path.write_text(log)
-        raise _build_error(spec, log, log_path)
+        raise _build_error(spec, log, log_path, staging)
 
     deps: dict[str, str] = {}
     for _, _, depfile in jobs:
@@ -183,14 +208,25 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
     return BuildResult(artifact, deps, time.monotonic() - started, tools)
 
 
-def _build_error(spec: BuildSpec, log: str, log_path: Path) -> KernelBuildError:
-    error = first_error(log)
-    hint = hint_for(log)
+def _build_error(spec: BuildSpec, log: str, log_path: Path, workdir: Path) -> KernelBuildError:
+    error = filesystem_error(log, workdir)
+    if error is not None:
+        hint = (
+            "free space or fix the permissions there, or point MLLM_KERNEL_CACHE_DIR at a "
+            "writable filesystem"
+        )
+    else:
+        error, hint = first_error(log), hint_for(log)
+    try:
+        log_path.write_text(log)
+        where_logged = str(log_path)
+    except OSError as exc:  # the same full or read-only disk, typically
+        where_logged = f"not written ({exc.strerror}: {log_path}); its end:\n{log[-2000:]}"
     args = ", ".join(spec.template_args)
     message = (
         f"{error}\n"
         f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
-        f"  full log: {log_path}"
+        f"  full log: {where_logged}"
     )
     if hint:
         message += f"\n  hint: {hint}"

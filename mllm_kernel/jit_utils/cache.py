@@ -156,8 +156,10 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     owner_file = locks_dir / f"{key.dirname}.owner"
     with _thread_locks_guard:
         thread_lock = _thread_locks.setdefault(key.dirname, threading.Lock())
-    deadline = time.monotonic() + timeout
-    if not thread_lock.acquire(timeout=max(timeout, 0)):
+    deadline = time.monotonic() + timeout  # inf stays inf: wait forever
+    # Lock.acquire rejects timeouts above TIMEOUT_MAX (OverflowError); -1 blocks.
+    thread_timeout = -1 if timeout >= threading.TIMEOUT_MAX else max(timeout, 0)
+    if not thread_lock.acquire(timeout=thread_timeout):
         raise CacheLockTimeout(f"waited {timeout:.0f}s for another thread building {key.dirname}")
     try:
         lock = filelock.FileLock(str(locks_dir / f"{key.dirname}.lock"), thread_local=False)

@@ -1,0 +1,171 @@
+"""Regression tests from the fault-injection and fuzz run (issue 19): bad environment
+values, injected line breaks, unusable names, filesystem failures during a build,
+wrong-shaped manifests and headers the cache key used to miss."""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mllm_kernel.jit_utils import KernelBuildError, cache, env, load_cpu_jit, toolchain
+from mllm_kernel.jit_utils.cache_key import module_key
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+
+OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
+
+
+@pytest.fixture
+def ok_source(tmp_path) -> Path:
+    source = tmp_path / "ok.cpp"
+    source.write_text(OK_SOURCE)
+    return source
+
+
+# --------------------------------------------------------------------------- env values
+@pytest.mark.parametrize(
+    ("value", "seconds"), [("inf", math.inf), ("1e30", 1e30), (" 2.5 ", 2.5), ("", 900.0)]
+)
+def test_lock_timeout_accepts_inf_and_huge_values(monkeypatch, value, seconds):
+    monkeypatch.setenv("MLLM_KERNEL_LOCK_TIMEOUT", value)
+    assert env.lock_timeout() == seconds
+
+
+@pytest.mark.parametrize("value", ["inf", "1e30"])
+def test_lock_with_an_unbounded_timeout_is_taken(monkeypatch, fresh_cache, value):
+    # Before: threading.Lock.acquire(timeout=inf) raised OverflowError on every cold build.
+    monkeypatch.setenv("MLLM_KERNEL_LOCK_TIMEOUT", value)
+    spec = BuildSpec(name="ok", device="cpu", template_args=(), cpp_wrappers=(Wrapper("f", "f"),))
+    with cache.module_lock(module_key(spec), purpose="test"):
+        pass
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "soon", "1e400x"])
+def test_lock_timeout_garbage_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("MLLM_KERNEL_LOCK_TIMEOUT", value)
+    with pytest.raises(ValueError, match=r"^MLLM_KERNEL_LOCK_TIMEOUT must be a number of seconds"):
+        env.lock_timeout()
+
+
+# --------------------------------------------------------------------------- line breaks
+LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x85", "\u2028", "\u2029", "\x00", "\x1c"]
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=repr)
+def test_template_args_with_any_line_break_are_refused(ok_source, fresh_cache, brk):
+    with pytest.raises(ValueError, match=r"template argument must be one non-empty line of C\+\+"):
+        load_cpu_jit(
+            "ok",
+            f"3{brk}#error injected",
+            cpp_files=[str(ok_source)],
+            cpp_wrappers=[("f", "ok::f<3>")],
+        )
+    assert not fresh_cache.exists(), "nothing may be built or cached"
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=repr)
+def test_wrapper_expressions_with_any_line_break_are_refused(ok_source, fresh_cache, brk):
+    with pytest.raises(ValueError, match=r"C\+\+ expression of wrapper 'f' must be one"):
+        load_cpu_jit(
+            "ok", cpp_files=[str(ok_source)], cpp_wrappers=[("f", f"ok::f<3>{brk}#error injected")]
+        )
+    assert not fresh_cache.exists()
+
+
+# --------------------------------------------------------------------------- module names
+@pytest.mark.parametrize(
+    ("name", "error", "message"),
+    [
+        ("a" * 300, ValueError, r"has 300 characters; at most 100"),
+        ("my-kernel", ValueError, r"must be a C identifier"),
+        ("kernel_é", ValueError, r"must be a C identifier"),
+        ("1st", ValueError, r"must be a C identifier"),
+        (5, TypeError, r"module name must be a str, got int"),
+    ],
+)
+def test_module_names_are_checked_before_anything_else(
+    ok_source, fresh_cache, name, error, message
+):
+    with pytest.raises(error, match=message):
+        load_cpu_jit(name, cpp_files=[str(ok_source)], cpp_wrappers=[("f", "ok::f<3>")])
+    assert not fresh_cache.exists()
+
+
+# --------------------------------------------------------------------------- filesystem
+@pytest.fixture
+def failing_linker(tmp_path, monkeypatch):
+    """Makes the link step print ``message`` (a real tool's wording) and fail."""
+
+    def install(message: str) -> None:
+        real = toolchain.find_cxx().real_path
+        script = tmp_path / "fail-link-c++"
+        script.write_text(
+            textwrap.dedent(f"""\
+            #!/bin/sh
+            for arg in "$@"; do
+              if [ "$arg" = "-shared" ]; then
+                printf '%s\\n' {message!r} >&2
+                echo "collect2: error: ld returned 1 exit status" >&2
+                exit 1
+              fi
+            done
+            exec {real} "$@"
+            """)
+        )
+        script.chmod(0o755)
+        monkeypatch.setenv("CXX", str(script))
+        toolchain.reset()
+
+    yield install
+    toolchain.reset()
+
+
+@pytest.mark.parametrize(
+    ("tool_line", "lead"),
+    [
+        (
+            "/usr/bin/ld: final link failed: No space left on device",
+            r"No space left on device \(ENOSPC\): \S+/\.staging/ok_cpu_3_",
+        ),
+        (
+            "/usr/bin/ld: cannot open output file /cache/x/ok.so: Read-only file system",
+            r"Read-only file system \(EROFS\): /cache/x/ok\.so$",
+        ),
+        (
+            "/usr/bin/ld: cannot open output file /cache/x/ok.so: Permission denied",
+            r"Permission denied \(EACCES\): /cache/x/ok\.so$",
+        ),
+    ],
+)
+def test_filesystem_errors_lead_the_build_error(
+    ok_source, fresh_cache, failing_linker, tool_line, lead
+):
+    failing_linker(tool_line)
+    with pytest.raises(KernelBuildError) as info:
+        load_cpu_jit("ok", "3", cpp_files=[str(ok_source)], cpp_wrappers=[("f", "ok::f<3>")])
+    first_line = str(info.value).splitlines()[0]
+    assert "collect2" not in first_line
+    assert re.match(lead, first_line), first_line
+    assert info.value.first_error == first_line
+    assert "MLLM_KERNEL_CACHE_DIR" in info.value.hint
+
+
+def test_failed_build_with_an_unwritable_log_still_reports(
+    ok_source, fresh_cache, failing_linker, monkeypatch
+):
+    failing_linker("/usr/bin/ld: final link failed: No space left on device")
+    real_write_text = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.suffix == ".log":
+            raise OSError(28, "No space left on device", str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(KernelBuildError, match=r"^No space left on device \(ENOSPC\)") as info:
+        load_cpu_jit("ok", "3", cpp_files=[str(ok_source)], cpp_wrappers=[("f", "ok::f<3>")])
+    assert "full log: not written (No space left on device" in str(info.value)
+    assert "collect2: error: ld returned 1 exit status" in str(info.value)  # the log's end
