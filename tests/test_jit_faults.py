@@ -4,8 +4,11 @@ wrong-shaped manifests and headers the cache key used to miss."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import pytest
 from mllm_kernel.jit_utils import KernelBuildError, cache, env, load_cpu_jit, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.logging_setup import get_logger
 
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 
@@ -169,3 +173,110 @@ def test_failed_build_with_an_unwritable_log_still_reports(
         load_cpu_jit("ok", "3", cpp_files=[str(ok_source)], cpp_wrappers=[("f", "ok::f<3>")])
     assert "full log: not written (No space left on device" in str(info.value)
     assert "collect2: error: ld returned 1 exit status" in str(info.value)  # the log's end
+
+
+# --------------------------------------------------------------------------- manifests
+@pytest.fixture
+def warnings_logged():
+    """The mllm_kernel logger's WARNING records during the test, as text."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                records.append(record.getMessage())
+
+    handler = Collect()
+    logger = get_logger()
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def _load_ok(source: Path):
+    return load_cpu_jit("ok", "3", cpp_files=[str(source)], cpp_wrappers=[("f", "ok::f<3>")])
+
+
+def _only_entry(root: Path) -> Path:
+    (entry,) = [p for p in root.iterdir() if p.name.startswith("ok_")]
+    return entry
+
+
+def _set_field(name, value):
+    def damage(manifest: Path) -> None:
+        data = json.loads(manifest.read_text())
+        data[name] = value
+        manifest.write_text(json.dumps(data))
+
+    return damage
+
+
+def _write(text):
+    return lambda manifest: manifest.write_text(text)
+
+
+def _artifact_in_another_entry(manifest: Path) -> None:
+    """Points ``artifact`` at an identical copy outside the entry: loadable, but not ours."""
+    data = json.loads(manifest.read_text())
+    other = manifest.parent.parent / "other_entry"
+    other.mkdir()
+    shutil.copy(manifest.parent / data["artifact"], other / data["artifact"])
+    data["artifact"] = f"../other_entry/{data['artifact']}"
+    manifest.write_text(json.dumps(data))
+
+
+MANIFEST_DAMAGE = {
+    "list": _write("[]"),
+    "null": _write("null"),
+    "number": _write("3"),
+    "deps-list": _set_field("deps", []),
+    "deps-null": _set_field("deps", None),
+    "deps-values-int": _set_field("deps", {"/x.h": 3}),
+    "artifact-null": _set_field("artifact", None),
+    "artifact-int": _set_field("artifact", 7),
+    "artifact-outside": _artifact_in_another_entry,
+    "artifact-absolute": _set_field("artifact", "/usr/lib/x.so"),
+    "size-bool": _set_field("artifact_size", True),
+    "exports-str": _set_field("exports", "f"),
+    "extra-field": _set_field("surprise", 1),
+    "deleted": lambda manifest: manifest.unlink(),
+}
+
+
+@pytest.fixture(scope="module")
+def built_ok(tmp_path_factory):
+    """``(source, cache root)`` of one build of ok<3>, copied by each test that damages it."""
+    base = tmp_path_factory.mktemp("built_ok")
+    source = base / "ok.cpp"
+    source.write_text(OK_SOURCE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLLM_KERNEL_CACHE_DIR", str(base / "cache"))
+        assert _load_ok(source).f() == 3
+    return source, base / "cache"
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE.values(), ids=MANIFEST_DAMAGE.keys())
+def test_wrong_shaped_manifest_is_rebuilt_with_a_warning(
+    built_ok, fresh_cache, warnings_logged, damage
+):
+    ok_source, built_cache = built_ok
+    shutil.copytree(built_cache, fresh_cache)
+    manifest = _only_entry(fresh_cache) / "manifest.json"
+    damage(manifest)
+    assert cache.lookup(module_key(_spec_of_ok(ok_source))).status == "corrupt"
+    assert _load_ok(ok_source).f() == 3  # before: AttributeError/TypeError, every time
+    assert any("is corrupt" in w for w in warnings_logged), warnings_logged
+    assert cache.lookup(module_key(_spec_of_ok(ok_source))).status == "hit"
+
+
+def _spec_of_ok(source: Path) -> BuildSpec:
+    from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
+
+    return BuildSpec(
+        name="ok",
+        device="cpu",
+        template_args=("3",),
+        cpp_files=(source,),
+        cpp_wrappers=(Wrapper("f", "ok::f<3>"),),
+        cxx_flags=DEFAULT_CXX_FLAGS,
+    )

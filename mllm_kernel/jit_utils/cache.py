@@ -46,6 +46,54 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+class CorruptManifest(ValueError):
+    """A manifest that is not valid JSON of the schema below: the entry is rebuilt."""
+
+
+def _is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_str_dict(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_plain_file_name(value: object) -> bool:
+    """A name of a file directly inside the entry (no ``/``, ``..`` or NUL)."""
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and "/" not in value
+        and "\\" not in value
+        and "\0" not in value
+    )
+
+
+# The manifest schema: field -> (check, what it must be). One place, used by read().
+_SCHEMA = {
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "device": (lambda v: v in ("cpu", "cuda"), '"cpu" or "cuda"'),
+    "template_args": (_is_str_list, "a list of strings"),
+    "key_hash": (lambda v: isinstance(v, str), "a string"),
+    "artifact": (_is_plain_file_name, "a file name inside the entry"),
+    "artifact_size": (lambda v: type(v) is int and v >= 0, "an int >= 0"),
+    "artifact_sha256": (lambda v: isinstance(v, str), "a string"),
+    "deps": (_is_str_dict, "an object of path -> sha256 strings"),
+    "exports": (_is_str_list, "a list of strings"),
+    "built_at": (_is_number, "a number"),
+    "build_seconds": (_is_number, "a number"),
+    "toolchain": (_is_str_dict, "an object of strings"),
+    "cuda_archs": (_is_str_list, "a list of strings"),
+    "format": (lambda v: v == CACHE_FORMAT, f"{CACHE_FORMAT}"),
+}
+
+
 @dataclass
 class Manifest:
     """What a module directory holds and what it was built from."""
@@ -72,9 +120,27 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
-        data = json.loads((directory / MANIFEST).read_text())
-        if data.get("format") != CACHE_FORMAT:
-            raise ValueError(f"manifest format {data.get('format')} != {CACHE_FORMAT}")
+        """The manifest of ``directory``; CorruptManifest unless it matches the schema
+        exactly (OSError if it cannot be read)."""
+        text = (directory / MANIFEST).read_text()
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CorruptManifest(f"not JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Manifest:
+        """``data`` (parsed JSON) as a Manifest, after checking it against the schema."""
+        if not isinstance(data, dict):
+            raise CorruptManifest(f"expected a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_SCHEMA))
+        missing = sorted(set(_SCHEMA) - set(data))
+        if unknown or missing:
+            raise CorruptManifest(f"fields missing {missing}, unknown {unknown}")
+        for name, (check, expected) in _SCHEMA.items():
+            if not check(data[name]):
+                raise CorruptManifest(f"{name!r} must be {expected}, got {data[name]!r:.80}")
         return cls(**data)
 
 
@@ -95,11 +161,13 @@ class Lookup:
 def lookup(key: ModuleKey) -> Lookup:
     """Validates ``key``'s directory without spawning anything."""
     directory = key.path
-    if not (directory / MANIFEST).exists():
+    if not directory.is_dir():
         return Lookup("missing")
     try:
         manifest = Manifest.read(directory)
-    except (OSError, ValueError, TypeError) as exc:
+    except FileNotFoundError:
+        return Lookup("corrupt", reason=f"{MANIFEST} is missing")
+    except (OSError, ValueError) as exc:
         return Lookup("corrupt", reason=f"unreadable manifest ({exc})")
     if manifest.key_hash != key.hash:
         return Lookup("corrupt", reason="manifest belongs to another key", manifest=manifest)
