@@ -7,18 +7,30 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from mllm_kernel.jit_utils import KernelBuildError, cache, env, load_cpu_jit, toolchain
+import mllm_kernel
+from mllm_kernel.jit_utils import (
+    KernelBuildError,
+    cache,
+    env,
+    include_search,
+    load_cpu_jit,
+    toolchain,
+)
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
 from mllm_kernel.logging_setup import get_logger
 
+PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 
 
@@ -280,3 +292,90 @@ def _spec_of_ok(source: Path) -> BuildSpec:
         cpp_wrappers=(Wrapper("f", "ok::f<3>"),),
         cxx_flags=DEFAULT_CXX_FLAGS,
     )
+
+
+# --------------------------------------------------------------------------- headers
+# Each load runs in a child process: a process cannot dlopen a rebuilt .so at the path
+# of one it has loaded, and a user sees a stale binary in the next process anyway.
+HEADER_PROBE = textwrap.dedent("""
+    import json, sys
+    from mllm_kernel.jit_utils import load_cpu_jit
+    kwargs = json.loads(sys.argv[2])
+    mod = load_cpu_jit("hdr", cpp_files=[sys.argv[1]], cpp_wrappers=[("value", "hdr::value")],
+                       **kwargs)
+    print(mod.value())
+""")
+HEADER_SOURCE = textwrap.dedent("""
+    #include <myconst.h>
+    #include <cstdint>
+    namespace hdr { inline int64_t value() { return MYCONST; } }
+""")
+
+
+def _header_value(tmp_path, env_extra=None, **kwargs) -> tuple[str, str]:
+    source = tmp_path / "hdr.cpp"
+    if not source.exists():
+        source.write_text(HEADER_SOURCE)
+    run = subprocess.run(
+        [sys.executable, "-c", HEADER_PROBE, str(source), json.dumps(kwargs)],
+        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT, **(env_extra or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip(), run.stderr
+
+
+def _header(directory: Path, value: int) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / "myconst.h").write_text(f"#pragma once\n#define MYCONST {value}\n")
+
+
+def test_header_through_isystem_is_tracked(tmp_path, fresh_cache):
+    # Before: -MMD left system headers out of the dependency list; the edit was ignored.
+    inc = tmp_path / "sys"
+    _header(inc, 1)
+    flags = {"extra_cxx_flags": ["-isystem", str(inc)]}
+    assert _header_value(tmp_path, **flags)[0] == "1"
+    _header(inc, 2)
+    value, log = _header_value(tmp_path, **flags)
+    assert value == "2" and "myconst.h changed" in log
+
+
+def test_new_header_shadowing_the_recorded_one_rebuilds(tmp_path, fresh_cache):
+    # Before: a myconst.h created in an earlier include dir kept the cached 3120.
+    early, late = tmp_path / "early", tmp_path / "late"
+    early.mkdir()
+    _header(late, 3120)
+    paths = {"extra_include_paths": [str(early), str(late)]}
+    assert _header_value(tmp_path, **paths)[0] == "3120"
+    assert _header_value(tmp_path, **paths)[1] == ""  # warm: nothing logged, nothing built
+    _header(early, 3140)
+    value, log = _header_value(tmp_path, **paths)
+    assert value == "3140" and f"{early}/myconst.h now shadows the myconst.h" in log
+    (early / "myconst.h").unlink()
+    assert _header_value(tmp_path, **paths)[0] == "3120"
+
+
+def test_header_through_cpath_is_tracked_and_cpath_is_in_the_key(tmp_path, fresh_cache):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _header(one, 11)
+    _header(two, 22)
+    assert _header_value(tmp_path, {"CPATH": str(one)})[0] == "11"
+    _header(one, 12)
+    assert _header_value(tmp_path, {"CPATH": str(one)})[0] == "12"
+    assert _header_value(tmp_path, {"CPATH": str(two)})[0] == "22"
+    assert _header_value(tmp_path, {"CPLUS_INCLUDE_PATH": str(two)})[0] == "22"
+    entries = [p for p in fresh_cache.iterdir() if p.name.startswith("hdr_")]
+    assert len(entries) == 3  # one key per include-path environment
+
+
+def test_toolchain_headers_are_fingerprinted_not_hashed(ok_source, fresh_cache):
+    _load_ok(ok_source)
+    manifest = cache.Manifest.read(_only_entry(fresh_cache))
+    builtin = include_search.builtin_dirs()
+    assert builtin, "the compiler reported no built-in include directories"
+    assert any(p.startswith(builtin) for p in manifest.toolchain_deps)  # libstdc++, libc
+    assert not any(p.startswith(builtin) for p in manifest.deps)
+    assert any(p.endswith("mllm_kernel/utils.hpp") for p in manifest.deps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -10,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from mllm_kernel.jit_utils import env, paths, toolchain
+from mllm_kernel.jit_utils import env, include_search, paths, toolchain
 from mllm_kernel.jit_utils.cache import file_digest
 from mllm_kernel.jit_utils.cuda_arch import gencode_flags
 from mllm_kernel.jit_utils.errors import KernelBuildError
@@ -72,20 +73,21 @@ _HINTS = (
 @dataclass
 class BuildResult:
     artifact: Path
-    deps: dict[str, str]
+    deps: dict[str, str]  # path -> sha256, headers and sources outside the toolchain
+    toolchain_deps: dict[str, str]  # path -> "size:mtime_ns", see include_search
+    include_search: list[dict]  # per unit: include_search.record()
     seconds: float
     toolchain: dict[str, str]
 
 
 def _compile_command(spec: BuildSpec, unit: Path, obj: Path, depfile: Path) -> list[str]:
     includes = [f"-I{paths.include_dir()}", *(f"-I{p}" for p in spec.include_paths)]
-    # tvm-ffi's headers are covered by its version in the key, so keep them out of
-    # the dependency output (-MMD skips system headers).
     for path in paths.tvm_ffi_include_dirs():
         includes += ["-isystem", str(path)]  # nvcc rejects the joined -isystem<path> form
     cxx = str(toolchain.find_cxx().path)
-    # Both compilers: the include closure to `depfile` (-MMD), one object out.
-    common = [*includes, "-MMD", "-MF", str(depfile), "-c", str(unit), "-o", str(obj)]
+    # Both compilers: every header opened, system ones included (-MD, not -MMD: a header
+    # reached through -isystem must be recorded too), to `depfile`; one object out.
+    common = [*includes, "-MD", "-MF", str(depfile), "-c", str(unit), "-o", str(obj)]
     if unit.suffix == ".cu":
         nvcc = str(toolchain.find_cuda().nvcc.path)
         return [nvcc, "-ccbin", cxx, *spec.cuda_flags, *gencode_flags(spec.cuda_archs), *common]
@@ -193,19 +195,39 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
     if failed:
         raise _build_error(spec, log, log_path, staging)
 
-    deps: dict[str, str] = {}
-    for _, _, depfile in jobs:
-        for dep in parse_depfile(depfile.read_text()):
-            path = (staging / dep).resolve()
-            if path.parent != staging.resolve():  # generated units are covered by the key
-                deps[str(path)] = file_digest(path)
+    deps, toolchain_deps, searches = _record_inputs(spec, staging, jobs)
     for _, obj, depfile in jobs:  # only the .so and the generated sources are kept
         obj.unlink()
         depfile.unlink()
     tools = {"cxx": toolchain.find_cxx().version()}
     if spec.device == "cuda":
         tools["nvcc"] = toolchain.find_cuda().nvcc.version()
-    return BuildResult(artifact, deps, time.monotonic() - started, tools)
+    return BuildResult(artifact, deps, toolchain_deps, searches, time.monotonic() - started, tools)
+
+
+def _record_inputs(
+    spec: BuildSpec, staging: Path, jobs: list[tuple[Path, Path, Path]]
+) -> tuple[dict[str, str], dict[str, str], list[dict]]:
+    """What the manifest keeps of the compilers' dependency output: hashes of our and
+    the user's files, fingerprints of the toolchain's, and how each name resolved."""
+    toolchain_dirs = include_search.toolchain_dirs(spec)
+    owned_by_toolchain = tuple(d + os.sep for d in toolchain_dirs)
+    generated = staging.resolve()
+    deps: dict[str, str] = {}
+    toolchain_deps: dict[str, str] = {}
+    searches = []
+    for unit, _, depfile in jobs:
+        opened = [os.path.normpath(staging / dep) for dep in parse_depfile(depfile.read_text())]
+        # The generated units live (briefly) in staging; the key covers their text.
+        opened = [path for path in opened if Path(path).resolve().parent != generated]
+        for path in opened:
+            if path.startswith(owned_by_toolchain):
+                toolchain_deps[path] = include_search.toolchain_fingerprint(path)
+            else:
+                deps[str(Path(path).resolve())] = file_digest(Path(path))
+        dirs = include_search.search_path(spec, unit)
+        searches.append(include_search.record(dirs, opened, toolchain_dirs))
+    return deps, toolchain_deps, searches
 
 
 def _build_error(spec: BuildSpec, log: str, log_path: Path, workdir: Path) -> KernelBuildError:

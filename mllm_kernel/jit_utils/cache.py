@@ -28,7 +28,7 @@ from pathlib import Path
 
 import filelock
 
-from mllm_kernel.jit_utils import env
+from mllm_kernel.jit_utils import env, include_search
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT
@@ -60,6 +60,25 @@ def _is_str_dict(value: object) -> bool:
     )
 
 
+def _is_str_int_dict(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and type(v) is int for k, v in value.items()
+    )
+
+
+def _is_include_search(value: object) -> bool:
+    """A list of include_search.record() results."""
+    return isinstance(value, list) and all(
+        isinstance(unit, dict)
+        and set(unit) == {"dirs", "names", "listed"}
+        and _is_str_list(unit["dirs"])
+        and _is_str_int_dict(unit["names"])
+        and all(-1 <= v < len(unit["dirs"]) for v in unit["names"].values())
+        and _is_str_int_dict(unit["listed"])
+        for unit in value
+    )
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -85,6 +104,8 @@ _SCHEMA = {
     "artifact_size": (lambda v: type(v) is int and v >= 0, "an int >= 0"),
     "artifact_sha256": (lambda v: isinstance(v, str), "a string"),
     "deps": (_is_str_dict, "an object of path -> sha256 strings"),
+    "toolchain_deps": (_is_str_dict, "an object of path -> fingerprint strings"),
+    "include_search": (_is_include_search, 'a list of {"dirs", "names", "listed"}'),
     "exports": (_is_str_list, "a list of strings"),
     "built_at": (_is_number, "a number"),
     "build_seconds": (_is_number, "a number"),
@@ -105,10 +126,12 @@ class Manifest:
     artifact: str
     artifact_size: int
     artifact_sha256: str
-    deps: dict[str, str]  # absolute path -> sha256 of the include closure
+    deps: dict[str, str]  # absolute path -> sha256, sources and non-toolchain headers
     exports: list[str]
     built_at: float
     build_seconds: float
+    toolchain_deps: dict[str, str] = field(default_factory=dict)  # path -> "size:mtime_ns"
+    include_search: list[dict] = field(default_factory=list)  # per unit: include_search.record()
     toolchain: dict[str, str] = field(default_factory=dict)
     cuda_archs: list[str] = field(default_factory=list)
     format: int = CACHE_FORMAT
@@ -188,14 +211,31 @@ def lookup(key: ModuleKey) -> Lookup:
             reason=f"{artifact.name} content does not match its checksum",
             manifest=manifest,
         )
+    reason = _changed_input(manifest)
+    if reason:
+        return Lookup("stale", reason=reason, manifest=manifest)
+    return Lookup("hit", artifact=artifact, manifest=manifest)
+
+
+def _changed_input(manifest: Manifest) -> str | None:
+    """Why the build's inputs differ from the recorded ones (None: they do not)."""
+    for dep, fingerprint in manifest.toolchain_deps.items():
+        try:
+            if include_search.toolchain_fingerprint(dep) != fingerprint:
+                return f"{dep} changed"
+        except OSError:
+            return f"{dep} no longer exists"
+    for unit in manifest.include_search:
+        reason = include_search.shadowed(unit)
+        if reason:
+            return reason
     for dep, digest in manifest.deps.items():
         try:
-            current = file_digest(Path(dep))
+            if file_digest(Path(dep)) != digest:
+                return f"{dep} changed"
         except OSError:
-            return Lookup("stale", reason=f"{dep} no longer exists", manifest=manifest)
-        if current != digest:
-            return Lookup("stale", reason=f"{dep} changed", manifest=manifest)
-    return Lookup("hit", artifact=artifact, manifest=manifest)
+            return f"{dep} no longer exists"
+    return None
 
 
 # ---------------------------------------------------------------------------

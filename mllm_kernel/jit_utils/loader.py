@@ -208,6 +208,8 @@ def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cac
         artifact_size=result.artifact.stat().st_size,
         artifact_sha256=cache.file_digest(result.artifact),
         deps=result.deps,
+        toolchain_deps=result.toolchain_deps,
+        include_search=result.include_search,
         exports=list(spec.exports),
         built_at=time.time(),
         build_seconds=round(result.seconds, 3),
