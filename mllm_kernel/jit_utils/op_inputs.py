@@ -162,11 +162,16 @@ def check_device(device: str, **tensors: Any) -> None:
 def explain(error: BaseException, device: str, **tensors: Any) -> None:
     """From an op's ``except`` clause: raises a ValueError naming the argument when one
     of ``tensors`` is of a kind the kernel cannot take (the real cause of ``error``),
-    else returns so that the caller re-raises ``error`` unchanged."""
+    else returns so that the caller re-raises ``error`` unchanged.
+
+    The clear error replaces ``error`` (``from None``): that one is torch's or tvm-ffi's
+    account of the same problem, often with a C++ stack trace.
+    """
+    del error  # kept in the signature so that call sites read as what they do
     try:
         check_device(device, **tensors)
     except ValueError as clear:
-        raise clear from error
+        raise clear from None
 
 
 def not_on_device(tensor_value: torch.Tensor, device: str) -> NoReturn:
