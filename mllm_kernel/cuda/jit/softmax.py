@@ -66,8 +66,8 @@ def softmax_backward(
 ) -> torch.Tensor:
     """The gradient of softmax over the last dim: ``out * (grad_out - sum(grad_out * out))``,
     where ``out`` is the forward result. Written into ``grad_input`` if given (``out``'s
-    shape and dtype, no zero strides; it may be ``grad_out`` itself, but not overlap
-    ``grad_out`` or ``out`` otherwise), else into a new tensor.
+    shape and dtype, no zero strides, sharing no memory with ``grad_out`` or ``out``),
+    else into a new tensor.
 
     >>> softmax_backward(torch.ones(2, 8, device="cuda"), softmax(torch.randn(2, 8, device="cuda")))
     ... # doctest: +SKIP
