@@ -4,6 +4,7 @@ wrong-shaped manifests and headers the cache key used to miss."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -379,3 +380,23 @@ def test_toolchain_headers_are_fingerprinted_not_hashed(ok_source, fresh_cache):
     assert any(p.startswith(builtin) for p in manifest.toolchain_deps)  # libstdc++, libc
     assert not any(p.startswith(builtin) for p in manifest.deps)
     assert any(p.endswith("mllm_kernel/utils.hpp") for p in manifest.deps)
+
+
+@pytest.mark.parametrize(
+    ("code", "name"), [(errno.ENOSPC, "ENOSPC"), (errno.EROFS, "EROFS"), (errno.EACCES, "EACCES")]
+)
+def test_unwritable_cache_leads_the_build_error(ok_source, fresh_cache, monkeypatch, code, name):
+    # Before: a bare OSError from mkdir/open deep in the cache code.
+    real_mkdir = Path.mkdir
+
+    def failing_mkdir(self, *args, **kwargs):
+        if self.name == ".locks":
+            raise OSError(code, os.strerror(code), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", failing_mkdir)
+    with pytest.raises(KernelBuildError) as info:
+        _load_ok(ok_source)
+    lead = str(info.value).splitlines()[0]
+    assert lead == f"{os.strerror(code)} ({name}): {fresh_cache / '.locks'}"
+    assert "MLLM_KERNEL_CACHE_DIR" in str(info.value)

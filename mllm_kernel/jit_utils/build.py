@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shlex
@@ -37,6 +38,11 @@ _FILESYSTEM_ERRORS = {
     "Permission denied": "EACCES",
 }
 _FILESYSTEM_ERROR = re.compile("|".join(map(re.escape, _FILESYSTEM_ERRORS)))
+_FILESYSTEM_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EROFS: "EROFS", errno.EACCES: "EACCES"}
+_FILESYSTEM_HINT = (
+    "free space or fix the permissions there, or point MLLM_KERNEL_CACHE_DIR at a "
+    "writable filesystem"
+)
 _ABSOLUTE_PATH = re.compile(r"(/[^\s:'\"]+)")
 _TOOL_PREFIX = re.compile(r"^\S+?: ")  # "/usr/bin/ld: ", "cc1plus: "
 
@@ -230,13 +236,30 @@ def _record_inputs(
     return deps, toolchain_deps, searches
 
 
+def cache_write_error(spec: BuildSpec, exc: OSError) -> KernelBuildError | None:
+    """The build error for ``exc`` when the cache itself could not be written (a full,
+    read-only or forbidden filesystem while locking, staging or installing), else None."""
+    name = _FILESYSTEM_ERRNOS.get(exc.errno)
+    if name is None:
+        return None
+    error = f"{exc.strerror} ({name}): {exc.filename}"
+    args = ", ".join(spec.template_args)
+    return KernelBuildError(
+        f"{error}\n"
+        f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
+        f"  hint: {_FILESYSTEM_HINT}",
+        module=spec.name,
+        template_args=spec.template_args,
+        first_error=error,
+        log_path="",
+        hint=_FILESYSTEM_HINT,
+    )
+
+
 def _build_error(spec: BuildSpec, log: str, log_path: Path, workdir: Path) -> KernelBuildError:
     error = filesystem_error(log, workdir)
     if error is not None:
-        hint = (
-            "free space or fix the permissions there, or point MLLM_KERNEL_CACHE_DIR at a "
-            "writable filesystem"
-        )
+        hint = _FILESYSTEM_HINT
     else:
         error, hint = first_error(log), hint_for(log)
     try:

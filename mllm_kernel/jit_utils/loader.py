@@ -234,6 +234,16 @@ def _load_checked(artifact: Path, spec: BuildSpec) -> Any:
 
 def _locked_build(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
     """``("cached" | "built", module or None)``; the module only when ``load``."""
+    try:
+        return _locked_build_unchecked(spec, key, load=load)
+    except OSError as exc:
+        error = build.cache_write_error(spec, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _locked_build_unchecked(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
     with cache.module_lock(key, purpose=f"building {spec.describe()}"):
         found = cache.lookup(key)
         if found.status == "hit":
