@@ -98,21 +98,30 @@ def test_store_cache_bad_inputs():
 
     k = torch.randn(4, 64, device="cuda", dtype=torch.float16)
     cache = torch.zeros(8, 64, device="cuda", dtype=torch.float16)
+    v_cache = torch.zeros_like(cache)  # k_cache and v_cache must not share memory
     idx = torch.arange(4, device="cuda")
     with pytest.raises(TypeError, match="'k_cache'"):
-        store_cache(k, k, cache.float(), cache, idx)
+        store_cache(k, k, cache.float(), v_cache, idx)
     with pytest.raises(ValueError, match="'k_cache'"):
-        store_cache(k, k, cache[:, :32], cache, idx)
+        store_cache(k, k, cache[:, :32], v_cache, idx)
     with pytest.raises(TypeError, match="'indices'"):
-        store_cache(k, k, cache, cache, idx.float())
+        store_cache(k, k, cache, v_cache, idx.float())
     with pytest.raises(ValueError, match="'k'"):
-        store_cache(k[:3], k, cache, cache, idx)
+        store_cache(k[:3], k, cache, v_cache, idx)
     with pytest.raises(ValueError, match="'v_cache'"):
-        store_cache(k, k, cache, cache.cpu(), idx)
+        store_cache(k, k, cache, v_cache.cpu(), idx)
     with pytest.raises(ValueError, match="'k'"):
         store_cache(
-            torch.randn(4, 64, 2, device="cuda", dtype=torch.float16)[..., 0], k, cache, cache, idx
+            torch.randn(4, 64, 2, device="cuda", dtype=torch.float16)[..., 0],
+            k,
+            cache,
+            v_cache,
+            idx,
         )
+    with pytest.raises(
+        ValueError, match=r"^argument 'k_cache': is the same memory as argument 'v_c"
+    ):
+        store_cache(k, k, cache, cache, idx)
 
 
 def _kv_indices_ref(req_to_token, pool, lens, indptr, start, total):

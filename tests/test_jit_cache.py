@@ -81,13 +81,15 @@ def spy(tmp_path) -> dict[str, str]:
 
 
 def _spy_calls(env: dict[str, str]) -> list[str]:
-    """Every compiler invocation (a cold build also asks for ``--version``)."""
+    """Every compiler invocation (a cold build also asks for ``--version`` and, once per
+    process, for its built-in include directories)."""
     return Path(env["SPY_LOG"]).read_text().splitlines()
 
 
 def _builds(env: dict[str, str]) -> list[str]:
     """Compile and link invocations only."""
-    return [c for c in _spy_calls(env) if c.strip() != "--version"]
+    queries = ("--version", "-x c++ -E -v - -o /dev/null")
+    return [c for c in _spy_calls(env) if c.strip() not in queries]
 
 
 def _probe(env, kernel, k=3, **kwargs) -> subprocess.CompletedProcess:

@@ -7,7 +7,13 @@
 //   TensorMatcher({hidden}).dtype(input.dtype()).device(kDLCUDA, device).verify(weight, "weight");
 //
 // A symbolic size (or device) is bound by the first tensor that uses it and must
-// match in every later one. A failed check raises, in Python, TypeError (dtype)
+// match in every later one.
+//
+// Every op that writes into a caller's tensor also states how that output may
+// share memory with its inputs (see verify_output below):
+//
+//   verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}}); A
+//   failed check raises, in Python, TypeError (dtype)
 // or ValueError (anything else) naming the argument, what was expected, what came,
 // and the file:line of the verify() call.
 #pragma once
@@ -17,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
 #include <string>
 
 #include "mllm_kernel/utils.hpp"
@@ -174,12 +181,13 @@ class TensorMatcher {
     if (check_strides_) check_dims(tensor.strides(), strides_, "stride", tensor, arg, loc);
     if (contiguous_ && !tensor.IsContiguous()) {
       fail("ValueError", arg, loc, "expected a contiguous tensor but got shape ",
-           dims_str(tensor.shape()), " with strides ", dims_str(tensor.strides()));
+           dims_str(tensor.shape()), " with strides ", dims_str(tensor.strides()),
+           "; call .contiguous() on it first");
     }
     if (last_dim_contiguous_ && tensor.ndim() > 0 && tensor.size(-1) > 1 &&
         tensor.stride(-1) != 1) {
       fail("ValueError", arg, loc, "expected stride 1 in the last dim but got strides ",
-           dims_str(tensor.strides()));
+           dims_str(tensor.strides()), "; call .contiguous() on it first");
     }
     return *this;
   }
@@ -277,6 +285,127 @@ class TensorMatcher {
   bool contiguous_ = false;
   bool last_dim_contiguous_ = false;
 };
+
+// ---------------------------------------------------------------------------
+// Outputs: a kernel that writes a caller's tensor while reading others gives a
+// silently wrong result when the output has a zero stride (an expanded view: many
+// threads write one element) or overlaps an input it has not finished reading.
+// ---------------------------------------------------------------------------
+
+/// How an output may share memory with one input.
+enum class Aliasing {
+  kNone,      ///< never: any overlap is an error
+  kSameView,  ///< in place: exactly the same view (pointer, shape, strides) is fine
+};
+
+/// One input an output is checked against.
+struct OutputInput {
+  const TensorView& tensor;
+  const char* arg;
+  Aliasing aliasing = Aliasing::kNone;
+};
+
+namespace detail {
+
+/// The bytes a tensor can touch, described so that the common disjoint layouts
+/// (two column blocks of one row-major buffer: q and k of a fused qkv) are told
+/// apart from real overlaps: every byte lies in [lo, hi), and in some
+/// `base + k * period + [0, block)` (period 0: one block only).
+struct Footprint {
+  bool empty = true;
+  uintptr_t base = 0, lo = 0, hi = 0;
+  int64_t block = 0, period = 0;
+};
+
+inline Footprint footprint(const TensorView& t) {
+  Footprint f;
+  const int64_t elem = (static_cast<int64_t>(t.dtype().bits) * t.dtype().lanes + 7) / 8;
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.size(i) == 0) return f;
+  }
+  f.empty = false;
+  f.base = reinterpret_cast<uintptr_t>(t.data_ptr()) + t.byte_offset();
+  int64_t low = 0, high = 0;
+  for (int i = 0; i < t.ndim(); ++i) {
+    const int64_t extent = t.stride(i) * (t.size(i) - 1) * elem;
+    (extent < 0 ? low : high) += extent;
+  }
+  f.lo = f.base + low;
+  f.hi = f.base + high + elem;
+  // The innermost contiguous run is one block; every other dim steps by a multiple
+  // of the period.
+  const int n = static_cast<int>(t.ndim());
+  const bool row_block = n > 0 && t.size(n - 1) > 1 && t.stride(n - 1) == 1;
+  f.block = row_block ? t.size(n - 1) * elem : elem;
+  for (int i = 0; i < (row_block ? n - 1 : n); ++i) {
+    if (t.size(i) > 1) f.period = std::gcd(f.period, t.stride(i) * elem);
+  }
+  return f;
+}
+
+inline bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.ndim() != b.ndim() || !same_dtype(a.dtype(), b.dtype())) return false;
+  for (int i = 0; i < a.ndim(); ++i) {
+    if (a.size(i) != b.size(i) || (a.size(i) > 1 && a.stride(i) != b.stride(i))) return false;
+  }
+  return true;
+}
+
+/// True when `a` and `b` (on one device) may share a byte.
+inline bool may_overlap(const Footprint& a, const Footprint& b) {
+  if (a.empty || b.empty || a.hi <= b.lo || b.hi <= a.lo) return false;
+  const int64_t period = std::gcd(a.period, b.period);
+  if (period == 0 || a.block > period || b.block > period) return true;
+  // Both repeat with `period`; within it a holds [0, a.block), b [shift, shift + b.block).
+  const int64_t diff = static_cast<int64_t>(b.base - a.base);
+  const int64_t shift = ((diff % period) + period) % period;
+  return !(shift >= a.block && shift + b.block <= period);
+}
+
+}  // namespace detail
+
+/// Checks that a kernel may write `out` (named `arg`) while reading `inputs`:
+/// no zero stride in a dim of size > 1, and no memory shared with an input except
+/// an identical view of one marked Aliasing::kSameView. Raises ValueError naming
+/// both arguments.
+inline void verify_output(const TensorView& out, const char* arg,
+                          std::initializer_list<OutputInput> inputs,
+                          source_location loc = source_location::current()) {
+  for (int i = 0; i < out.ndim(); ++i) {
+    if (out.size(i) > 1 && out.stride(i) == 0) {
+      detail::throw_error(
+          "ValueError",
+          detail::concat("argument '", arg, "': has stride 0 in dim ", i, " (strides ",
+                         dims_str(out.strides()),
+                         "), an expanded view whose elements are "
+                         "shared; write into a tensor with its own memory (torch.empty_like, "
+                         ".contiguous()) instead"),
+          loc);
+    }
+  }
+  const detail::Footprint written = detail::footprint(out);
+  for (const OutputInput& input : inputs) {
+    const DLDevice a = out.device(), b = input.tensor.device();
+    if (a.device_type != b.device_type || a.device_id != b.device_id) continue;
+    const detail::Footprint read = detail::footprint(input.tensor);
+    if (!detail::may_overlap(written, read)) continue;
+    const bool same = written.base == read.base && detail::same_view(out, input.tensor);
+    if (same && input.aliasing == Aliasing::kSameView) continue;
+    detail::throw_error(
+        "ValueError",
+        same ? detail::concat("argument '", arg, "': is the same memory as argument '", input.arg,
+                              "', and this kernel cannot work in place; pass a "
+                              "separate output tensor")
+             : detail::concat("argument '", arg, "': overlaps argument '", input.arg,
+                              "' in memory without being the same view of it, so the kernel "
+                              "would read values it already overwrote; pass a separate "
+                              "output tensor",
+                              input.aliasing == Aliasing::kSameView
+                                  ? detail::concat(" (or '", input.arg, "' itself)")
+                                  : std::string()),
+        loc);
+  }
+}
 
 /// The tensor's data pointer as T*, honouring DLPack's byte_offset.
 template <typename T>

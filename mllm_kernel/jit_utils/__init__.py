@@ -3,7 +3,8 @@
 >>> from mllm_kernel.jit_utils import cache_once, load_cpu_jit, make_cpp_args
 
 See :func:`load_cpu_jit`, :func:`load_cuda_jit`, :func:`make_cpp_args`,
-:func:`cache_once` and :func:`register_kernel`.
+:func:`cache_once` and :func:`register_kernel`; an op's Python wrapper checks its
+arguments with :mod:`mllm_kernel.jit_utils.op_inputs`.
 """
 
 from mllm_kernel.jit_utils.cache_once import cache_once

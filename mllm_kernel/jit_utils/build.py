@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shlex
 import subprocess
@@ -10,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from mllm_kernel.jit_utils import env, paths, toolchain
+from mllm_kernel.jit_utils import env, include_search, paths, toolchain
 from mllm_kernel.jit_utils.cache import file_digest
 from mllm_kernel.jit_utils.cuda_arch import gencode_flags
 from mllm_kernel.jit_utils.errors import KernelBuildError
@@ -27,6 +29,22 @@ _NVCC_ERROR = re.compile(
     r"^(?P<file>\S[^(]*)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.*)$"
 )
 _ANY_ERROR = re.compile(r"(?i)\berror\b|undefined reference|cannot find -l|nvcc fatal")
+# A full, read-only or forbidden filesystem: the tools report it in passing and then
+# fail with a generic line (collect2's "ld returned 1 exit status"), so it is looked
+# for first. strerror text -> errno name.
+_FILESYSTEM_ERRORS = {
+    "No space left on device": "ENOSPC",
+    "Read-only file system": "EROFS",
+    "Permission denied": "EACCES",
+}
+_FILESYSTEM_ERROR = re.compile("|".join(map(re.escape, _FILESYSTEM_ERRORS)))
+_FILESYSTEM_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EROFS: "EROFS", errno.EACCES: "EACCES"}
+_FILESYSTEM_HINT = (
+    "free space or fix the permissions there, or point MLLM_KERNEL_CACHE_DIR at a "
+    "writable filesystem"
+)
+_ABSOLUTE_PATH = re.compile(r"(/[^\s:'\"]+)")
+_TOOL_PREFIX = re.compile(r"^\S+?: ")  # "/usr/bin/ld: ", "cc1plus: "
 
 _HINTS = (
     (
@@ -61,20 +79,21 @@ _HINTS = (
 @dataclass
 class BuildResult:
     artifact: Path
-    deps: dict[str, str]
+    deps: dict[str, str]  # path -> sha256, headers and sources outside the toolchain
+    toolchain_deps: dict[str, str]  # path -> "size:mtime_ns", see include_search
+    include_search: list[dict]  # per unit: include_search.record()
     seconds: float
     toolchain: dict[str, str]
 
 
 def _compile_command(spec: BuildSpec, unit: Path, obj: Path, depfile: Path) -> list[str]:
     includes = [f"-I{paths.include_dir()}", *(f"-I{p}" for p in spec.include_paths)]
-    # tvm-ffi's headers are covered by its version in the key, so keep them out of
-    # the dependency output (-MMD skips system headers).
     for path in paths.tvm_ffi_include_dirs():
         includes += ["-isystem", str(path)]  # nvcc rejects the joined -isystem<path> form
     cxx = str(toolchain.find_cxx().path)
-    # Both compilers: the include closure to `depfile` (-MMD), one object out.
-    common = [*includes, "-MMD", "-MF", str(depfile), "-c", str(unit), "-o", str(obj)]
+    # Both compilers: every header opened, system ones included (-MD, not -MMD: a header
+    # reached through -isystem must be recorded too), to `depfile`; one object out.
+    common = [*includes, "-MD", "-MF", str(depfile), "-c", str(unit), "-o", str(obj)]
     if unit.suffix == ".cu":
         nvcc = str(toolchain.find_cuda().nvcc.path)
         return [nvcc, "-ccbin", cxx, *spec.cuda_flags, *gencode_flags(spec.cuda_archs), *common]
@@ -128,6 +147,21 @@ def first_error(log: str) -> str:
     return lines[-1].strip() if lines else "unknown error (empty compiler output)"
 
 
+def filesystem_error(log: str, workdir: Path) -> str | None:
+    """``"<strerror> (<ERRNO>): <path>"`` when the tools failed on the filesystem.
+
+    The path is the one the failing line names, else ``workdir`` (where every
+    output of the build is written).
+    """
+    for line in log.splitlines():
+        match = _FILESYSTEM_ERROR.search(line)
+        if match:
+            named = _ABSOLUTE_PATH.findall(_TOOL_PREFIX.sub("", line[: match.start()], count=1))
+            path = named[-1] if named else str(workdir)
+            return f"{match[0]} ({_FILESYSTEM_ERRORS[match[0]]}): {path}"
+    return None
+
+
 def hint_for(log: str) -> str | None:
     for pattern, hint in _HINTS:
         if pattern.search(log):
@@ -165,32 +199,79 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
         log += f"$ {shlex.join(link)}\n{out}\n"
         failed = code != 0
     if failed:
-        log_path.write_text(log)
-        raise _build_error(spec, log, log_path)
+        raise _build_error(spec, log, log_path, staging)
 
-    deps: dict[str, str] = {}
-    for _, _, depfile in jobs:
-        for dep in parse_depfile(depfile.read_text()):
-            path = (staging / dep).resolve()
-            if path.parent != staging.resolve():  # generated units are covered by the key
-                deps[str(path)] = file_digest(path)
+    deps, toolchain_deps, searches = _record_inputs(spec, staging, jobs)
     for _, obj, depfile in jobs:  # only the .so and the generated sources are kept
         obj.unlink()
         depfile.unlink()
     tools = {"cxx": toolchain.find_cxx().version()}
     if spec.device == "cuda":
         tools["nvcc"] = toolchain.find_cuda().nvcc.version()
-    return BuildResult(artifact, deps, time.monotonic() - started, tools)
+    return BuildResult(artifact, deps, toolchain_deps, searches, time.monotonic() - started, tools)
 
 
-def _build_error(spec: BuildSpec, log: str, log_path: Path) -> KernelBuildError:
-    error = first_error(log)
-    hint = hint_for(log)
+def _record_inputs(
+    spec: BuildSpec, staging: Path, jobs: list[tuple[Path, Path, Path]]
+) -> tuple[dict[str, str], dict[str, str], list[dict]]:
+    """What the manifest keeps of the compilers' dependency output: hashes of our and
+    the user's files, fingerprints of the toolchain's, and how each name resolved."""
+    toolchain_dirs = include_search.toolchain_dirs(spec)
+    owned_by_toolchain = tuple(d + os.sep for d in toolchain_dirs)
+    generated = staging.resolve()
+    deps: dict[str, str] = {}
+    toolchain_deps: dict[str, str] = {}
+    searches = []
+    for unit, _, depfile in jobs:
+        opened = [os.path.normpath(staging / dep) for dep in parse_depfile(depfile.read_text())]
+        # The generated units live (briefly) in staging; the key covers their text.
+        opened = [path for path in opened if Path(path).resolve().parent != generated]
+        for path in opened:
+            if path.startswith(owned_by_toolchain):
+                toolchain_deps[path] = include_search.toolchain_fingerprint(path)
+            else:
+                deps[str(Path(path).resolve())] = file_digest(Path(path))
+        dirs = include_search.search_path(spec, unit)
+        searches.append(include_search.record(dirs, opened, toolchain_dirs))
+    return deps, toolchain_deps, searches
+
+
+def cache_write_error(spec: BuildSpec, exc: OSError) -> KernelBuildError | None:
+    """The build error for ``exc`` when the cache itself could not be written (a full,
+    read-only or forbidden filesystem while locking, staging or installing), else None."""
+    name = _FILESYSTEM_ERRNOS.get(exc.errno)
+    if name is None:
+        return None
+    error = f"{exc.strerror} ({name}): {exc.filename}"
+    args = ", ".join(spec.template_args)
+    return KernelBuildError(
+        f"{error}\n"
+        f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
+        f"  hint: {_FILESYSTEM_HINT}",
+        module=spec.name,
+        template_args=spec.template_args,
+        first_error=error,
+        log_path="",
+        hint=_FILESYSTEM_HINT,
+    )
+
+
+def _build_error(spec: BuildSpec, log: str, log_path: Path, workdir: Path) -> KernelBuildError:
+    error = filesystem_error(log, workdir)
+    if error is not None:
+        hint = _FILESYSTEM_HINT
+    else:
+        error, hint = first_error(log), hint_for(log)
+    try:
+        log_path.write_text(log)
+        where_logged = str(log_path)
+    except OSError as exc:  # the same full or read-only disk, typically
+        where_logged = f"not written ({exc.strerror}: {log_path}); its end:\n{log[-2000:]}"
     args = ", ".join(spec.template_args)
     message = (
         f"{error}\n"
         f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
-        f"  full log: {log_path}"
+        f"  full log: {where_logged}"
     )
     if hint:
         message += f"\n  hint: {hint}"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import filelock
 
-from mllm_kernel.jit_utils import env
+from mllm_kernel.jit_utils import env, include_search
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT
@@ -46,6 +46,75 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+class CorruptManifest(ValueError):
+    """A manifest that is not valid JSON of the schema below: the entry is rebuilt."""
+
+
+def _is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_str_dict(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _is_str_int_dict(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and type(v) is int for k, v in value.items()
+    )
+
+
+def _is_include_search(value: object) -> bool:
+    """A list of include_search.record() results."""
+    return isinstance(value, list) and all(
+        isinstance(unit, dict)
+        and set(unit) == {"dirs", "names", "listed"}
+        and _is_str_list(unit["dirs"])
+        and _is_str_int_dict(unit["names"])
+        and all(-1 <= v < len(unit["dirs"]) for v in unit["names"].values())
+        and _is_str_int_dict(unit["listed"])
+        for unit in value
+    )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_plain_file_name(value: object) -> bool:
+    """A name of a file directly inside the entry (no ``/``, ``..`` or NUL)."""
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and "/" not in value
+        and "\\" not in value
+        and "\0" not in value
+    )
+
+
+# The manifest schema: field -> (check, what it must be). One place, used by read().
+_SCHEMA = {
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "device": (lambda v: v in ("cpu", "cuda"), '"cpu" or "cuda"'),
+    "template_args": (_is_str_list, "a list of strings"),
+    "key_hash": (lambda v: isinstance(v, str), "a string"),
+    "artifact": (_is_plain_file_name, "a file name inside the entry"),
+    "artifact_size": (lambda v: type(v) is int and v >= 0, "an int >= 0"),
+    "artifact_sha256": (lambda v: isinstance(v, str), "a string"),
+    "deps": (_is_str_dict, "an object of path -> sha256 strings"),
+    "toolchain_deps": (_is_str_dict, "an object of path -> fingerprint strings"),
+    "include_search": (_is_include_search, 'a list of {"dirs", "names", "listed"}'),
+    "exports": (_is_str_list, "a list of strings"),
+    "built_at": (_is_number, "a number"),
+    "build_seconds": (_is_number, "a number"),
+    "toolchain": (_is_str_dict, "an object of strings"),
+    "cuda_archs": (_is_str_list, "a list of strings"),
+    "format": (lambda v: v == CACHE_FORMAT, f"{CACHE_FORMAT}"),
+}
+
+
 @dataclass
 class Manifest:
     """What a module directory holds and what it was built from."""
@@ -57,10 +126,12 @@ class Manifest:
     artifact: str
     artifact_size: int
     artifact_sha256: str
-    deps: dict[str, str]  # absolute path -> sha256 of the include closure
+    deps: dict[str, str]  # absolute path -> sha256, sources and non-toolchain headers
     exports: list[str]
     built_at: float
     build_seconds: float
+    toolchain_deps: dict[str, str] = field(default_factory=dict)  # path -> "size:mtime_ns"
+    include_search: list[dict] = field(default_factory=list)  # per unit: include_search.record()
     toolchain: dict[str, str] = field(default_factory=dict)
     cuda_archs: list[str] = field(default_factory=list)
     format: int = CACHE_FORMAT
@@ -72,9 +143,27 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
-        data = json.loads((directory / MANIFEST).read_text())
-        if data.get("format") != CACHE_FORMAT:
-            raise ValueError(f"manifest format {data.get('format')} != {CACHE_FORMAT}")
+        """The manifest of ``directory``; CorruptManifest unless it matches the schema
+        exactly (OSError if it cannot be read)."""
+        text = (directory / MANIFEST).read_text()
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CorruptManifest(f"not JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Manifest:
+        """``data`` (parsed JSON) as a Manifest, after checking it against the schema."""
+        if not isinstance(data, dict):
+            raise CorruptManifest(f"expected a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_SCHEMA))
+        missing = sorted(set(_SCHEMA) - set(data))
+        if unknown or missing:
+            raise CorruptManifest(f"fields missing {missing}, unknown {unknown}")
+        for name, (check, expected) in _SCHEMA.items():
+            if not check(data[name]):
+                raise CorruptManifest(f"{name!r} must be {expected}, got {data[name]!r:.80}")
         return cls(**data)
 
 
@@ -95,11 +184,13 @@ class Lookup:
 def lookup(key: ModuleKey) -> Lookup:
     """Validates ``key``'s directory without spawning anything."""
     directory = key.path
-    if not (directory / MANIFEST).exists():
+    if not directory.is_dir():
         return Lookup("missing")
     try:
         manifest = Manifest.read(directory)
-    except (OSError, ValueError, TypeError) as exc:
+    except FileNotFoundError:
+        return Lookup("corrupt", reason=f"{MANIFEST} is missing")
+    except (OSError, ValueError) as exc:
         return Lookup("corrupt", reason=f"unreadable manifest ({exc})")
     if manifest.key_hash != key.hash:
         return Lookup("corrupt", reason="manifest belongs to another key", manifest=manifest)
@@ -120,14 +211,31 @@ def lookup(key: ModuleKey) -> Lookup:
             reason=f"{artifact.name} content does not match its checksum",
             manifest=manifest,
         )
+    reason = _changed_input(manifest)
+    if reason:
+        return Lookup("stale", reason=reason, manifest=manifest)
+    return Lookup("hit", artifact=artifact, manifest=manifest)
+
+
+def _changed_input(manifest: Manifest) -> str | None:
+    """Why the build's inputs differ from the recorded ones (None: they do not)."""
+    for dep, fingerprint in manifest.toolchain_deps.items():
+        try:
+            if include_search.toolchain_fingerprint(dep) != fingerprint:
+                return f"{dep} changed"
+        except OSError:
+            return f"{dep} no longer exists"
+    for unit in manifest.include_search:
+        reason = include_search.shadowed(unit)
+        if reason:
+            return reason
     for dep, digest in manifest.deps.items():
         try:
-            current = file_digest(Path(dep))
+            if file_digest(Path(dep)) != digest:
+                return f"{dep} changed"
         except OSError:
-            return Lookup("stale", reason=f"{dep} no longer exists", manifest=manifest)
-        if current != digest:
-            return Lookup("stale", reason=f"{dep} changed", manifest=manifest)
-    return Lookup("hit", artifact=artifact, manifest=manifest)
+            return f"{dep} no longer exists"
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -156,8 +264,10 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     owner_file = locks_dir / f"{key.dirname}.owner"
     with _thread_locks_guard:
         thread_lock = _thread_locks.setdefault(key.dirname, threading.Lock())
-    deadline = time.monotonic() + timeout
-    if not thread_lock.acquire(timeout=max(timeout, 0)):
+    deadline = time.monotonic() + timeout  # inf stays inf: wait forever
+    # Lock.acquire rejects timeouts above TIMEOUT_MAX (OverflowError); -1 blocks.
+    thread_timeout = -1 if timeout >= threading.TIMEOUT_MAX else max(timeout, 0)
+    if not thread_lock.acquire(timeout=thread_timeout):
         raise CacheLockTimeout(f"waited {timeout:.0f}s for another thread building {key.dirname}")
     try:
         lock = filelock.FileLock(str(locks_dir / f"{key.dirname}.lock"), thread_local=False)

@@ -34,13 +34,16 @@ def key_material(spec: BuildSpec) -> dict:
 
     Source and header *contents* are not here: the manifest records the real
     include closure (from the compiler's dependency output) and the loader
-    rebuilds when any of it changed.
+    rebuilds when any of it changed or a name in it now resolves to another
+    file (see :mod:`.include_search`). The include-path variables are here
+    because they move headers in and out of the search path.
     """
     material = {
         "format": CACHE_FORMAT,
         "spec": asdict(spec),
         "cxx": toolchain.find_cxx().identity,
         "include_dirs": [str(paths.include_dir()), *map(str, paths.tvm_ffi_include_dirs())],
+        "include_path_variables": env.include_path_variables(),
         "tvm_ffi": tvm_ffi.__version__,
         "mllm_kernel": __version__,
     }

@@ -5,18 +5,25 @@
 ``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
 ``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
 ``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset
-``MLLM_KERNEL_LOCK_TIMEOUT``   seconds to wait for another process's build (900)
+``MLLM_KERNEL_LOCK_TIMEOUT``   seconds to wait for another process's build (900;
+                               ``inf``: wait forever)
 ``MLLM_KERNEL_CHECK_BOUNDS``   ``1``: kernels that take indices check their range
                                (read once per process, at the first such call)
 ``MLLM_KERNEL_LOG_LEVEL``      level of the ``mllm_kernel`` logger (``INFO``)
 ``CUDA_HOME`` / ``CUDA_PATH``  the CUDA toolkit (else nvcc on PATH, /usr/local/cuda)
 ``CXX``                        the host C++ compiler (else c++, g++, clang++)
+``CPATH``, ``CPLUS_INCLUDE_PATH``, ``C_INCLUDE_PATH``
+                               honoured by the compilers; their values join the
+                               cache key (they change which headers a build sees)
 =============================  ===================================================
+
+A malformed value raises ValueError naming the variable, at the first read.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -52,14 +59,32 @@ def log_level() -> str:
     return os.environ.get("MLLM_KERNEL_LOG_LEVEL", "INFO").upper()
 
 
-def lock_timeout() -> float:
-    value = os.environ.get("MLLM_KERNEL_LOCK_TIMEOUT", "900")
+def _seconds(name: str, default: str) -> float:
+    """A non-negative number of seconds from ``name``; ``inf`` means no limit."""
+    value = os.environ.get(name, "").strip() or default
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
+        seconds = math.nan
+    if math.isnan(seconds) or seconds < 0:
         raise ValueError(
-            f"MLLM_KERNEL_LOCK_TIMEOUT must be a number of seconds, got {value!r}"
-        ) from None
+            f"{name} must be a number of seconds >= 0 (or inf to wait forever), got {value!r}"
+        )
+    return seconds
+
+
+def lock_timeout() -> float:
+    """``MLLM_KERNEL_LOCK_TIMEOUT`` in seconds (900 when unset; ``math.inf``: no limit)."""
+    return _seconds("MLLM_KERNEL_LOCK_TIMEOUT", "900")
+
+
+# The compilers read these; a value that differs must give a different cache key.
+INCLUDE_PATH_VARIABLES = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH")
+
+
+def include_path_variables() -> dict[str, str]:
+    """The include-path variables that are set, name -> value."""
+    return {name: os.environ[name] for name in INCLUDE_PATH_VARIABLES if os.environ.get(name)}
 
 
 def cuda_arch_list() -> tuple[str, str] | None:

@@ -15,7 +15,7 @@ from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
 from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import KernelBuildError
-from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper, check_module_name, check_one_line
 from mllm_kernel.logging_setup import get_logger
 
 _logger = get_logger()
@@ -67,9 +67,7 @@ def _template_args(args: Iterable[Any]) -> tuple[str, ...]:
     out = []
     for arg in args:
         text = arg if isinstance(arg, str) else to_cpp_arg(arg)
-        if "\n" in text or not text.strip():
-            raise ValueError(f"template argument {arg!r} must be one non-empty line of C++")
-        out.append(text)
+        out.append(check_one_line(text, "template argument"))
     return tuple(out)
 
 
@@ -109,6 +107,7 @@ def load_cpu_jit(
     Raises FileNotFoundError (a source), ToolchainError (no compiler),
     KernelBuildError (the compiler failed; the message leads with its first error).
     """
+    check_module_name(name)
     spec = BuildSpec(
         name=name,
         device="cpu",
@@ -142,6 +141,7 @@ def load_cuda_jit(
     ``MLLM_KERNEL_CUDA_ARCH_LIST`` / ``TORCH_CUDA_ARCH_LIST``, else the GPU
     ``device_index`` (default: torch's current device); see :mod:`.cuda_arch`.
     """
+    check_module_name(name)
     spec = BuildSpec(
         name=name,
         device="cuda",
@@ -208,6 +208,8 @@ def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cac
         artifact_size=result.artifact.stat().st_size,
         artifact_sha256=cache.file_digest(result.artifact),
         deps=result.deps,
+        toolchain_deps=result.toolchain_deps,
+        include_search=result.include_search,
         exports=list(spec.exports),
         built_at=time.time(),
         build_seconds=round(result.seconds, 3),
@@ -232,6 +234,16 @@ def _load_checked(artifact: Path, spec: BuildSpec) -> Any:
 
 def _locked_build(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
     """``("cached" | "built", module or None)``; the module only when ``load``."""
+    try:
+        return _locked_build_unchecked(spec, key, load=load)
+    except OSError as exc:
+        error = build.cache_write_error(spec, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _locked_build_unchecked(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
     with cache.module_lock(key, purpose=f"building {spec.describe()}"):
         found = cache.lookup(key)
         if found.status == "hit":

@@ -12,9 +12,51 @@ from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _UNSAFE_IN_DIRNAME = re.compile(r"[^A-Za-z0-9_.+-]+")
+# Every character Python, C or C++ may treat as ending a line, and NUL: text that holds
+# one could end the generated line early and start a preprocessor directive.
+_LINE_BREAK = re.compile("[\x00\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+# A module name becomes file names (<name>.so, <dirname>.lock, staging dirs) that must
+# stay below NAME_MAX (255) with the device, template args and hash added.
+MAX_NAME_LENGTH = 100
 
 # Bump when the generated code or the manifest layout changes meaning.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+
+
+def check_one_line(text: str, what: str) -> str:
+    """``text`` if it is one non-empty line of C++; else ValueError naming ``what``.
+
+    >>> check_one_line("my_ns::f<3>", "wrapper 'f'")
+    'my_ns::f<3>'
+    """
+    if not text.strip() or _LINE_BREAK.search(text):
+        raise ValueError(
+            f"{what} must be one non-empty line of C++ (no line breaks such as \\n or \\r, "
+            f"no NUL), got {text!r}"
+        )
+    return text
+
+
+def check_module_name(name: object) -> str:
+    """``name`` if it is a C identifier of at most MAX_NAME_LENGTH characters; else
+    TypeError (not a str) or ValueError saying which rule it breaks.
+
+    >>> check_module_name("rmsnorm")
+    'rmsnorm'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"module name must be a str, got {type(name).__name__}")
+    if not _IDENTIFIER.fullmatch(name) or not name.isascii():
+        raise ValueError(
+            f"module name {name!r} must be a C identifier (ASCII letters, digits and '_', "
+            "not starting with a digit)"
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"module name {name[:20]!r}... has {len(name)} characters; at most "
+            f"{MAX_NAME_LENGTH} are allowed (it names files in the cache)"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -27,11 +69,7 @@ class Wrapper:
     def __post_init__(self) -> None:
         if not _IDENTIFIER.fullmatch(self.export_name):
             raise ValueError(f"wrapper export name {self.export_name!r} is not a C identifier")
-        if not self.expression.strip() or "\n" in self.expression:
-            raise ValueError(
-                f"wrapper {self.export_name!r}: the C++ expression must be one non-empty line, "
-                f"got {self.expression!r}"
-            )
+        check_one_line(self.expression, f"the C++ expression of wrapper {self.export_name!r}")
 
     def render(self) -> str:
         # The parentheses keep commas of template arguments out of the macro's arguments.
@@ -60,8 +98,7 @@ class BuildSpec:
     cuda_archs: tuple[CudaArch, ...] = ()
 
     def __post_init__(self) -> None:
-        if not _IDENTIFIER.fullmatch(self.name):
-            raise ValueError(f"module name {self.name!r} must be a C identifier")
+        check_module_name(self.name)
         exports = [w.export_name for w in (*self.cpp_wrappers, *self.cuda_wrappers)]
         if not exports:
             raise ValueError(

@@ -43,7 +43,7 @@ inline RowMatrix as_rows(const TensorView& tensor, const char* arg,
     detail::throw_error(
         "ValueError",
         detail::concat("argument '", arg, "': expected stride 1 in the last dim but got stride ",
-                       tensor.stride(-1)),
+                       tensor.stride(-1), "; call .contiguous() on it first"),
         loc);
   }
   int64_t rows = 1;
@@ -79,7 +79,8 @@ inline RowMatrix as_first_dim_rows(const TensorView& tensor, const char* arg,
       detail::throw_error(
           "ValueError",
           detail::concat("argument '", arg, "': each ", arg, "[i] must be contiguous, but dim ", i,
-                         " has stride ", tensor.stride(i), " (expected ", cols, ")"),
+                         " has stride ", tensor.stride(i), " (expected ", cols,
+                         "); call .contiguous() on it first"),
           loc);
     }
     cols *= tensor.size(i);

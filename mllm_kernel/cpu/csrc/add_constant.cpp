@@ -38,6 +38,8 @@ void run(TensorView out, TensorView x, Scalar c, int64_t num_threads) {
   Dtypes::allow(TensorMatcher()).device(kDLCPU, device).verify(x, "x");
   TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).verify(out, "out");
   verify_shape_like(out, "out", x, "x");
+  // Each element is read before it is written by the same thread: in place works.
+  verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
   Dtypes::dispatch(x.dtype(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     unary_map<T, T>(out, x, num_threads, [c](T v) { return add(v, c); });

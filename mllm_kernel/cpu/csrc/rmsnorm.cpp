@@ -43,6 +43,8 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
   rmsnorm_detail::verify_x_and_weight(x, weight, device);
   TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).last_dim_contiguous().verify(out, "out");
   verify_shape_like(out, "out", x, "x");
+  // A row is read in full (the sum) before it is written: in place works.
+  verify_output(out, "out", {{x, "x", Aliasing::kSameView}, {weight, "weight"}});
 
   const RowLayout x_rows(x), out_rows(out);
   const int64_t hidden = x_rows.cols();
@@ -82,6 +84,8 @@ inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weig
       .last_dim_contiguous()
       .verify(residual, "residual");
   verify_shape_like(residual, "residual", x, "x");
+  verify_output(x, "x", {{residual, "residual"}, {weight, "weight"}});
+  verify_output(residual, "residual", {{weight, "weight"}});
 
   const RowLayout x_rows(x), res_rows(residual);
   const int64_t hidden = x_rows.cols();

@@ -20,6 +20,7 @@ inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
   const int64_t d = x.size(-1) / 2;
   TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).last_dim_contiguous().verify(out, "out");
   verify_shape_like(out, "out", x, "x", d);
+  verify_output(out, "out", {{x, "x"}});
 
   const RowLayout x_rows(x), out_rows(out);
   FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {

@@ -45,6 +45,8 @@ inline void softmax(TensorView out, TensorView x, int64_t num_threads) {
   FloatDtypes::allow(TensorMatcher()).device(kDLCPU, device).verify(x, "x");
   TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).verify(out, "out");
   verify_shape_like(out, "out", x, "x");
+  // A row is read in full (max and sum) before it is written: in place works.
+  verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
 
   const RowLayout x_rows(x), out_rows(out);
   const int64_t n = x_rows.cols(), xs = x_rows.col_stride(), os = out_rows.col_stride();

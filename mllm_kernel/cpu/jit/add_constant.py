@@ -8,7 +8,13 @@ import torch
 
 from mllm_kernel.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
 from mllm_kernel.cpu.jit.compile_flags import CXX_FLAGS, LDFLAGS
-from mllm_kernel.jit_utils import cache_once, load_cpu_jit, make_cpp_args, register_kernel
+from mllm_kernel.jit_utils import (
+    cache_once,
+    load_cpu_jit,
+    make_cpp_args,
+    op_inputs,
+    register_kernel,
+)
 
 
 @register_kernel("add_constant", device="cpu", variants=[(c,) for c in ALLOWED_CONSTANTS])
@@ -51,7 +57,9 @@ def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> to
     """Returns ``x + c`` for ``c`` in {1, 2, 4, 8, 16}, one compiled kernel per ``c``.
 
     ``x``: any shape and strides; float32, float64, bfloat16, float16, int32 or
-    int64. ``out``: written in place if given (``x``'s shape and dtype, any strides).
+    int64. ``out``: written in place if given (``x``'s shape and dtype, any strides
+    but zero ones); it may be ``x`` itself, but not overlap ``x`` otherwise. For
+    other values of ``c`` use :func:`add_constant_runtime`.
 
     >>> add_constant(torch.zeros(3), 8)
     tensor([8., 8., 8.])
@@ -61,9 +69,13 @@ def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> to
     kernel = _kernels.get(c) if type(c) is int else None
     if kernel is None:
         kernel = _kernel_for(c)
-    if out is None:
-        out = torch.empty_like(x)
-    kernel(out, x, torch.get_num_threads())
+    x = op_inputs.tensor(x, "x")
+    try:
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        kernel(out, x, torch.get_num_threads())
+    except Exception as error:
+        op_inputs.explain(error, "cpu", x=x, out=out)
+        raise
     return out
 
 
@@ -75,12 +87,18 @@ def add_constant_runtime(
     ``x``: any shape and strides; float32, float64, bfloat16 or float16, computed
     in float32 for the 16-bit types. Unlike torch, ``c`` is not first rounded to
     ``x``'s dtype, so 16-bit results may differ from torch's by one unit in the
-    last place (they are closer to the exact sum). ``out`` as for :func:`add_constant`.
+    last place (they are closer to the exact sum). ``c``: an int or float (not a
+    bool or str). ``out`` as for :func:`add_constant`.
 
     >>> add_constant_runtime(torch.zeros(2), 0.5)
     tensor([0.5000, 0.5000])
     """
-    if out is None:
-        out = torch.empty_like(x)
-    _runtime_module().add_constant_runtime(out, x, float(c), torch.get_num_threads())
+    x = op_inputs.tensor(x, "x")
+    c = op_inputs.number(c, "c")
+    try:
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        _runtime_module().add_constant_runtime(out, x, c, torch.get_num_threads())
+    except Exception as error:
+        op_inputs.explain(error, "cpu", x=x, out=out)
+        raise
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.cpu.jit.compile_flags import CXX_FLAGS, LDFLAGS
-from mllm_kernel.jit_utils import cache_once, load_cpu_jit, register_kernel
+from mllm_kernel.jit_utils import cache_once, load_cpu_jit, op_inputs, register_kernel
 
 
 @register_kernel("rmsnorm", device="cpu", variants=[()])
@@ -29,15 +29,22 @@ def rmsnorm(
     """Returns ``x / sqrt(mean(x**2, -1) + eps) * weight``, computed in float32.
 
     ``x``: ``[..., hidden]`` float32, bfloat16 or float16, each row contiguous
-    (rows may be strided). ``weight``: ``[hidden]``, ``x``'s dtype. ``out``:
-    written in place if given (``x``'s shape and dtype; may be ``x`` itself).
+    (rows may be strided). ``weight``: ``[hidden]``, ``x``'s dtype. ``eps``: a
+    number. ``out``: written in place if given (``x``'s shape and dtype, no zero
+    strides); it may be ``x`` itself, but not overlap ``x`` or ``weight`` otherwise.
 
     >>> rmsnorm(torch.full((1, 4), 2.0), torch.ones(4))
     tensor([[1.0000, 1.0000, 1.0000, 1.0000]])
     """
-    if out is None:
-        out = torch.empty_like(x)
-    _module().rmsnorm(out, x, weight, float(eps), torch.get_num_threads())
+    x = op_inputs.tensor(x, "x")
+    weight = op_inputs.tensor(weight, "weight")
+    eps = op_inputs.number(eps, "eps")
+    try:
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        _module().rmsnorm(out, x, weight, eps, torch.get_num_threads())
+    except Exception as error:
+        op_inputs.explain(error, "cpu", x=x, weight=weight, out=out)
+        raise
     return out
 
 
@@ -48,11 +55,20 @@ def fused_add_rmsnorm(
 
     The norm uses the float32 sum, not its rounding stored in ``residual``
     (as FlashInfer). ``residual`` has ``x``'s shape and dtype; rows of both may
-    be strided.
+    be strided. Both are written, so neither may have a zero stride or overlap
+    the other or ``weight``.
 
     >>> x, residual = torch.ones(1, 4), torch.ones(1, 4)
     >>> fused_add_rmsnorm(x, residual, torch.ones(4))
     >>> residual
     tensor([[2., 2., 2., 2.]])
     """
-    _module().fused_add_rmsnorm(x, residual, weight, float(eps), torch.get_num_threads())
+    x = op_inputs.output(x, "x")
+    residual = op_inputs.output(residual, "residual")
+    weight = op_inputs.tensor(weight, "weight")
+    eps = op_inputs.number(eps, "eps")
+    try:
+        _module().fused_add_rmsnorm(x, residual, weight, eps, torch.get_num_threads())
+    except Exception as error:
+        op_inputs.explain(error, "cpu", x=x, residual=residual, weight=weight)
+        raise

@@ -53,6 +53,7 @@ void act_and_mul(TensorView out, TensorView input, const char* op) {
   for (int64_t i = 0; same && i + 1 < input.ndim(); ++i) same = out.size(i) == input.size(i);
   ValueCheck(same, "argument 'out': expected the shape of 'input' with the last dim halved (",
              x.cols / 2, ")");
+  verify_output(out, "out", {{input, "input"}});
   if (x.rows == 0 || y.cols == 0) return;
 
   dispatch_dtype<fp32_t, fp16_t, bf16_t>(input.dtype(), "input", [&](auto tag) {

@@ -64,6 +64,8 @@ inline void run(TensorView out, TensorView x, int32_t c_int, double c_value) {
       .verify(x, "x");
   TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).contiguous().verify(out, "out");
   check_same_shape(out, "out", x, "x");
+  // Each element is read before it is written by the same thread: in place works.
+  verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_dtype<int32_t, fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {

@@ -103,6 +103,14 @@ inline void create_kv_indices(TensorView req_to_token, TensorView req_pool_indic
              "argument 'kv_indices': expected a contiguous tensor, got stride ",
              kv_indices.stride(0));
 
+  verify_output(kv_indices, "kv_indices",
+                {{req_to_token, "req_to_token"},
+                 {req_pool_indices, "req_pool_indices"},
+                 {page_kernel_lens, "page_kernel_lens"},
+                 {kv_indptr, "kv_indptr"}});
+  if (kv_start_idx.has_value()) {
+    verify_output(kv_indices, "kv_indices", {{*kv_start_idx, "kv_start_idx"}});
+  }
   kv_indices::Params p{};
   p.req_to_token = data_ptr<void>(req_to_token);
   p.req_to_token_stride = req_to_token.stride(0);

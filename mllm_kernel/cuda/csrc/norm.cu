@@ -227,6 +227,7 @@ inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double 
   TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(input, "input");
   TensorMatcher().dtype(input.dtype()).device(kDLCUDA, device).verify(out, "out");
   check_same_shape(out, "out", input, "input");
+  verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}});
   norm::check_eps(eps);
   const RowMatrix x = as_rows(input, "input");
   const RowMatrix y = as_rows(out, "out");
@@ -250,6 +251,8 @@ inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView 
   TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(input, "input");
   TensorMatcher().dtype(input.dtype()).device(kDLCUDA, device).verify(residual, "residual");
   check_same_shape(residual, "residual", input, "input");
+  verify_output(input, "input", {{residual, "residual"}, {weight, "weight"}});
+  verify_output(residual, "residual", {{weight, "weight"}});
   norm::check_eps(eps);
   const RowMatrix x = as_rows(input, "input");
   const RowMatrix r = as_rows(residual, "residual");
@@ -277,6 +280,7 @@ inline void rms_norm_gated(TensorView out, TensorView x, TensorView z, TensorVie
   TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).verify(out, "out");
   check_same_shape(z, "z", x, "x");
   check_same_shape(out, "out", x, "x");
+  verify_output(out, "out", {{x, "x", Aliasing::kSameView}, {z, "z"}, {weight, "weight"}});
   norm::check_eps(eps);
   const RowMatrix xs = as_rows(x, "x");
   const RowMatrix zs = as_rows(z, "z");

@@ -155,6 +155,10 @@ inline void apply_rope_inplace(TensorView positions, TensorView query, TensorVie
   rope::Params p{};
   p.q = rope::check_heads(query, "query", tokens, head_size, query.dtype(), device);
   p.k = rope::check_heads(key, "key", tokens, head_size, query.dtype(), device);
+  // q and k are often two column blocks of one qkv buffer: disjoint, and accepted.
+  verify_output(query, "query",
+                {{key, "key"}, {positions, "positions"}, {cos_sin_cache, "cos_sin_cache"}});
+  verify_output(key, "key", {{positions, "positions"}, {cos_sin_cache, "cos_sin_cache"}});
   p.positions = data_ptr<void>(positions);
   p.positions_stride = positions.stride(0);
   p.positions_int64 = is_dtype<int64_t>(positions.dtype());

@@ -485,6 +485,7 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
   TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(x, "x");
   TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).verify(out, "out");
   check_same_shape(out, "out", x, "x");
+  verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
   ValueCheck(temperature > 0.0 && std::isfinite(temperature),
              "argument 'temperature': expected a finite value > 0, got ", temperature);
   const RowMatrix xs = as_rows(x, "x");
@@ -533,6 +534,7 @@ inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorV
   TensorMatcher().dtype(out.dtype()).device(kDLCUDA, device).verify(grad_input, "grad_input");
   check_same_shape(grad_out, "grad_out", out, "out");
   check_same_shape(grad_input, "grad_input", out, "out");
+  verify_output(grad_input, "grad_input", {{grad_out, "grad_out"}, {out, "out"}});
   const RowMatrix ys = as_rows(out, "out");
   const RowMatrix gs = as_rows(grad_out, "grad_out");
   const RowMatrix dxs = as_rows(grad_input, "grad_input");

@@ -167,6 +167,9 @@ inline void store_cache(TensorView k, TensorView v, TensorView k_cache, TensorVi
   ValueCheck(v.ndim() >= 1 && v.size(0) == tokens.value(), "argument 'v': expected ",
              tokens.value(),
              " rows (one per index) but got shape dim 0 = ", v.ndim() >= 1 ? v.size(0) : 0);
+  verify_output(k_cache, "k_cache",
+                {{v_cache, "v_cache"}, {k, "k"}, {v, "v"}, {indices, "indices"}});
+  verify_output(v_cache, "v_cache", {{k, "k"}, {v, "v"}, {indices, "indices"}});
   store::Params p{};
   p.num_tokens = tokens.value();
   if (errors.has_value()) {

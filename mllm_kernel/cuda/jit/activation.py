@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, register_kernel
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
 
 _OPS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
 
@@ -21,9 +21,18 @@ def _module():
 
 
 def _run(op: str, input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    if out is None:
-        out = input.new_empty((*input.shape[:-1], input.shape[-1] // 2))
-    getattr(module_for(_module, input), op)(out, input)
+    """``out`` (``[..., d]``, ``input``'s dtype, no zero strides, not overlapping ``input``)
+    or a new tensor, written by ``op``."""
+    input = op_inputs.tensor(input, "input")
+    try:
+        if out is None:
+            out = input.new_empty((*input.shape[:-1], input.shape[-1] // 2))
+        else:
+            out = op_inputs.output(out, "out")
+        getattr(module_for(_module, input), op)(out, input)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", input=input, out=out)
+        raise
     return out
 
 

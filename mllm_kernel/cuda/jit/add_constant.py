@@ -6,7 +6,13 @@ import torch
 
 from mllm_kernel.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, make_cpp_args, register_kernel
+from mllm_kernel.jit_utils import (
+    cache_once,
+    load_cuda_jit,
+    make_cpp_args,
+    op_inputs,
+    register_kernel,
+)
 
 _ALLOWED = frozenset(ALLOWED_CONSTANTS)
 
@@ -36,7 +42,9 @@ def _runtime_module():
 def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x + c`` for ``c`` in {1, 2, 4, 8, 16}, a compile-time constant of the kernel.
 
-    int32, float32, float16 or bfloat16; any shape (contiguous).
+    int32, float32, float16 or bfloat16; any shape (contiguous). ``out``: ``x``'s
+    shape and dtype, contiguous; it may be ``x`` itself, but not overlap it otherwise.
+    For other values of ``c`` use :func:`add_constant_runtime`.
 
     >>> add_constant(torch.zeros(4, dtype=torch.int32, device="cuda"), 8)
     tensor([8, 8, 8, 8], device='cuda:0', dtype=torch.int32)
@@ -45,9 +53,14 @@ def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> to
     # type goes through the full check).
     if type(c) is not int or c not in _ALLOWED:
         c = checked_constant(c)
-    if out is None:
-        out = torch.empty_like(x)  # x must be contiguous: the kernel says so if not
-    module_for(_module, x, c).add_constant(out, x)
+    x = op_inputs.tensor(x, "x")
+    try:
+        # x must be contiguous: the kernel says so if not
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        module_for(_module, x, c).add_constant(out, x)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", x=x, out=out)
+        raise
     return out
 
 
@@ -59,7 +72,12 @@ def add_constant_runtime(
     >>> add_constant_runtime(torch.zeros(2, device="cuda", dtype=torch.float16), 0.5)
     tensor([0.5000, 0.5000], device='cuda:0', dtype=torch.float16)
     """
-    if out is None:
-        out = torch.empty_like(x)  # x must be contiguous: the kernel says so if not
-    module_for(_runtime_module, x).add_constant_runtime(out, x, float(c))
+    x = op_inputs.tensor(x, "x")
+    c = op_inputs.number(c, "c")
+    try:
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        module_for(_runtime_module, x).add_constant_runtime(out, x, c)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", x=x, out=out)
+        raise
     return out

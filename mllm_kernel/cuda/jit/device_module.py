@@ -3,7 +3,9 @@
 A CUDA module is compiled for one arch, which ``load_cuda_jit`` takes from the
 current GPU. The first call per (builder, arguments, device) builds under that
 device, so a tensor on ``cuda:1`` gets code for ``cuda:1`` whatever device is
-current. Later calls are two dict lookups keyed on ``tensor.get_device()``: this
+current. A tensor that is not on a GPU (index -1: CPU, meta) raises ValueError
+before an arch is chosen or anything compiles; the op's ``op_inputs.explain``
+names the argument. Later calls are two dict lookups keyed on ``tensor.get_device()``: this
 runs on every decode call, where building a ``torch.device`` and a tuple key took
 0.40 us against 0.23 us now (timeit, this repo's 2-core dev box).
 """
@@ -16,6 +18,8 @@ from typing import Any
 
 import torch
 
+from mllm_kernel.jit_utils import op_inputs
+
 # builder -> {device index, or (device index, *args): module}
 _modules: dict[Callable[..., Any], dict[Any, Any]] = {}
 _NONE: dict[Any, Any] = {}
@@ -23,7 +27,8 @@ _lock = threading.Lock()
 
 
 def module_for(builder: Callable[..., Any], tensor: torch.Tensor, *args: Any) -> Any:
-    """``builder(*args)`` (a ``cache_once`` module builder) compiled for ``tensor``'s GPU.
+    """``builder(*args)`` (a ``cache_once`` module builder) compiled for ``tensor``'s GPU;
+    ValueError if ``tensor`` is not on a GPU.
 
     >>> module_for(_norm_module, x).rmsnorm(out, x, weight, 1e-6)  # doctest: +SKIP
     """
@@ -32,8 +37,8 @@ def module_for(builder: Callable[..., Any], tensor: torch.Tensor, *args: Any) ->
     module = _modules.get(builder, _NONE).get(key)
     if module is not None:
         return module
-    if index < 0:  # not a CUDA tensor: the kernel's own checks name the argument
-        return builder(*args)
+    if index < 0:  # not a CUDA tensor: refuse before choosing an arch or compiling
+        op_inputs.not_on_device(tensor, "cuda")
     with _lock:
         built = _modules.setdefault(builder, {})
         module = built.get(key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, env, load_cuda_jit, register_kernel
+from mllm_kernel.jit_utils import cache_once, env, load_cuda_jit, op_inputs, register_kernel
 
 
 @register_kernel("store_cache", device="cuda", variants=[()])
@@ -65,8 +65,20 @@ def store_cache(
 
     >>> store_cache(k, v, k_cache, v_cache, out_cache_loc)  # doctest: +SKIP
     """
-    errors = _error_counter(k) if env.check_bounds() else None
-    module_for(_store_module, k).store_cache(k, v, k_cache, v_cache, indices, errors)
+    k = op_inputs.tensor(k, "k")
+    v = op_inputs.tensor(v, "v")
+    k_cache = op_inputs.output(k_cache, "k_cache")
+    v_cache = op_inputs.output(v_cache, "v_cache")
+    indices = op_inputs.tensor(indices, "indices")
+    try:
+        module = module_for(_store_module, k)
+        errors = _error_counter(k) if env.check_bounds() else None
+        module.store_cache(k, v, k_cache, v_cache, indices, errors)
+    except Exception as error:
+        op_inputs.explain(
+            error, "cuda", k=k, v=v, k_cache=k_cache, v_cache=v_cache, indices=indices
+        )
+        raise
     if errors is not None:
         _raise_if_counted(
             errors,
@@ -95,16 +107,36 @@ def create_kv_indices(
     >>> create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, None, kv_indices)
     ... # doctest: +SKIP
     """
-    errors = _error_counter(kv_indices) if env.check_bounds() else None
-    module_for(_indices_module, kv_indices).create_kv_indices(
-        req_to_token,
-        req_pool_indices,
-        page_kernel_lens,
-        kv_indptr,
-        kv_start_idx,
-        kv_indices,
-        errors,
-    )
+    req_to_token = op_inputs.tensor(req_to_token, "req_to_token")
+    req_pool_indices = op_inputs.tensor(req_pool_indices, "req_pool_indices")
+    page_kernel_lens = op_inputs.tensor(page_kernel_lens, "page_kernel_lens")
+    kv_indptr = op_inputs.tensor(kv_indptr, "kv_indptr")
+    kv_start_idx = op_inputs.optional_tensor(kv_start_idx, "kv_start_idx")
+    kv_indices = op_inputs.output(kv_indices, "kv_indices")
+    try:
+        module = module_for(_indices_module, kv_indices)
+        errors = _error_counter(kv_indices) if env.check_bounds() else None
+        module.create_kv_indices(
+            req_to_token,
+            req_pool_indices,
+            page_kernel_lens,
+            kv_indptr,
+            kv_start_idx,
+            kv_indices,
+            errors,
+        )
+    except Exception as error:
+        op_inputs.explain(
+            error,
+            "cuda",
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            page_kernel_lens=page_kernel_lens,
+            kv_indptr=kv_indptr,
+            kv_start_idx=kv_start_idx,
+            kv_indices=kv_indices,
+        )
+        raise
     if errors is not None:
         _raise_if_counted(
             errors,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, register_kernel
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
 
 
 @register_kernel("norm", device="cuda", variants=[()])
@@ -31,15 +31,23 @@ def rmsnorm(
     """``input * rsqrt(mean(input**2, -1) + eps) * weight`` over the last dim.
 
     fp32/fp16/bf16, any hidden size and leading shape, fp32 accumulation;
-    ``weight`` has the dtype of ``input`` and shape ``[hidden]``.
+    ``weight`` has the dtype of ``input`` and shape ``[hidden]``. ``out``: ``input``'s
+    shape and dtype, no zero strides; it may be ``input`` itself, but not overlap
+    ``input`` or ``weight`` otherwise.
 
     >>> x = torch.randn(4, 4096, dtype=torch.bfloat16, device="cuda")
     >>> rmsnorm(x, torch.ones(4096, dtype=torch.bfloat16, device="cuda")).shape
     torch.Size([4, 4096])
     """
-    if out is None:
-        out = torch.empty_like(input)
-    module_for(_module, input).rmsnorm(out, input, weight, eps)
+    input = op_inputs.tensor(input, "input")
+    weight = op_inputs.tensor(weight, "weight")
+    eps = op_inputs.number(eps, "eps")
+    try:
+        out = torch.empty_like(input) if out is None else op_inputs.output(out, "out")
+        module_for(_module, input).rmsnorm(out, input, weight, eps)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", input=input, weight=weight, out=out)
+        raise
     return out
 
 
@@ -48,11 +56,20 @@ def fused_add_rmsnorm(
 ) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual) * weight``.
 
-    The output is the norm of ``residual`` as stored (rounded to its dtype).
+    The output is the norm of ``residual`` as stored (rounded to its dtype). Both
+    are written, so neither may have a zero stride or overlap the other or ``weight``.
 
     >>> fused_add_rmsnorm(hidden, residual, weight)  # doctest: +SKIP
     """
-    module_for(_module, input).fused_add_rmsnorm(input, residual, weight, eps)
+    input = op_inputs.output(input, "input")
+    residual = op_inputs.output(residual, "residual")
+    weight = op_inputs.tensor(weight, "weight")
+    eps = op_inputs.number(eps, "eps")
+    try:
+        module_for(_module, input).fused_add_rmsnorm(input, residual, weight, eps)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", input=input, residual=residual, weight=weight)
+        raise
 
 
 def rms_norm_gated(
@@ -63,11 +80,20 @@ def rms_norm_gated(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``rmsnorm(x) * weight * silu(z)`` over the last dim (``z`` shaped like ``x``).
+    ``out`` as for :func:`rmsnorm`: it may be ``x`` itself, but overlap neither ``x``
+    nor ``z`` otherwise.
 
     >>> rms_norm_gated(x, z, weight).shape == x.shape  # doctest: +SKIP
     True
     """
-    if out is None:
-        out = torch.empty_like(x)
-    module_for(_module, x).rms_norm_gated(out, x, z, weight, eps)
+    x = op_inputs.tensor(x, "x")
+    z = op_inputs.tensor(z, "z")
+    weight = op_inputs.tensor(weight, "weight")
+    eps = op_inputs.number(eps, "eps")
+    try:
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        module_for(_module, x).rms_norm_gated(out, x, z, weight, eps)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", x=x, z=z, weight=weight, out=out)
+        raise
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, register_kernel
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
 
 
 @register_kernel("rope", device="cuda", variants=[()])
@@ -38,6 +38,17 @@ def apply_rope_with_cos_sin_cache_inplace(
 
     >>> apply_rope_with_cos_sin_cache_inplace(pos, q, k, 128, cache)  # doctest: +SKIP
     """
-    module_for(_module, query).apply_rope_inplace(
-        positions, query, key, cos_sin_cache, head_size, is_neox
-    )
+    positions = op_inputs.tensor(positions, "positions")
+    query = op_inputs.output(query, "query")
+    key = op_inputs.output(key, "key")
+    cos_sin_cache = op_inputs.tensor(cos_sin_cache, "cos_sin_cache")
+    head_size = op_inputs.integer(head_size, "head_size")
+    try:
+        module_for(_module, query).apply_rope_inplace(
+            positions, query, key, cos_sin_cache, head_size, bool(is_neox)
+        )
+    except Exception as error:
+        op_inputs.explain(
+            error, "cuda", positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache
+        )
+        raise

@@ -1,0 +1,184 @@
+"""Argument checks that every op wrapper (CPU and CUDA) runs before calling its kernel.
+
+The C++ side checks shapes, dtypes, strides and devices (``tensor.hpp``). What it
+cannot see, because DLPack does not carry it or because the conversion to DLPack
+fails first with a message about torch's internals, is checked here:
+
+* a non-tensor where a tensor belongs (TypeError naming the argument);
+* a tensor with the negative bit (``x.conj().imag``): DLPack exports the raw
+  values, so an input is resolved (``resolve_neg()``) and an output refused;
+  conjugate views are complex, which no kernel accepts (the dtype check says so);
+* a scalar that is not a number (TypeError; ``bool`` is not a number here);
+* a ``dim`` out of range (IndexError, as torch raises it, naming the argument);
+* and, once a call failed: a meta, sparse, quantized or nested tensor, or one on
+  the wrong kind of device, explained by :func:`explain` (ValueError naming the
+  argument) instead of a RuntimeError from inside torch or tvm-ffi.
+
+The first four run on every call, so each has a fast path for the common case
+(an exact ``torch.Tensor`` / ``float`` / ``int``) that costs one or two attribute
+reads; the last runs only on a failure. A new op's wrapper reads::
+
+    from mllm_kernel.jit_utils import op_inputs
+
+    def my_op(x, scale=1.0, out=None):
+        x = op_inputs.tensor(x, "x")
+        scale = op_inputs.number(scale, "scale")
+        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
+        try:
+            module_for(_module, x).my_op(out, x, scale)  # CPU ops: _module().my_op(...)
+        except Exception as error:
+            op_inputs.explain(error, "cuda", x=x, out=out)
+            raise
+        return out
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NoReturn
+
+import torch
+
+_Tensor = torch.Tensor
+
+
+# --------------------------------------------------------------------------- tensors
+def tensor(value: Any, arg: str) -> torch.Tensor:
+    """``value`` as an input tensor: TypeError if it is not a tensor; a negative view is
+    resolved (copied) so that the kernel reads the values torch shows.
+
+    >>> tensor(torch.tensor([1 + 1j]).conj().imag, "x")
+    tensor([-1.])
+    """
+    if type(value) is _Tensor and not value.is_neg():
+        return value
+    return _slow_tensor(value, arg, output=False)
+
+
+def output(value: Any, arg: str) -> torch.Tensor:
+    """``value`` as a tensor the kernel writes: TypeError if it is not a tensor,
+    ValueError for a negative view (writing through it would store negated values)."""
+    if type(value) is _Tensor and not value.is_neg():
+        return value
+    return _slow_tensor(value, arg, output=True)
+
+
+def optional_tensor(value: Any, arg: str) -> torch.Tensor | None:
+    """Like :func:`tensor`, with ``None`` passed through."""
+    return None if value is None else tensor(value, arg)
+
+
+def _slow_tensor(value: Any, arg: str, output: bool) -> torch.Tensor:
+    if not isinstance(value, _Tensor):
+        raise TypeError(f"argument '{arg}': expected a torch.Tensor but got {_type_name(value)}")
+    if value.is_neg():
+        if output:
+            raise ValueError(
+                f"argument '{arg}': a negative view (for example x.conj().imag) cannot be "
+                "written through; pass a plain tensor and negate afterwards"
+            )
+        return value.resolve_neg()
+    return value  # a subclass such as torch.nn.Parameter
+
+
+# --------------------------------------------------------------------------- scalars
+def number(value: Any, arg: str) -> float:
+    """``value`` as a float: an int or float (numpy scalars too), not a bool or a str.
+
+    >>> number(2, "eps")
+    2.0
+    """
+    if type(value) is float:
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"argument '{arg}': expected a number but got {_type_name(value)}")
+
+
+def optional_number(value: Any, arg: str) -> float | None:
+    """Like :func:`number`, with ``None`` passed through."""
+    return None if value is None else number(value, arg)
+
+
+def integer(value: Any, arg: str) -> int:
+    """``value`` as an int: any integer type, not a bool, a float or a str.
+
+    >>> integer(128, "head_size")
+    128
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"argument '{arg}': expected an int but got {_type_name(value)}")
+
+
+def dim(value: Any, ndim: int, arg: str = "dim") -> int:
+    """``value`` as a dim of a tensor of rank ``ndim``, in ``[0, ndim)``; IndexError when
+    out of range (torch's own type for it), TypeError when not an int.
+
+    >>> dim(-1, 3)
+    2
+    """
+    value = integer(value, arg)
+    low, high = -max(ndim, 1), max(ndim, 1) - 1
+    if not low <= value <= high:
+        raise IndexError(
+            f"argument '{arg}': dimension out of range (expected to be in range of "
+            f"[{low}, {high}], but got {value})"
+        )
+    return value % max(ndim, 1)
+
+
+# --------------------------------------------------------------------------- failures
+def unsupported(value: torch.Tensor, device: str) -> str | None:
+    """Why a kernel for ``device`` (``"cpu"`` or ``"cuda"``) cannot take ``value``,
+    or None if it can as far as its kind goes (the kernel checks the rest)."""
+    if value.is_meta:
+        return f"expected a tensor on {device} but got a meta tensor (it has no data)"
+    if value.layout is not torch.strided:
+        return f"expected a strided (dense) tensor but got layout {value.layout}; call .to_dense()"
+    if value.is_quantized:
+        return "quantized tensors are not supported; call .dequantize()"
+    if value.is_nested:
+        return "nested tensors are not supported; pass each component or a padded tensor"
+    kind = value.device.type
+    if kind != device:
+        return f"expected a tensor on {device} but got one on {value.device}"
+    return None
+
+
+def check_device(device: str, **tensors: Any) -> None:
+    """ValueError naming the first of ``tensors`` (name=value) that a ``device`` kernel
+    cannot take (see :func:`unsupported`); None values are skipped. The slow path of
+    :func:`explain`, and what CUDA ops call before choosing an arch or compiling."""
+    for arg, value in tensors.items():
+        if isinstance(value, _Tensor):
+            reason = unsupported(value, device)
+            if reason:
+                raise ValueError(f"argument '{arg}': {reason}")
+
+
+def explain(error: BaseException, device: str, **tensors: Any) -> None:
+    """From an op's ``except`` clause: raises a ValueError naming the argument when one
+    of ``tensors`` is of a kind the kernel cannot take (the real cause of ``error``),
+    else returns so that the caller re-raises ``error`` unchanged.
+
+    The clear error replaces ``error`` (``from None``): that one is torch's or tvm-ffi's
+    account of the same problem, often with a C++ stack trace.
+    """
+    del error  # kept in the signature so that call sites read as what they do
+    try:
+        check_device(device, **tensors)
+    except ValueError as clear:
+        raise clear from None
+
+
+def not_on_device(tensor_value: torch.Tensor, device: str) -> NoReturn:
+    """Raises ValueError for a tensor not on ``device``, without an argument name (the
+    op's :func:`explain` adds it)."""
+    raise ValueError(unsupported(tensor_value, device) or f"expected a tensor on {device}")
+
+
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
