@@ -227,6 +227,7 @@ def test_gemm_bad_inputs():
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(16, 72, 136, torch.bfloat16)
+    square, square2 = _operands(64, 64, 64, torch.bfloat16)
     cases = [
         ((a.half(), b), {}, TypeError, "argument 'b'.*dtype"),
         ((a, b.half()), {}, TypeError, "argument 'b'.*dtype"),
@@ -234,7 +235,7 @@ def test_gemm_bad_inputs():
         ((a, b[:, :128]), {}, ValueError, "argument 'b'.*K"),
         ((a[:, :130], b[:, :130]), {}, ValueError, "argument 'a': K \\(130\\) must be a multiple"),
         ((a, b[:70]), {}, ValueError, "argument 'b': N \\(70\\) must be a multiple"),
-        ((a.cpu(), b), {}, ValueError, "argument 'a'.*CUDA"),
+        ((a.cpu(), b), {}, ValueError, "argument 'a': expected a tensor on cuda"),
         ((a, b.cpu()), {}, ValueError, "argument 'b'.*cuda"),
         ((a[0], b), {}, ValueError, "argument 'a': expected a 2-D"),
         ((a, None), {}, TypeError, "argument 'b': expected a torch.Tensor"),
@@ -253,6 +254,8 @@ def test_gemm_bad_inputs():
         ),
         ((a, b), {"bias": torch.empty(72, device="cuda")}, TypeError, "argument 'bias'"),
         ((a, b), {"out_dtype": torch.float16}, ValueError, "argument 'out_dtype'"),
+        ((square, square2), {"out": square}, ValueError, "argument 'out': is the same memory"),
+        ((square, square2), {"out": square2.T}, ValueError, "argument 'out'"),
         ((a.t(), b), {}, ValueError, "argument 'a'"),
         (
             (torch.empty(16, 140, device="cuda", dtype=torch.bfloat16)[:, :136], b),

@@ -74,6 +74,10 @@ def _ops(device):
                 "indices": i(0, 3),
             },
         ),
+        "gemm": (
+            lambda **a: cuda.gemm(a["a"], a["b"], a.get("out")),
+            {"a": t(16, 64, dtype=torch.bfloat16), "b": t(8, 64, dtype=torch.bfloat16)},
+        ),
         "create_kv_indices": (
             lambda **a: cuda.create_kv_indices(
                 a["req_to_token"],
@@ -190,7 +194,16 @@ def test_add_constant_refuses_overlapping_out():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "op", ["add_constant", "rmsnorm", "rms_norm_gated", "silu_and_mul", "gelu_and_mul", "softmax"]
+    "op",
+    [
+        "add_constant",
+        "rmsnorm",
+        "rms_norm_gated",
+        "silu_and_mul",
+        "gelu_and_mul",
+        "softmax",
+        "gemm",
+    ],
 )
 def test_zero_stride_out_is_refused(op):
     fn, args = _ops("cuda")[op]

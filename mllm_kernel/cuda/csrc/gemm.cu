@@ -426,6 +426,12 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
         .contiguous()
         .verify(*bias, "bias");
   }
+  // The kernel reads a, b and bias while it writes out: they must not share memory.
+  if (bias.has_value()) {
+    verify_output(out, "out", {{a, "a"}, {b, "b"}, {*bias, "bias"}});
+  } else {
+    verify_output(out, "out", {{a, "a"}, {b, "b"}});
+  }
   ValueCheck(k.value() % 8 == 0, "argument 'a': K (", k.value(),
              ") must be a multiple of 8 (16-byte rows for TMA)");
   ValueCheck(n.value() % 8 == 0, "argument 'b': N (", n.value(),

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, make_cpp_args, register_kernel
+from mllm_kernel.jit_utils import (
+    cache_once,
+    load_cuda_jit,
+    make_cpp_args,
+    op_inputs,
+    register_kernel,
+)
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -189,13 +195,10 @@ def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
     return choice
 
 
-def _check_operands(a: Any, b: Any) -> int:
-    """The CUDA device index of ``a`` (the C++ side checks the rest of both)."""
+def _operands_device(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The GPU index of ``a`` once both operands are 2-D and ``a`` has a GEMM dtype
+    (the C++ side checks the rest); ValueError, via op_inputs, for a tensor not on a GPU."""
     for arg, value in (("a", a), ("b", b)):
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"argument '{arg}': expected a torch.Tensor, got {type(value).__name__}"
-            )
         if value.dim() != 2:
             raise ValueError(
                 f"argument '{arg}': expected a 2-D tensor ([M, K] for a, [N, K] for b) but got "
@@ -205,7 +208,7 @@ def _check_operands(a: Any, b: Any) -> int:
         raise TypeError(f"argument 'a': expected dtype bfloat16 or float16 but got {a.dtype}")
     index = a.get_device()
     if index < 0:
-        raise ValueError(f"argument 'a': expected a tensor on a CUDA GPU but got one on {a.device}")
+        op_inputs.check_device("cuda", a=a)
     return index
 
 
@@ -222,8 +225,7 @@ def _output(
         )
     if out is None:
         return torch.empty((a.shape[0], n), dtype=out_dtype, device=a.device)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"argument 'out': expected a torch.Tensor, got {type(out).__name__}")
+    out = op_inputs.output(out, "out")
     if out.dtype != out_dtype:
         raise ValueError(f"argument 'out': expected dtype {out_dtype} but got {out.dtype}")
     return out
@@ -267,11 +269,18 @@ def gemm(
     >>> gemm(a, w).shape
     torch.Size([16, 14336])
     """
-    index = _check_operands(a, b)
-    m, k = a.shape
-    n = b.shape[0]
-    choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
-    return _launch(a, b, _output(a, n, out, out_dtype), bias, choice)
+    a, b = op_inputs.tensor(a, "a"), op_inputs.tensor(b, "b")
+    bias = op_inputs.optional_tensor(bias, "bias")
+    try:
+        index = _operands_device(a, b)
+        m, k = a.shape
+        n = b.shape[0]
+        choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
+        out = _output(a, n, out, out_dtype)
+        return _launch(a, b, out, bias, choice)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
+        raise
 
 
 _DTYPE_NAMES = {
@@ -366,9 +375,14 @@ class Gemm:
                     f"expected {arg} of shape {list(shape)} (this Gemm's M, N, K) but got "
                     f"{list(value.shape)}"
                 )
-        index = _check_operands(a, b)
-        _hopper_sms(index)
-        result = _launch(a, b, _output(a, self.N, out, self.out_dtype), bias, self.tile_config)
+        bias = op_inputs.optional_tensor(bias, "bias")
+        try:
+            _hopper_sms(_operands_device(a, b))
+            out = _output(a, self.N, out, self.out_dtype)
+            result = _launch(a, b, out, bias, self.tile_config)
+        except Exception as error:
+            op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
+            raise
         if not from_numpy:
             return result
         if result.dtype == torch.bfloat16:
@@ -377,7 +391,7 @@ class Gemm:
 
     def _on_gpu(self, value: Any, arg: str) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
-            return value
+            return op_inputs.tensor(value, arg)
         import numpy as np
 
         if not isinstance(value, np.ndarray):
