@@ -245,6 +245,7 @@ def test_gemm_bad_inputs():
             ValueError,
             "argument 'out'",
         ),
+        # out_dtype defaults to the input dtype, whatever out's dtype: say float32 to get it.
         ((a, b), {"out": torch.empty(16, 72, device="cuda")}, ValueError, "argument 'out'"),
         (
             (a, b),
@@ -264,7 +265,8 @@ def test_gemm_bad_inputs():
             "row stride must be a multiple of 8",
         ),
     ]
-    for args, kwargs, error, message in cases:
+    for number, (args, kwargs, error, message) in enumerate(cases):
+        print(f"case {number}: expecting {error.__name__} matching {message!r}")  # on failure
         with pytest.raises(error, match=message):
             gemm(*args, **kwargs)
 

@@ -217,7 +217,7 @@ def _output(
 ) -> torch.Tensor:
     """``out``, or a new ``[M, N]`` tensor, in the requested output dtype."""
     if out_dtype is None:
-        out_dtype = a.dtype if out is None else out.dtype
+        out_dtype = a.dtype
     elif out_dtype not in (a.dtype, torch.float32):
         raise ValueError(
             f"argument 'out_dtype': expected the input dtype ({a.dtype}) or torch.float32, "
