@@ -227,7 +227,7 @@ def _output(
         return torch.empty((a.shape[0], n), dtype=out_dtype, device=a.device)
     out = op_inputs.output(out, "out")
     if out.dtype != out_dtype:
-        raise ValueError(f"argument 'out': expected dtype {out_dtype} but got {out.dtype}")
+        raise TypeError(f"argument 'out': expected dtype {out_dtype} but got {out.dtype}")
     return out
 
 
