@@ -471,7 +471,8 @@ def measure(case: Case, floor: list[Callable[[], object]] | None) -> dict:
     return row
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """The commit being measured (short hash), for a table's header."""
     if os.environ.get("GIT_COMMIT"):  # set by scripts/gpu_check.sh where .git did not travel
         return os.environ["GIT_COMMIT"]
     try:
@@ -503,7 +504,7 @@ def render(
     lines = [
         f"# mllm_kernel CUDA benchmarks: {name}",
         "",
-        f"- date: {now}; git commit: {_git_commit()}; torch {torch.__version__}",
+        f"- date: {now}; git commit: {git_commit()}; torch {torch.__version__}",
         "- GB/s counts every byte read and written once. '% copy' is that over a",
         "  device-to-device copy_ moving the same bytes, measured in this run: the roofline",
         f"  for that much data; '% 1 GiB copy' is over a copy_ of 1 GiB ({copy_gbs:.0f} GB/s),",

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_cuda import copy_bandwidth, l2_bytes, time_interleaved  # noqa: E402
+from bench_cuda import copy_bandwidth, git_commit, l2_bytes, time_interleaved  # noqa: E402
 
 from mllm_kernel.cuda.jit import gemm  # noqa: E402
 from mllm_kernel.cuda.jit.gemm import TILES, _module, choose_tile  # noqa: E402
@@ -208,7 +208,7 @@ def main() -> None:
     sass = sass_report()
     text = "\n".join(
         [
-            f"## GEMM, {props.name} ({props.multi_processor_count} SMs), "
+            f"## GEMM, {props.name} ({props.multi_processor_count} SMs), commit {git_commit()}, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
             "",
             f"bf16 in and out, fp32 accumulation, random data; CUDA-graph replays, interleaved "

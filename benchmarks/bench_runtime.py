@@ -15,9 +15,7 @@ so the shared machine's drifting load falls on all of them alike; each row is th
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_cuda import git_commit  # noqa: E402
 
 EMPTY_KERNEL = """
 extern "C" __global__ void empty(const float* x, float* y, float* z, int n, float alpha) {}
@@ -112,25 +113,13 @@ def contenders(work: Path) -> tuple[dict[str, Callable[[], object]], list[str]]:
     return calls, notes
 
 
-def _git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def render(times: dict[str, float], notes: list[str], inner: int, outer: int) -> str:
     baseline = times["tvm-ffi JIT op (load_cuda_jit)"]
     cupy = times.get("CuPy RawKernel")
     lines = [
         f"## Raw runtime launch overhead: {torch.cuda.get_device_name()}",
         "",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M')}; git commit: {_git_commit()}; "
+        f"- date: {time.strftime('%Y-%m-%d %H:%M')}; git commit: {git_commit()}; "
         f"torch {torch.__version__}",
         "- an empty kernel, 3 tensors + 2 scalars; host wall-clock per call, median of "
         f"{outer} interleaved samples of {inner} calls each",
