@@ -6,13 +6,16 @@
 //     shared-memory stages with TMA (128-byte swizzle), full/empty mbarriers per stage;
 //   - one or two consumer warpgroups, each multiplying its 64 rows of the P tile by
 //     the Q tile with wgmma (accumulators in registers), then writing its part of the
-//     output tile straight from registers (bias and the output cast fused);
+//     output tile (bias and the output cast fused) through shared memory and TMA
+//     stores, so that it can start on its next tile while the stores drain;
 //   - a persistent grid walking the tiles in grouped order (tile_scheduler.cuh).
-// For large M, P = a and Q = b. For small M (decode) the roles swap (P = b, Q = a):
-// wgmma's M extent is fixed at 64, its N extent goes down to 8, so the weight rows
-// fill the 64-row side and a few tokens the narrow side. Small-M problems also split
-// K over the CTAs of a thread-block cluster, so that enough SMs stream the weights;
-// the partial sums meet in the first CTA's shared memory (distributed shared memory).
+// For large M, P = a and Q = b, and clusters of 2 CTAs on neighbouring tile-rows load
+// each B tile once for both (TMA multicast). For small M (decode) the roles swap
+// (P = b, Q = a): wgmma's M extent is fixed at 64, its N extent goes down to 8, so the
+// weight rows fill the 64-row side and a few tokens the narrow side; the output, C^T,
+// goes straight from registers. Small-M problems also split K over the CTAs of a
+// cluster, so that enough SMs stream the weights; the partial sums meet in the first
+// CTA's shared memory (distributed shared memory).
 #include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
 #include "mllm_kernel/cuda/tile_scheduler.cuh"
