@@ -257,10 +257,10 @@ def rowwise_cases(tokens: int, phase: str) -> list[Case]:
                 },
                 (t, h),
             ),
-            lambda i: ops.rms_norm_gated(i["x"], i["z"], i["w"]),
+            lambda i: ops.rms_norm_gated(i["x"], i["w"], i["z"]),
             lambda i: _rms_torch(i["x"], i["w"]) * torch.nn.functional.silu(i["z"]),
             (3 * t * h + h) * 2,
-            lambda i: ops.rms_norm_gated(i["x"], i["z"], i["w"], out=i["out"]),
+            lambda i: ops.rms_norm_gated(i["x"], i["w"], i["z"], out=i["out"]),
         ),
     ]
     activations = {

@@ -81,9 +81,20 @@ def test_rms_norm_gated(dtype, hidden, rows):
     x, weight = _inputs(rows, hidden, dtype)
     z = torch.randn_like(x)
     out = torch.full_like(x, float("nan"))
-    rms_norm_gated(x, z, weight, out=out)
+    rms_norm_gated(x, weight, z, out=out)
     zd = z.double()
     _close(out, _rms_ref(x, weight, 1e-6) * zd * torch.sigmoid(zd))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_gated_without_z_is_rmsnorm_times_weight(dtype):
+    from mllm_kernel.cuda.jit import rms_norm_gated
+
+    x, weight = _inputs(65, 4096, dtype)
+    _close(rms_norm_gated(x, weight, eps=1e-5), _rms_ref(x, weight, 1e-5))
+    out = torch.full_like(x, float("nan"))
+    assert rms_norm_gated(x, weight, None, 1e-6, out=out) is out
+    _close(out, _rms_ref(x, weight, 1e-6))
 
 
 def test_bad_inputs():
@@ -109,4 +120,4 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="'residual'"):
         fused_add_rmsnorm(x, x.float(), weight)
     with pytest.raises(ValueError, match="'z'"):
-        rms_norm_gated(x, x[:2].clone(), weight)
+        rms_norm_gated(x, weight, x[:2].clone())

@@ -74,25 +74,31 @@ def fused_add_rmsnorm(
 
 def rms_norm_gated(
     x: torch.Tensor,
-    z: torch.Tensor,
     weight: torch.Tensor,
+    z: torch.Tensor | None = None,
     eps: float = 1e-6,
+    *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``rmsnorm(x) * weight * silu(z)`` over the last dim (``z`` shaped like ``x``).
-    ``out`` as for :func:`rmsnorm`: it may be ``x`` itself, but overlap neither ``x``
-    nor ``z`` otherwise.
+    """``rmsnorm(x) * weight * silu(z)`` over the last dim (``z`` shaped like ``x``);
+    with ``z=None``, plain :func:`rmsnorm` (``rmsnorm(x) * weight``). The argument
+    order is the original mllm-kernel's. ``out`` as for :func:`rmsnorm`: it may be
+    ``x`` itself, but overlap neither ``x`` nor ``z`` otherwise.
 
-    >>> rms_norm_gated(x, z, weight).shape == x.shape  # doctest: +SKIP
+    >>> rms_norm_gated(x, weight, z=gate, eps=1e-6).shape == x.shape  # doctest: +SKIP
     True
     """
     x = op_inputs.tensor(x, "x")
-    z = op_inputs.tensor(z, "z")
     weight = op_inputs.tensor(weight, "weight")
+    z = op_inputs.optional_tensor(z, "z")
     eps = op_inputs.number(eps, "eps")
     try:
         out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
-        module_for(_module, x).rms_norm_gated(out, x, z, weight, eps)
+        module = module_for(_module, x)
+        if z is None:
+            module.rmsnorm(out, x, weight, eps)
+        else:
+            module.rms_norm_gated(out, x, z, weight, eps)
     except Exception as error:
         op_inputs.explain(error, "cuda", x=x, z=z, weight=weight, out=out)
         raise
