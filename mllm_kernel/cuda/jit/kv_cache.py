@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
 from mllm_kernel.jit_utils import cache_once, env, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.logging_setup import get_logger
+
+# The original mllm-kernel's warp splits: 2 warps per row need a multiple of 256 bytes,
+# 4 warps a multiple of 512. Our kernel picks its own, but refuses what the original did.
+_SPLIT_ROW_MULTIPLE = {1: 1, 2: 256, 4: 512}
+_NO_START = (0,)
 
 
 @register_kernel("store_cache", device="cuda", variants=[()])
@@ -47,12 +55,60 @@ def _raise_if_counted(errors: torch.Tensor, message: str) -> None:
         raise IndexError(message.format(count=count))
 
 
+def can_use_store_cache(row_bytes: int) -> bool:
+    """Whether :func:`store_cache` can take rows of ``row_bytes`` bytes here: any positive
+    size, once the kernel builds (compiled for the current GPU on the first call).
+
+    Never raises: False (with a warning in the ``mllm_kernel`` log) for a size that is
+    not a positive int or when the kernel cannot be built or loaded, as the original
+    mllm-kernel's function of this name does.
+
+    >>> can_use_store_cache(8 * 128 * 2)  # doctest: +SKIP
+    True
+    """
+    if type(row_bytes) is not int or row_bytes <= 0:  # bool is not a row size
+        get_logger().warning("store_cache cannot take row_bytes=%r: expected an int > 0", row_bytes)
+        return False
+    try:
+        _store_module()
+    except Exception as error:  # no GPU, no nvcc, a failed build: say so, answer False
+        get_logger().warning("store_cache kernel unavailable: %s", str(error).splitlines()[0])
+        return False
+    return True
+
+
+def _check_row_bytes_and_split(k: torch.Tensor, row_bytes: object, num_split: object) -> None:
+    """The original's ``row_bytes`` / ``num_split``: validated, not needed by our kernel."""
+    row_bytes = op_inputs.integer(row_bytes, "row_bytes")
+    num_split = op_inputs.integer(num_split, "num_split")
+    k_row_bytes = math.prod(k.shape[1:]) * k.element_size()
+    if row_bytes not in (0, k_row_bytes):
+        raise ValueError(
+            f"argument 'row_bytes': {row_bytes} disagrees with argument 'k', whose rows hold "
+            f"{k_row_bytes} bytes; pass row_bytes=0 (the default) to take it from k"
+        )
+    row_bytes = k_row_bytes
+    if num_split != 0 and num_split not in _SPLIT_ROW_MULTIPLE:
+        raise ValueError(
+            f"argument 'num_split': expected 0 (automatic), 1, 2 or 4, got {num_split}"
+        )
+    multiple = _SPLIT_ROW_MULTIPLE.get(num_split, 1)
+    if row_bytes % multiple:
+        raise ValueError(
+            f"argument 'num_split': {num_split} needs rows of a multiple of {multiple} bytes, "
+            f"got {row_bytes}; pass num_split=0 and the kernel chooses"
+        )
+
+
 def store_cache(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     indices: torch.Tensor,
+    *,
+    row_bytes: int = 0,
+    num_split: int = 0,
 ) -> None:
     """``k_cache[indices[t]] = k[t]`` and ``v_cache[indices[t]] = v[t]`` for every token t.
 
@@ -63,6 +119,11 @@ def store_cache(
     with ``MLLM_KERNEL_CHECK_BOUNDS=1`` (read at the first call) raises IndexError after
     the kernel (this synchronises the stream, so it is a debugging aid).
 
+    ``row_bytes`` and ``num_split`` are the original mllm-kernel's: the kernel finds the
+    row size itself and chooses how many warps copy a row, so both are only checked
+    (0 means automatic; a ``row_bytes`` other than k's row size, or a ``num_split`` the
+    original would refuse, is a ValueError).
+
     >>> store_cache(k, v, k_cache, v_cache, out_cache_loc)  # doctest: +SKIP
     """
     k = op_inputs.tensor(k, "k")
@@ -70,6 +131,8 @@ def store_cache(
     k_cache = op_inputs.output(k_cache, "k_cache")
     v_cache = op_inputs.output(v_cache, "v_cache")
     indices = op_inputs.tensor(indices, "indices")
+    if row_bytes != 0 or num_split != 0:  # the defaults cost one comparison each
+        _check_row_bytes_and_split(k, row_bytes, num_split)
     try:
         module = module_for(_store_module, k)
         errors = _error_counter(k) if env.check_bounds() else None
@@ -101,7 +164,8 @@ def create_kv_indices(
 
     ``req_to_token`` int32/int64 ``[pool_size, max_context]`` and ``kv_indices`` (1-D,
     contiguous) share a dtype; the 1-D index inputs may be int32 or int64 and strided;
-    ``kv_start_idx`` None means 0. A request whose ranges fall outside the tensors
+    ``kv_start_idx`` None (or an empty ``[0]`` tensor, as the original mllm-kernel takes
+    it) means 0. A request whose ranges fall outside the tensors
     copies nothing (IndexError afterwards with ``MLLM_KERNEL_CHECK_BOUNDS=1``).
 
     >>> create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, None, kv_indices)
@@ -112,6 +176,8 @@ def create_kv_indices(
     page_kernel_lens = op_inputs.tensor(page_kernel_lens, "page_kernel_lens")
     kv_indptr = op_inputs.tensor(kv_indptr, "kv_indptr")
     kv_start_idx = op_inputs.optional_tensor(kv_start_idx, "kv_start_idx")
+    if kv_start_idx is not None and kv_start_idx.shape == _NO_START:
+        kv_start_idx = None  # the original mllm-kernel's "no start offsets"
     kv_indices = op_inputs.output(kv_indices, "kv_indices")
     try:
         module = module_for(_indices_module, kv_indices)
