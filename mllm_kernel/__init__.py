@@ -4,6 +4,26 @@ Built-in ops live in :mod:`mllm_kernel.cpu.jit` and :mod:`mllm_kernel.cuda.jit`;
 the machinery to write your own is in :mod:`mllm_kernel.jit_utils`::
 
     from mllm_kernel.jit_utils import cache_once, load_cpu_jit, make_cpp_args
+
+As in the original mllm-kernel, ``mllm_kernel.jit`` is the ``@jit`` decorator
+(:func:`mllm_kernel.jit_utils.jit`) and ``mllm_kernel.cpu`` / ``mllm_kernel.jit_utils``
+are reachable as attributes; they are imported on first use, so ``import mllm_kernel``
+stays cheap.
 """
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "cpu", "jit", "jit_utils"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "jit":
+        from mllm_kernel.jit_utils import jit
+
+        return jit
+    if name in ("cpu", "jit_utils"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,11 @@
 See :func:`load_cpu_jit`, :func:`load_cuda_jit`, :func:`make_cpp_args`,
 :func:`cache_once` and :func:`register_kernel`; an op's Python wrapper checks its
 arguments with :mod:`mllm_kernel.jit_utils.op_inputs`.
+
+For code written against the original mllm-kernel: the :func:`jit` decorator, the
+registry functions :func:`register_jit_kernel`, :func:`get_jit_kernel_registry`,
+:func:`clear_jit_kernel_registry` and the ``MLLM_KERNEL_*_PATH`` / ``*_DIR`` constants
+(:mod:`mllm_kernel.jit_utils.path_constants`).
 """
 
 from mllm_kernel.jit_utils.cache_once import cache_once
@@ -16,19 +21,53 @@ from mllm_kernel.jit_utils.errors import (
     KernelBuildError,
     ToolchainError,
 )
+from mllm_kernel.jit_utils.jit_decorator import jit
 from mllm_kernel.jit_utils.loader import load_cpu_jit, load_cuda_jit
-from mllm_kernel.jit_utils.registry import register_kernel
+from mllm_kernel.jit_utils.path_constants import (
+    MLLM_KERNEL_ASCEND_CSRC_DIR,
+    MLLM_KERNEL_ASCEND_INCLUDE_DIR,
+    MLLM_KERNEL_ASCEND_PATH,
+    MLLM_KERNEL_CPU_CSRC_DIR,
+    MLLM_KERNEL_CPU_INCLUDE_DIR,
+    MLLM_KERNEL_CPU_PATH,
+    MLLM_KERNEL_CUDA_CSRC_DIR,
+    MLLM_KERNEL_CUDA_INCLUDE_DIR,
+    MLLM_KERNEL_CUDA_PATH,
+    MLLM_KERNEL_INCLUDE_DIR,
+    MLLM_KERNEL_TOP_PATH,
+)
+from mllm_kernel.jit_utils.registry import (
+    clear_jit_kernel_registry,
+    get_jit_kernel_registry,
+    register_jit_kernel,
+    register_kernel,
+)
 
 __all__ = [
+    "MLLM_KERNEL_ASCEND_CSRC_DIR",
+    "MLLM_KERNEL_ASCEND_INCLUDE_DIR",
+    "MLLM_KERNEL_ASCEND_PATH",
+    "MLLM_KERNEL_CPU_CSRC_DIR",
+    "MLLM_KERNEL_CPU_INCLUDE_DIR",
+    "MLLM_KERNEL_CPU_PATH",
+    "MLLM_KERNEL_CUDA_CSRC_DIR",
+    "MLLM_KERNEL_CUDA_INCLUDE_DIR",
+    "MLLM_KERNEL_CUDA_PATH",
+    "MLLM_KERNEL_INCLUDE_DIR",
+    "MLLM_KERNEL_TOP_PATH",
     "CacheLockTimeout",
     "CppArgs",
     "CudaArchError",
     "KernelBuildError",
     "ToolchainError",
     "cache_once",
+    "clear_jit_kernel_registry",
     "cuda_arch_override",
+    "get_jit_kernel_registry",
+    "jit",
     "load_cpu_jit",
     "load_cuda_jit",
     "make_cpp_args",
+    "register_jit_kernel",
     "register_kernel",
 ]

@@ -64,12 +64,13 @@ _lock = threading.Lock()
 
 
 def register_kernel(
-    name: str, *, device: str, variants: Iterable[tuple[Any, ...]] = ()
+    name: str, *, device: str, variants: Iterable[tuple[Any, ...]] = (), builtin: bool = True
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers a module builder so tools see it before its first call.
 
     ``variants`` are the argument tuples the builder is called with (all of
-    them, where the set is finite)::
+    them, where the set is finite); ``builtin=False`` marks a user's kernel
+    (show-config labels it so)::
 
         @register_kernel("add_constant", device="cpu", variants=[(c,) for c in (1, 2, 4)])
         @cache_once
@@ -83,9 +84,11 @@ def register_kernel(
         with _lock:
             entry = _entries.get((name, device))
             if entry is None:
-                _entries[(name, device)] = KernelEntry(name, device, builder, list(variants))
+                _entries[(name, device)] = KernelEntry(
+                    name, device, builder, list(variants), builtin
+                )
             else:  # a user kernel first seen at load time, registered afterwards
-                entry.builder, entry.variants, entry.builtin = builder, list(variants), True
+                entry.builder, entry.variants, entry.builtin = builder, list(variants), builtin
         return builder
 
     return decorate
@@ -95,6 +98,55 @@ def unregister(name: str, device: str) -> None:
     """Forgets a kernel (a no-op if it is not registered)."""
     with _lock:
         _entries.pop((name, device), None)
+
+
+# ---------------------------------------------------------------- the original's view
+# The original mllm-kernel keeps one metadata dict per @jit kernel, keyed by its "key";
+# these three functions are its API. The kernels themselves live in _entries above
+# (the decorator registers them there too, which is what show-config and precompile read);
+# here is only the metadata, and which entries each key added, so clearing forgets them.
+_jit_infos: dict[str, dict[str, Any]] = {}
+_jit_entries: dict[str, tuple[tuple[str, str], ...]] = {}
+
+
+def register_jit_kernel(info: dict[str, Any], *, entries: Iterable[tuple[str, str]] = ()) -> None:
+    """Records one @jit kernel's metadata under ``info["key"]`` (the original
+    mllm-kernel's function). ``entries``: the ``(name, device)`` kernels registered
+    with :func:`register_kernel` for it, forgotten by :func:`clear_jit_kernel_registry`.
+
+    >>> register_jit_kernel({"key": "my_mod.f|export=f", "export_name": "f"})  # doctest: +SKIP
+    """
+    if not isinstance(info, dict) or "key" not in info:
+        raise TypeError(
+            f"register_jit_kernel: expected a dict with a 'key' entry, got {info!r:.200}"
+        )
+    key = str(info["key"])
+    with _lock:
+        _jit_infos[key] = dict(info)
+        _jit_entries[key] = (*_jit_entries.get(key, ()), *entries)
+
+
+def get_jit_kernel_registry() -> dict[str, dict[str, Any]]:
+    """Every recorded @jit kernel's metadata, by key (copies: changing them changes nothing).
+
+    >>> isinstance(get_jit_kernel_registry(), dict)
+    True
+    """
+    with _lock:
+        return {key: dict(info) for key, info in _jit_infos.items()}
+
+
+def clear_jit_kernel_registry() -> None:
+    """Forgets every @jit kernel's metadata and its kernels in show-config and precompile.
+
+    The decorated functions keep working; the package's own kernels stay registered.
+    """
+    with _lock:
+        for added in _jit_entries.values():
+            for name_device in added:
+                _entries.pop(name_device, None)
+        _jit_infos.clear()
+        _jit_entries.clear()
 
 
 def plan(builder: Callable[..., Any], *args: Any) -> BuildSpec:

@@ -1,0 +1,271 @@
+"""``@jit``: the original mllm-kernel's decorator, built on load_cpu_jit / load_cuda_jit.
+
+The decorated function gets the compiled module as its first argument; the module
+is built (or found in the cache, with its locks and checks) on the first call and
+kept. Each decorated kernel is registered (:func:`.registry.register_kernel`) so
+that ``show-config`` and ``precompile`` list and build it before it is called, and
+its metadata is recorded the way the original recorded it
+(:func:`.registry.get_jit_kernel_registry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from mllm_kernel.jit_utils import loader, registry
+from mllm_kernel.jit_utils.cache_key import module_key
+from mllm_kernel.jit_utils.cache_once import cache_once
+from mllm_kernel.jit_utils.cpp_args import make_cpp_args
+from mllm_kernel.jit_utils.spec import check_module_name
+
+F = TypeVar("F", bound=Callable[..., Any])
+Device = Literal["auto", "cpu", "cuda"]
+_DEVICES = ("auto", "cpu", "cuda")
+
+# (export name, device) -> {template args: that decorated kernel's module loader}.
+# Kernels decorated with one func_name and different args (add_constant<1>,
+# add_constant<2>, ...) are one registry kernel with one variant each.
+_variants: dict[tuple[str, str], dict[tuple[str, ...], Callable[[], Any]]] = {}
+_variants_lock = threading.Lock()
+
+
+def _template_args(args: Any) -> tuple[Any, ...]:
+    if args is None:
+        return ()
+    if isinstance(args, (list, tuple)):
+        return tuple(args)
+    return (args,)
+
+
+def _tensors(values: Any):
+    """The tensors among call arguments, looking into lists, tuples and dicts."""
+    import torch
+
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            yield from _tensors(value.values())
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors(value)
+
+
+def _scan(call_args: tuple, call_kwargs: dict) -> tuple[Any | None, bool]:
+    """(the first CUDA tensor argument or None, whether any tensor argument is not CUDA)."""
+    first_cuda, other = None, False
+    for tensor in _tensors((*call_args, call_kwargs)):
+        if not tensor.is_cuda:
+            other = True
+        elif first_cuda is None:
+            first_cuda = tensor
+    return first_cuda, other
+
+
+def _auto_device(
+    export_name: str, has_cuda: bool, call_args: tuple, call_kwargs: dict
+) -> tuple[str, Any | None]:
+    """``device="auto"``: ("cuda", its first CUDA tensor or None) or ("cpu", None), as
+    the original chose: by the tensors' device (ValueError if CPU and CUDA tensors are
+    mixed); without tensors, CUDA if there are CUDA sources or a GPU is visible."""
+    cuda_tensor, other = _scan(call_args, call_kwargs)
+    if cuda_tensor is not None and other:
+        raise ValueError(
+            f"@jit kernel {export_name!r}: device='auto' cannot choose between CPU and CUDA "
+            "tensors in one call; move them to one device or pass device='cpu' or 'cuda' "
+            "to @jit"
+        )
+    if cuda_tensor is not None:
+        return "cuda", cuda_tensor
+    if other:
+        return "cpu", None
+    if has_cuda:
+        return "cuda", None
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu"), None
+
+
+def _register_variant(export_name: str, device: str, cpp_args: tuple[str, ...], load) -> None:
+    with _variants_lock:
+        table = _variants.setdefault((export_name, device), {})
+        table[cpp_args] = load
+        variants = list(table)
+
+    @cache_once
+    def build_variant(*variant: str) -> Any:
+        return _variants[(export_name, device)][variant]()
+
+    registry.register_kernel(export_name, device=device, variants=variants, builtin=False)(
+        build_variant
+    )
+
+
+def _load_into(build_directory: str, load: Callable[[], Any]) -> Any:
+    """``load()``'s module, cached under ``build_directory`` instead of the cache root.
+
+    The spec is planned, its key moved to the other root, and the loader builds or
+    finds it there under the same lock, atomic install and corruption checks.
+    """
+    spec = registry.plan(load)
+    registry.intercept(spec)  # show-config / precompile planning this kernel stops here
+    key = module_key(spec)
+    key = dataclasses.replace(key, root=Path(build_directory).expanduser().absolute())
+    return loader.build_and_load(spec, key)
+
+
+def jit(
+    *,
+    args: Any = None,
+    device: Device = "auto",
+    func_name: str | None = None,
+    cpp_files: Sequence[str | Path] | None = None,
+    cuda_files: Sequence[str | Path] | None = None,
+    cpp_wrappers: Sequence[tuple[str, str]] | None = None,
+    cuda_wrappers: Sequence[tuple[str, str]] | None = None,
+    extra_cxx_flags: Sequence[str] | None = None,
+    extra_cuda_cxx_flags: Sequence[str] | None = None,
+    extra_ld_flags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str | Path] | None = None,
+    use_highway: bool = True,
+    build_directory: str | None = None,
+) -> Callable[[F], F]:
+    """Compiles a kernel module on the first call and passes it as the first argument.
+
+    - ``args``: template arguments (one value or a list; see :func:`make_cpp_args`).
+    - ``func_name``: the export name (default: the function's name); it also names the
+      module in the cache, ``show-config`` and ``precompile``.
+    - ``cpp_files`` / ``cuda_files``: sources, relative ones looked up in the package's
+      kernel sources, then the current directory (absolute paths are safest).
+    - ``cpp_wrappers`` / ``cuda_wrappers``: ``(export_name, C++ expression)`` pairs;
+      when neither is given, ``(func_name, "func_name<args>")`` (``"func_name"``
+      without args) is exported from the CUDA sources if there are any, else the C++ ones.
+    - ``device``: ``"cpu"``, ``"cuda"`` or ``"auto"``: CUDA when a tensor argument is on a
+      GPU (it must then have CUDA sources), CPU when they are on the CPU, and without
+      tensor arguments CUDA if it has CUDA sources or a GPU is visible. CUDA modules are
+      compiled for the GPU of the first CUDA tensor argument.
+    - ``extra_cxx_flags`` / ``extra_cuda_cxx_flags`` / ``extra_ld_flags`` /
+      ``extra_include_paths``: added to the defaults.
+    - ``use_highway``: accepted and has no effect: this package does not use Highway (a
+      kernel that includes ``hwy/`` headers adds their directory to extra_include_paths).
+    - ``build_directory``: cache the module under this directory instead of the cache
+      root, with the same locking, atomic install and corruption checks
+      (``show-config`` and ``precompile`` still look under the cache root).
+
+    >>> @jit(args=16, device="cpu", cpp_files=["/abs/my_kernel.cpp"],
+    ...      cpp_wrappers=[("my_kernel", "my_namespace::my_kernel<16>")],
+    ...      func_name="my_kernel")  # doctest: +SKIP
+    ... def _my_kernel_16(compiled_module, dst, src):
+    ...     compiled_module.my_kernel(dst, src)
+    """
+    if device not in _DEVICES:
+        raise ValueError(f"@jit: device must be one of {_DEVICES}, got {device!r}")
+    cpp_args = tuple(make_cpp_args(*_template_args(args)))
+    has_cuda = bool(cuda_files or cuda_wrappers)
+
+    def decorate(fn: F) -> F:
+        export_name = check_module_name(func_name or fn.__name__)
+        expression = f"{export_name}<{', '.join(cpp_args)}>" if cpp_args else export_name
+        default_wrappers = [(export_name, expression)]
+        no_wrappers = cpp_wrappers is None and cuda_wrappers is None
+        cpu_wrappers = default_wrappers if no_wrappers else list(cpp_wrappers or ())
+        if no_wrappers and cuda_files:
+            gpu_cpp_wrappers, gpu_cuda_wrappers = [], default_wrappers
+        elif no_wrappers:
+            gpu_cpp_wrappers, gpu_cuda_wrappers = default_wrappers, []
+        else:
+            gpu_cpp_wrappers, gpu_cuda_wrappers = (
+                list(cpp_wrappers or ()),
+                list(cuda_wrappers or ()),
+            )
+
+        def load_cpu() -> Any:
+            return loader.load_cpu_jit(
+                export_name,
+                *cpp_args,
+                cpp_files=cpp_files or (),
+                cpp_wrappers=cpu_wrappers,
+                extra_cxx_flags=extra_cxx_flags,
+                extra_ldflags=extra_ld_flags,
+                extra_include_paths=extra_include_paths,
+            )
+
+        def load_cuda() -> Any:
+            return loader.load_cuda_jit(
+                export_name,
+                *cpp_args,
+                cpp_files=cpp_files,
+                cuda_files=cuda_files,
+                cpp_wrappers=gpu_cpp_wrappers,
+                cuda_wrappers=gpu_cuda_wrappers,
+                extra_cxx_flags=extra_cxx_flags,
+                extra_cuda_flags=extra_cuda_cxx_flags,
+                extra_ldflags=extra_ld_flags,
+                extra_include_paths=extra_include_paths,
+            )
+
+        loaders = {}
+        for target, load in (("cpu", load_cpu), ("cuda", load_cuda)):
+            if build_directory is not None:
+                load = functools.partial(_load_into, build_directory, load)
+            loaders[target] = cache_once(load)
+        if device == "auto":  # the devices it has sources for
+            targets = [
+                *(["cpu"] if cpp_files or not has_cuda else []),
+                *(["cuda"] if has_cuda else []),
+            ]
+        else:
+            targets = [device]
+        for target in targets:
+            _register_variant(export_name, target, cpp_args, loaders[target])
+        info = {
+            "key": (
+                f"{fn.__module__}.{fn.__qualname__}|export={export_name}|device={device}|"
+                f"template={','.join(cpp_args) if cpp_args else '-'}"
+            ),
+            "module": fn.__module__,
+            "qualified_name": fn.__qualname__,
+            "export_name": export_name,
+            "decorator_device": device,
+            "has_cuda_config": has_cuda,
+            "template_args": cpp_args,
+            "cpp_files": tuple(map(str, cpp_files or ())),
+            "cuda_files": tuple(map(str, cuda_files or ())),
+            "cpp_wrappers": tuple(map(tuple, gpu_cpp_wrappers if has_cuda else cpu_wrappers)),
+            "cuda_wrappers": tuple(map(tuple, gpu_cuda_wrappers)),
+            "use_highway": use_highway,
+            "build_directory": build_directory,
+        }
+        registry.register_jit_kernel(info, entries=[(export_name, t) for t in targets])
+
+        def module(target: str, cuda_tensor: Any) -> Any:
+            if target == "cuda":
+                if not has_cuda:
+                    raise ValueError(
+                        f"@jit kernel {export_name!r}: the call resolved to CUDA (device="
+                        f"{device!r}) but the kernel has no CUDA sources; give it "
+                        "cuda_files/cuda_wrappers, or device='cpu'"
+                    )
+                if cuda_tensor is not None:
+                    from mllm_kernel.cuda.jit.device_module import module_for
+
+                    return module_for(loaders["cuda"], cuda_tensor)
+            return loaders[target]()
+
+        @functools.wraps(fn)
+        def call(*call_args: Any, **call_kwargs: Any) -> Any:
+            if device == "cpu":
+                return fn(loaders["cpu"](), *call_args, **call_kwargs)
+            if device == "cuda":
+                tensor, _ = _scan(call_args, call_kwargs)
+                return fn(module("cuda", tensor), *call_args, **call_kwargs)
+            target, tensor = _auto_device(export_name, has_cuda, call_args, call_kwargs)
+            return fn(module(target, tensor), *call_args, **call_kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return decorate
