@@ -183,6 +183,54 @@ def test_installed_copy_compiles_a_kernel_without_the_source_tree(tmp_path, site
     assert result.stdout.strip() == "ok"
 
 
+def test_installed_copy_serves_the_original_api(tmp_path, site):
+    """Issue 13 on an installed copy: the original's path constants point into it, its
+    registry functions work, and @jit builds from a source named as the original's ops
+    name theirs (relative to the package's kernel sources)."""
+    script = textwrap.dedent("""
+        from pathlib import Path
+        import torch, mllm_kernel
+        from mllm_kernel.jit_utils import (
+            MLLM_KERNEL_ASCEND_CSRC_DIR, MLLM_KERNEL_CPU_CSRC_DIR, MLLM_KERNEL_CPU_INCLUDE_DIR,
+            MLLM_KERNEL_CUDA_CSRC_DIR, MLLM_KERNEL_INCLUDE_DIR, MLLM_KERNEL_TOP_PATH,
+            clear_jit_kernel_registry, get_jit_kernel_registry, jit,
+        )
+        top = Path(SITE) / "mllm_kernel"
+        assert MLLM_KERNEL_TOP_PATH == top, MLLM_KERNEL_TOP_PATH
+        assert MLLM_KERNEL_INCLUDE_DIR == top / "include", MLLM_KERNEL_INCLUDE_DIR
+        assert MLLM_KERNEL_CPU_CSRC_DIR == top / "cpu" / "sources", MLLM_KERNEL_CPU_CSRC_DIR
+        assert (MLLM_KERNEL_CPU_CSRC_DIR / "add_constant.cpp").is_file()
+        assert (MLLM_KERNEL_CUDA_CSRC_DIR / "store_cache.cu").is_file()
+        assert (MLLM_KERNEL_CPU_INCLUDE_DIR / "rows.hpp").is_file()
+        assert MLLM_KERNEL_ASCEND_CSRC_DIR == top / "ascend" / "sources"
+
+        @mllm_kernel.jit(
+            args=4, device="cpu", cpp_files=["add_constant.cpp"],
+            cpp_wrappers=[("add_constant", "mllm_kernel::cpu::add_constant<4>")],
+            func_name="add_constant",
+        )
+        def _add_constant_4(compiled_module, dst, src):
+            compiled_module.add_constant(dst, src, 1)
+
+        x = torch.arange(6, dtype=torch.float32)
+        out = torch.full_like(x, float("nan"))
+        _add_constant_4(out, x)
+        assert torch.equal(out, x + 4), out
+        (info,) = get_jit_kernel_registry().values()
+        assert info["export_name"] == "add_constant" and info["template_args"] == ("4",)
+        clear_jit_kernel_registry()
+        assert get_jit_kernel_registry() == {}
+        print("ok")
+    """).replace("SITE", repr(str(site)))
+    search_path = os.pathsep.join([str(site), *sitelib.getsitepackages()])
+    env = {**os.environ, "PYTHONPATH": search_path, "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "c")}
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def test_cmake_dir_of_an_editable_install(tmp_path, monkeypatch):
     import mllm_kernel
     from mllm_kernel.jit_utils import paths

@@ -27,11 +27,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 Device = Literal["auto", "cpu", "cuda"]
 _DEVICES = ("auto", "cpu", "cuda")
 
-# (export name, device) -> {template args: that decorated kernel's module loader}.
-# Kernels decorated with one func_name and different args (add_constant<1>,
-# add_constant<2>, ...) are one registry kernel with one variant each.
-_variants: dict[tuple[str, str], dict[tuple[str, ...], Callable[[], Any]]] = {}
-_variants_lock = threading.Lock()
+# Registering a variant reads the registry's entry and adds to it: one lock for both.
+_register_lock = threading.Lock()
 
 
 def _template_args(args: Any) -> tuple[Any, ...]:
@@ -91,18 +88,33 @@ def _auto_device(
 
 
 def _register_variant(export_name: str, device: str, cpp_args: tuple[str, ...], load) -> None:
-    with _variants_lock:
-        table = _variants.setdefault((export_name, device), {})
+    """Adds ``cpp_args`` to the registry kernel ``export_name`` on ``device``.
+
+    Kernels decorated with one func_name and different args (add_constant<1>,
+    add_constant<2>, ...) are one registry kernel with a variant each; its builder
+    holds each variant's loader (a fresh one once clear_jit_kernel_registry dropped it).
+    """
+    with _register_lock:
+        entry = registry.find(export_name, device)
+        table = getattr(entry.builder, "jit_variants", None) if entry else None
+        if table is None and entry is not None and entry.builtin:
+            # One of the package's kernels has this name (code copied from the original's
+            # ops uses theirs): it keeps its place in show-config and precompile.
+            return
+        if table is None:
+            table = {}
+
+            @cache_once
+            def build_variant(*variant: str) -> Any:
+                return table[variant]()
+
+            build_variant.jit_variants = table
+        else:
+            build_variant = entry.builder
         table[cpp_args] = load
-        variants = list(table)
-
-    @cache_once
-    def build_variant(*variant: str) -> Any:
-        return _variants[(export_name, device)][variant]()
-
-    registry.register_kernel(export_name, device=device, variants=variants, builtin=False)(
-        build_variant
-    )
+        registry.register_kernel(export_name, device=device, variants=list(table), builtin=False)(
+            build_variant
+        )
 
 
 def _load_into(build_directory: str, load: Callable[[], Any]) -> Any:
@@ -221,7 +233,8 @@ def jit(
         else:
             targets = [device]
         for target in targets:
-            _register_variant(export_name, target, cpp_args, loaders[target])
+            # uncached: planning (show-config, precompile) must reach the loader each time
+            _register_variant(export_name, target, cpp_args, loaders[target].uncached)
         info = {
             "key": (
                 f"{fn.__module__}.{fn.__qualname__}|export={export_name}|device={device}|"

@@ -94,6 +94,12 @@ def register_kernel(
     return decorate
 
 
+def find(name: str, device: str) -> KernelEntry | None:
+    """The registered kernel ``name`` on ``device``, or None."""
+    with _lock:
+        return _entries.get((name, device))
+
+
 def unregister(name: str, device: str) -> None:
     """Forgets a kernel (a no-op if it is not registered)."""
     with _lock:
