@@ -295,14 +295,8 @@ def test_decorator_errors(sources, clean_jit_registry):
 def _add_k_cuda(sources):
     from mllm_kernel.jit_utils import jit
 
-    @jit(
-        args=8,
-        device="cuda",
-        cuda_files=[str(sources / "add_k.cu")],
-        cpp_wrappers=[],
-        cuda_wrappers=[("add_k_cuda", "add_k_cuda<8>")],
-        func_name="add_k_cuda",
-    )
+    # No wrappers given: ("add_k_cuda", "add_k_cuda<8>") is exported from the CUDA sources.
+    @jit(args=8, device="cuda", cuda_files=[str(sources / "add_k.cu")], func_name="add_k_cuda")
     def add_k_cuda_8(compiled_module, dst, src):
         compiled_module.add_k_cuda(dst, src)
 
@@ -318,6 +312,7 @@ def test_cuda_kernel_compiles_through_precompile(sources, clean_jit_registry, fr
     (info,) = get_jit_kernel_registry().values()
     assert info["has_cuda_config"] is True
     assert info["cuda_wrappers"] == (("add_k_cuda", "add_k_cuda<8>"),)
+    assert info["cpp_wrappers"] == ()
 
     report = precompile.precompile(device="cuda", arch="9.0a", kernels=["add_k_cuda"])
     assert [r.status for r in report.results] == ["built"], report.results

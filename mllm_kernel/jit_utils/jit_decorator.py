@@ -117,6 +117,27 @@ def _register_variant(export_name: str, device: str, cpp_args: tuple[str, ...], 
         )
 
 
+def _wrappers(
+    export_name: str,
+    cpp_args: tuple[str, ...],
+    cpp_wrappers: Sequence[tuple[str, str]] | None,
+    cuda_wrappers: Sequence[tuple[str, str]] | None,
+    has_cuda_files: bool,
+) -> tuple[list, list, list]:
+    """(CPU build's cpp wrappers, CUDA build's cpp wrappers, CUDA build's cuda wrappers).
+
+    When neither list is given, ``(export_name, "export_name<args>")`` is the one
+    wrapper, exported from the CUDA sources of a CUDA build that has them, else from
+    the C++ sources.
+    """
+    if cpp_wrappers is not None or cuda_wrappers is not None:
+        given_cpp, given_cuda = list(cpp_wrappers or ()), list(cuda_wrappers or ())
+        return given_cpp, given_cpp, given_cuda
+    expression = f"{export_name}<{', '.join(cpp_args)}>" if cpp_args else export_name
+    default = [(export_name, expression)]
+    return default, ([] if has_cuda_files else default), (default if has_cuda_files else [])
+
+
 def _load_into(build_directory: str, load: Callable[[], Any]) -> Any:
     """``load()``'s module, cached under ``build_directory`` instead of the cache root.
 
@@ -181,19 +202,9 @@ def jit(
 
     def decorate(fn: F) -> F:
         export_name = check_module_name(func_name or fn.__name__)
-        expression = f"{export_name}<{', '.join(cpp_args)}>" if cpp_args else export_name
-        default_wrappers = [(export_name, expression)]
-        no_wrappers = cpp_wrappers is None and cuda_wrappers is None
-        cpu_wrappers = default_wrappers if no_wrappers else list(cpp_wrappers or ())
-        if no_wrappers and cuda_files:
-            gpu_cpp_wrappers, gpu_cuda_wrappers = [], default_wrappers
-        elif no_wrappers:
-            gpu_cpp_wrappers, gpu_cuda_wrappers = default_wrappers, []
-        else:
-            gpu_cpp_wrappers, gpu_cuda_wrappers = (
-                list(cpp_wrappers or ()),
-                list(cuda_wrappers or ()),
-            )
+        cpu_wrappers, gpu_cpp_wrappers, gpu_cuda_wrappers = _wrappers(
+            export_name, cpp_args, cpp_wrappers, cuda_wrappers, bool(cuda_files)
+        )
 
         def load_cpu() -> Any:
             return loader.load_cpu_jit(
@@ -227,8 +238,7 @@ def jit(
             loaders[target] = cache_once(load)
         if device == "auto":  # the devices it has sources for
             targets = [
-                *(["cpu"] if cpp_files or not has_cuda else []),
-                *(["cuda"] if has_cuda else []),
+                d for d, ok in (("cpu", cpp_files or not has_cuda), ("cuda", has_cuda)) if ok
             ]
         else:
             targets = [device]
