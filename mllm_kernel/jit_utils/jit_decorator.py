@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import torch
+
 from mllm_kernel.jit_utils import loader, registry
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.cache_once import cache_once
@@ -39,28 +41,28 @@ def _template_args(args: Any) -> tuple[Any, ...]:
     return (args,)
 
 
-def _tensors(values: Any):
-    """The tensors among call arguments, looking into lists, tuples and dicts."""
-    import torch
-
+def _scan_into(values: Any, found: list) -> None:
+    # found = [first CUDA tensor or None, whether a non-CUDA tensor was seen]
     for value in values:
         if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, dict):
-            yield from _tensors(value.values())
+            if not value.is_cuda:
+                found[1] = True
+            elif found[0] is None:
+                found[0] = value
         elif isinstance(value, (list, tuple)):
-            yield from _tensors(value)
+            _scan_into(value, found)
+        elif isinstance(value, dict):
+            _scan_into(value.values(), found)
 
 
 def _scan(call_args: tuple, call_kwargs: dict) -> tuple[Any | None, bool]:
-    """(the first CUDA tensor argument or None, whether any tensor argument is not CUDA)."""
-    first_cuda, other = None, False
-    for tensor in _tensors((*call_args, call_kwargs)):
-        if not tensor.is_cuda:
-            other = True
-        elif first_cuda is None:
-            first_cuda = tensor
-    return first_cuda, other
+    """(the first CUDA tensor argument or None, whether any tensor argument is not CUDA),
+    looking into lists, tuples and dicts as the original did."""
+    found: list = [None, False]
+    _scan_into(call_args, found)
+    if call_kwargs:
+        _scan_into(call_kwargs.values(), found)
+    return found[0], found[1]
 
 
 def _auto_device(
@@ -82,8 +84,6 @@ def _auto_device(
         return "cpu", None
     if has_cuda:
         return "cuda", None
-    import torch
-
     return ("cuda" if torch.cuda.is_available() else "cpu"), None
 
 
