@@ -72,12 +72,19 @@ def sources(tmp_path_factory):
 
 @pytest.fixture
 def clean_jit_registry():
-    """Each test starts and ends with no @jit kernels registered."""
-    from mllm_kernel.jit_utils import clear_jit_kernel_registry
+    """Each test starts and ends with no @jit kernels registered, nor the loaded-module
+    entries the registry adds when a kernel it forgot is called again."""
+    from mllm_kernel.jit_utils import clear_jit_kernel_registry, registry
 
-    clear_jit_kernel_registry()
+    def clean():
+        clear_jit_kernel_registry()
+        for name in ("add_k", "add_k_cuda"):
+            for device in ("cpu", "cuda"):
+                registry.unregister(name, device)
+
+    clean()
     yield
-    clear_jit_kernel_registry()
+    clean()
 
 
 def _user_kernels(name):
