@@ -8,7 +8,7 @@ from pathlib import Path
 import tvm_ffi
 
 from mllm_kernel import __version__
-from mllm_kernel.jit_utils import env, paths, toolchain
+from mllm_kernel.jit_utils import env, paths, toolchain, trust
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, BuildSpec, stable_hash
 
 
@@ -58,4 +58,4 @@ def key_material(spec: BuildSpec) -> dict:
 
 def module_key(spec: BuildSpec) -> ModuleKey:
     digest = stable_hash(key_material(spec))
-    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=env.cache_root())
+    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=trust.writable_root())

@@ -254,6 +254,8 @@ def _locked_build_unchecked(spec: BuildSpec, key: ModuleKey, *, load: bool) -> t
                 return "cached", module
         elif found.status == "corrupt":
             _logger.warning("cache entry %s is corrupt (%s); rebuilding", key.path, found.reason)
+        elif found.status == "untrusted":
+            _logger.warning("cache entry not loaded: %s. Rebuilding it privately.", found.reason)
         elif found.status == "stale":
             _logger.info("rebuilding %s: %s", spec.describe(), found.reason)
         _logger.info("compiling %s ...", spec.describe())
