@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mllm_kernel.jit_utils import env, include_search, trust
+from mllm_kernel.jit_utils import env, include_search, paths, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT
@@ -291,8 +291,8 @@ def _changed_input(manifest: Manifest) -> str | None:
         if reason:
             return reason
     for dep, digest in manifest.deps.items():
-        try:
-            if file_digest(Path(dep)) != digest:
+        try:  # a prebuilt entry names the package's files by anchor (paths.anchored)
+            if file_digest(paths.unanchored(dep)) != digest:
                 return f"{dep} changed"
         except OSError:
             return f"{dep} no longer exists"

@@ -4,6 +4,9 @@
 ``MLLM_KERNEL_CACHE_DIR``      cache root (default ``~/.cache/mllm_kernel``); one that
                                another user could write is not used (see
                                :mod:`.trust`): builds go to the default instead
+``MLLM_KERNEL_CACHE_PATH``     read-only prebuilt caches, ``dir1:dir2``, searched in
+                               order before the cache root (``precompile --output``
+                               writes one); nothing is ever written there
 ``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
 ``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
 ``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset
@@ -48,6 +51,13 @@ def cache_root() -> Path:
     if value:
         return Path(value).expanduser().absolute()
     return default_cache_root()
+
+
+def cache_path() -> list[Path]:
+    """The read-only caches of ``MLLM_KERNEL_CACHE_PATH`` (``os.pathsep``-separated), in
+    order; empty items are ignored."""
+    value = os.environ.get("MLLM_KERNEL_CACHE_PATH", "")
+    return [Path(p).expanduser().absolute() for p in value.split(os.pathsep) if p.strip()]
 
 
 def verbose() -> bool:
