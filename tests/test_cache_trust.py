@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, toolchain
+from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
@@ -32,6 +32,14 @@ __attribute__((constructor)) static void planted() {
 """
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_kernels():
+    """The registry remembers every module loaded in this process; show-config tests that
+    run later must not see this file's "ok" kernel."""
+    yield
+    registry.unregister("ok", "cpu")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import mllm_kernel
-from mllm_kernel.jit_utils import cache, load_cpu_jit, paths, prebuilt, precompile
+from mllm_kernel.jit_utils import cache, load_cpu_jit, paths, prebuilt, precompile, registry
 from mllm_kernel.jit_utils.cache_key import module_key, relocatable_key, relocatable_key_material
 from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
@@ -24,6 +24,14 @@ PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_kernels():
+    """The registry remembers every module loaded in this process; show-config tests that
+    run later must not see this file's "ok" kernel."""
+    yield
+    registry.unregister("ok", "cpu")
 
 
 @pytest.fixture(scope="module")
