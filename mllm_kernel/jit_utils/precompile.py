@@ -190,7 +190,9 @@ def precompile(
                     if device == "cuda":
                         toolchain.find_cuda()  # re-raise the specific error
                         resolve_cuda_archs()
-                    report.skipped.append(f"CUDA kernels skipped: {reason}")
+                    note = f"CUDA kernels skipped: {reason}"
+                    if note not in report.skipped:  # once, not once per arch
+                        report.skipped.append(note)
                     chosen = [job for job in chosen if job.entry.device != "cuda"]
             per_arch = len(targets) > 1
             # Each task runs in its own copy of this context, so the arch override
