@@ -7,6 +7,7 @@ or an editable install) has them at ``include/`` and ``<device>/csrc/``.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -75,6 +76,7 @@ def tvm_ffi_library() -> Path:
     return Path(libinfo.find_libtvm_ffi())
 
 
+@functools.cache  # where the package is does not change within a process
 def anchors() -> dict[str, Path]:
     """The package's own file trees by a name that holds on every install: ``@include``
     (the headers) and ``@cpu`` / ``@cuda`` (the kernel sources, where installed).
