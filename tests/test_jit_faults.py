@@ -387,14 +387,14 @@ def test_toolchain_headers_are_fingerprinted_not_hashed(ok_source, fresh_cache):
 )
 def test_unwritable_cache_leads_the_build_error(ok_source, fresh_cache, monkeypatch, code, name):
     # Before: a bare OSError from mkdir/open deep in the cache code.
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def failing_mkdir(self, *args, **kwargs):
-        if self.name == ".locks":
-            raise OSError(code, os.strerror(code), str(self))
-        return real_mkdir(self, *args, **kwargs)
+    def failing_mkdir(path, *args, **kwargs):
+        if os.path.basename(path) == ".locks":
+            raise OSError(code, os.strerror(code), str(path))
+        return real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "mkdir", failing_mkdir)
+    monkeypatch.setattr(os, "mkdir", failing_mkdir)
     with pytest.raises(KernelBuildError) as info:
         _load_ok(ok_source)
     lead = str(info.value).splitlines()[0]

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from mllm_kernel.cli.output import paint
 from mllm_kernel.jit_utils import precompile
@@ -31,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build registered kernels into the cache ahead of time",
         description="Build every registered kernel variant (or those of --kernel) into the "
         "cache, -j at a time. With --arch, CUDA kernels are built for that arch without a "
-        "GPU (compiled and installed, not loaded). Exits 1 listing each failure.",
+        "GPU (compiled and installed, not loaded). With --output, every build is also "
+        "written into DIR as a self-contained prebuilt cache, to be named in "
+        "MLLM_KERNEL_CACHE_PATH where it runs (no compiler needed there). Exits 1 listing "
+        "each failure.",
     )
     parser.add_argument(
         "--device",
@@ -41,7 +45,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a note where no CUDA toolkit or arch is found; cuda makes that an error)",
     )
     parser.add_argument(
-        "--arch", metavar="LIST", help="CUDA archs to build for, e.g. 9.0a or '8.0;9.0a'"
+        "--arch",
+        metavar="LIST",
+        help="CUDA archs to build for, e.g. 9.0a or '8.0;9.0a'; with --output, "
+        "comma-separated archs (9.0a,10.0a) are built as one entry each",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="DIR",
+        type=Path,
+        help="also write the builds into DIR as a prebuilt read-only cache",
     )
     parser.add_argument(
         "--kernel",
@@ -115,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             on_start=progress.start,
             on_result=progress.result,
+            output=args.output,
         )
     except (ValueError, ToolchainError, CudaArchError) as exc:
         print(f"mllm_kernel precompile: error: {exc}", file=sys.stderr)
@@ -130,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         f"{report.count('built')} built, {report.count('cached')} already cached, "
         f"{len(report.failures)} failed"
     )
+    if args.output is not None:
+        print(f"prebuilt cache: {args.output.absolute()} (use it with MLLM_KERNEL_CACHE_PATH)")
     if not report.failures:
         return 0
     print(paint(f"{len(report.failures)} build(s) failed:", "red"), file=sys.stderr)

@@ -11,7 +11,13 @@ from mllm_kernel.cli.output import paint, print_json, table
 from mllm_kernel.jit_utils import cache_admin, cuda_arch
 from mllm_kernel.jit_utils.errors import CudaArchError
 
-_STATUS_COLOUR = {"cached": "green", "not built": "yellow", "stale": "yellow", "corrupt": "red"}
+_STATUS_COLOUR = {
+    "cached": "green",
+    "prebuilt": "green",
+    "not built": "yellow",
+    "stale": "yellow",
+    "corrupt": "red",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -155,7 +161,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
             name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
             exports = ", ".join(kernel.exports) or "-"
             for status in kernel.variants:
-                if status.status == "cached":
+                if status.status in ("cached", "prebuilt"):
                     where = str(status.path)
                 elif status.status == "unknown" and status.detail == arch_error:
                     unknown_arch = True

@@ -9,16 +9,20 @@ Layout under the cache root::
 
 A module directory only ever appears by an atomic rename of a complete,
 verified staging directory, so a reader sees all of a build or none of it.
+Nothing is loaded or written that another local user could have written or
+redirected: see :mod:`.trust` for the rule, checked before every load.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -26,9 +30,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import filelock
-
-from mllm_kernel.jit_utils import env, include_search
+from mllm_kernel.jit_utils import env, include_search, paths, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT
@@ -39,10 +41,14 @@ _logger = get_logger()
 
 
 def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
+        return _digest(handle.fileno())
+
+
+def _digest(fd: int) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -137,15 +143,17 @@ class Manifest:
     format: int = CACHE_FORMAT
 
     def write(self, directory: Path) -> None:
-        tmp = directory / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
-        os.replace(tmp, directory / MANIFEST)
+        trust.write_file(directory / MANIFEST, json.dumps(asdict(self), indent=1, sort_keys=True))
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
         """The manifest of ``directory``; CorruptManifest unless it matches the schema
         exactly (OSError if it cannot be read)."""
-        text = (directory / MANIFEST).read_text()
+        return cls.parse((directory / MANIFEST).read_text())
+
+    @classmethod
+    def parse(cls, text: str) -> Manifest:
+        """A manifest from its JSON text (CorruptManifest as for :meth:`read`)."""
         try:
             data = json.loads(text)
         except ValueError as exc:
@@ -172,7 +180,9 @@ class Lookup:
     """The state of a module in the cache.
 
     ``status`` is ``hit`` (load ``artifact``), ``missing``, ``stale`` (a source or
-    header changed: rebuild quietly) or ``corrupt`` (rebuild with a warning).
+    header changed: rebuild quietly), ``corrupt`` (rebuild with a warning) or
+    ``untrusted`` (another user could have written it: never loaded; ``reason``
+    names the path, its owner and mode, and the fix).
     """
 
     status: str
@@ -181,13 +191,32 @@ class Lookup:
     manifest: Manifest | None = None
 
 
-def lookup(key: ModuleKey) -> Lookup:
-    """Validates ``key``'s directory without spawning anything."""
+def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
+    """Validates ``key``'s directory without spawning anything.
+
+    Trust comes first (:mod:`.trust`; ``any_owner``: the read-only-cache rule): the
+    root, the entry, the manifest and the artifact are each checked by one stat, the
+    last two on the descriptors their content is then read from, so what was checked
+    is what is hashed.
+    """
     directory = key.path
-    if not directory.is_dir():
-        return Lookup("missing")
+    reason = trust.check_dir(key.root, any_owner=any_owner, follow=True)
+    if reason is not None:
+        return Lookup("untrusted", reason=reason)
     try:
-        manifest = Manifest.read(directory)
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return Lookup("missing")
+    untrusted = trust.problem(info, any_owner=any_owner)
+    if untrusted is not None:
+        return Lookup("untrusted", reason=trust.explain(directory, info, untrusted))
+    if not stat.S_ISDIR(info.st_mode):
+        return Lookup("corrupt", reason=f"{directory} is not a directory")
+    try:
+        text, untrusted = _read_trusted(directory / MANIFEST, any_owner)
+        if untrusted is not None:
+            return Lookup("untrusted", reason=untrusted)
+        manifest = Manifest.parse(text.decode())
     except FileNotFoundError:
         return Lookup("corrupt", reason=f"{MANIFEST} is missing")
     except (OSError, ValueError) as exc:
@@ -196,25 +225,57 @@ def lookup(key: ModuleKey) -> Lookup:
         return Lookup("corrupt", reason="manifest belongs to another key", manifest=manifest)
     artifact = directory / manifest.artifact
     try:
-        size = artifact.stat().st_size
+        fd = trust.open_nofollow(artifact, os.O_RDONLY)
+    except trust.UntrustedPath as exc:
+        return Lookup("untrusted", reason=str(exc), manifest=manifest)
     except OSError:
         return Lookup("corrupt", reason=f"{artifact.name} is missing", manifest=manifest)
-    if size != manifest.artifact_size:
-        return Lookup(
-            "corrupt",
-            reason=f"{artifact.name} is {size} bytes, not {manifest.artifact_size} (truncated?)",
-            manifest=manifest,
-        )
-    if file_digest(artifact) != manifest.artifact_sha256:
-        return Lookup(
-            "corrupt",
-            reason=f"{artifact.name} content does not match its checksum",
-            manifest=manifest,
-        )
+    try:
+        info = os.fstat(fd)
+        untrusted = trust.problem(info, any_owner=any_owner)
+        if untrusted is not None:
+            return Lookup(
+                "untrusted", reason=trust.explain(artifact, info, untrusted), manifest=manifest
+            )
+        if info.st_size != manifest.artifact_size:
+            return Lookup(
+                "corrupt",
+                reason=f"{artifact.name} is {info.st_size} bytes, not {manifest.artifact_size} "
+                "(truncated?)",
+                manifest=manifest,
+            )
+        if _digest(fd) != manifest.artifact_sha256:
+            return Lookup(
+                "corrupt",
+                reason=f"{artifact.name} content does not match its checksum",
+                manifest=manifest,
+            )
+    finally:
+        os.close(fd)
     reason = _changed_input(manifest)
     if reason:
         return Lookup("stale", reason=reason, manifest=manifest)
     return Lookup("hit", artifact=artifact, manifest=manifest)
+
+
+def _read_trusted(path: Path, any_owner: bool) -> tuple[bytes, str | None]:
+    """``path``'s bytes, and why it may not be trusted (None: it may), from one
+    descriptor opened without following a symlink."""
+    try:
+        fd = trust.open_nofollow(path, os.O_RDONLY)
+    except trust.UntrustedPath as exc:
+        return b"", str(exc)
+    try:
+        info = os.fstat(fd)
+        untrusted = trust.problem(info, any_owner=any_owner)
+        if untrusted is not None:
+            return b"", trust.explain(path, info, untrusted)
+        chunks = []
+        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+            chunks.append(chunk)
+        return b"".join(chunks), None
+    finally:
+        os.close(fd)
 
 
 def _changed_input(manifest: Manifest) -> str | None:
@@ -230,8 +291,8 @@ def _changed_input(manifest: Manifest) -> str | None:
         if reason:
             return reason
     for dep, digest in manifest.deps.items():
-        try:
-            if file_digest(Path(dep)) != digest:
+        try:  # a prebuilt entry names the package's files by anchor (paths.anchored)
+            if file_digest(paths.unanchored(dep)) != digest:
                 return f"{dep} changed"
         except OSError:
             return f"{dep} no longer exists"
@@ -239,16 +300,63 @@ def _changed_input(manifest: Manifest) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# Locking: a thread lock (threads of one process) plus a file lock (processes).
-# flock() locks die with their process, so a killed builder never blocks others.
+# Locking: a thread lock (threads of one process) plus flock() on a file in the
+# private .locks directory (processes). flock() locks die with their process, so a
+# killed builder never blocks others. The lock file is opened without following a
+# symlink and never truncated; the owner note is replaced, never written through.
 # ---------------------------------------------------------------------------
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
+_POLL_SECONDS = 0.05
+
+
+class _FileLock:
+    """An exclusive flock() on ``path``, held through one descriptor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        fd = trust.open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def acquire(self, timeout: float) -> bool:
+        """Polls until the lock is held (True) or ``timeout`` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while not self.try_acquire():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(_POLL_SECONDS, left))
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _locks_dir(root: Path) -> Path:
+    return trust.private_dir(root / ".locks")
 
 
 def _owner_text(owner_file: Path) -> str:
     try:
-        data = json.loads(owner_file.read_text())
+        text, untrusted = _read_trusted(owner_file, any_owner=False)
+        if untrusted is not None:
+            return "another process"
+        data = json.loads(text)
         since = time.strftime("%H:%M:%S", time.localtime(data["since"]))
         return f"pid {data['pid']} on {data['host']} ({data['purpose']}, since {since})"
     except (OSError, ValueError, KeyError, TypeError):
@@ -259,9 +367,8 @@ def _owner_text(owner_file: Path) -> str:
 def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> Iterator[None]:
     """Holds the build lock of ``key``; while waiting, logs who holds it."""
     timeout = env.lock_timeout() if timeout is None else timeout
-    locks_dir = key.root / ".locks"
-    locks_dir.mkdir(parents=True, exist_ok=True)
-    owner_file = locks_dir / f"{key.dirname}.owner"
+    trust.private_dir(key.root, follow=True)
+    owner_file = _locks_dir(key.root) / f"{key.dirname}.owner"
     with _thread_locks_guard:
         thread_lock = _thread_locks.setdefault(key.dirname, threading.Lock())
     deadline = time.monotonic() + timeout  # inf stays inf: wait forever
@@ -270,23 +377,19 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     if not thread_lock.acquire(timeout=thread_timeout):
         raise CacheLockTimeout(f"waited {timeout:.0f}s for another thread building {key.dirname}")
     try:
-        lock = filelock.FileLock(str(locks_dir / f"{key.dirname}.lock"), thread_local=False)
+        lock = _FileLock(owner_file.with_suffix(".lock"))
         next_report = 0.0
-        while True:
-            try:
-                lock.acquire(timeout=min(2.0, max(deadline - time.monotonic(), 0)))
-                break
-            except filelock.Timeout:
-                now = time.monotonic()
-                if now >= deadline:
-                    raise CacheLockTimeout(
-                        f"waited {timeout:.0f}s for the build lock of {key.dirname}, held by "
-                        f"{_owner_text(owner_file)}; raise MLLM_KERNEL_LOCK_TIMEOUT or stop that "
-                        "process"
-                    ) from None
-                if now >= next_report:
-                    _logger.info("waiting for %s: held by %s", key.dirname, _owner_text(owner_file))
-                    next_report = now + 30.0
+        while not lock.acquire(timeout=min(2.0, max(deadline - time.monotonic(), 0))):
+            now = time.monotonic()
+            if now >= deadline:
+                raise CacheLockTimeout(
+                    f"waited {timeout:.0f}s for the build lock of {key.dirname}, held by "
+                    f"{_owner_text(owner_file)}; raise MLLM_KERNEL_LOCK_TIMEOUT or stop that "
+                    "process"
+                )
+            if now >= next_report:
+                _logger.info("waiting for %s: held by %s", key.dirname, _owner_text(owner_file))
+                next_report = now + 30.0
         try:
             owner = {
                 "pid": os.getpid(),
@@ -294,7 +397,7 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
                 "purpose": purpose,
                 "since": time.time(),
             }
-            owner_file.write_text(json.dumps(owner))
+            trust.write_file(owner_file, json.dumps(owner))
             yield
         finally:
             with contextlib.suppress(OSError):
@@ -305,14 +408,17 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
 
 
 def try_module_lock(key: ModuleKey, purpose: str) -> contextlib.AbstractContextManager | None:
-    """The lock of ``key`` if it is free right now, else None (a build is running)."""
+    """The lock of ``key`` if it is free right now, else None (a build is running, or its
+    lock file cannot be trusted)."""
+    del purpose  # only a held module_lock writes an owner note
     lock_file = key.root / ".locks" / f"{key.dirname}.lock"
     if not lock_file.exists():
         return contextlib.nullcontext()
-    lock = filelock.FileLock(str(lock_file), thread_local=False)
+    lock = _FileLock(lock_file)
     try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
+        if trust.check_dir(lock_file.parent) is not None or not lock.try_acquire():
+            return None
+    except OSError:
         return None
 
     @contextlib.contextmanager
@@ -328,33 +434,46 @@ def try_module_lock(key: ModuleKey, purpose: str) -> contextlib.AbstractContextM
 # ---------------------------------------------------------------------------
 # Staging and installing. Callers hold module_lock(key).
 # ---------------------------------------------------------------------------
+def _remove(path: Path) -> None:
+    """Removes ``path``: a directory tree, or a file or symlink (never followed)."""
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def new_staging_dir(key: ModuleKey) -> Path:
-    """A fresh, empty staging directory for ``key``, after clearing dead ones."""
-    staging_root = key.root / ".staging"
-    staging_root.mkdir(parents=True, exist_ok=True)
+    """A fresh, empty, private staging directory for ``key``, after clearing dead ones."""
+    staging_root = trust.private_dir(key.root / ".staging")
     # We hold the lock, so any other staging dir of this key was left by a killed build.
     for leftover in staging_root.glob(f"{key.dirname}.*"):
         _logger.info("removing an interrupted build: %s", leftover)
-        shutil.rmtree(leftover, ignore_errors=True)
+        _remove(leftover)
     path = staging_root / f"{key.dirname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    path.mkdir()
+    path.mkdir(mode=trust.PRIVATE_DIR_MODE)
     return path
 
 
 def install(staging: Path, key: ModuleKey) -> Path:
-    """Moves a verified staging directory to ``key.path`` atomically."""
+    """Moves a verified staging directory to ``key.path`` atomically (whatever was there,
+    a symlink included, is moved aside and removed, never followed)."""
+    trust.drop_group_other_write(staging)
     final = key.path
-    if final.exists():
+    if os.path.lexists(final):
         trash = key.root / ".staging" / f"{key.dirname}.old.{uuid.uuid4().hex[:8]}"
         os.replace(final, trash)
         os.replace(staging, final)
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove(trash)
     else:
         os.replace(staging, final)
     return final
 
 
 def failure_log_path(key: ModuleKey) -> Path:
-    logs = key.root / ".logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    return logs / f"{key.dirname}.log"
+    """Where the log of a failed build of ``key`` goes, in the private ``.logs``; whatever
+    was at that path (an old log, a symlink) is removed first, so the log is a new file."""
+    log = trust.private_dir(key.root / ".logs") / f"{key.dirname}.log"
+    with contextlib.suppress(FileNotFoundError):
+        log.unlink()
+    return log

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.jit_utils import cache, env, registry
+from mllm_kernel.jit_utils import cache, env, prebuilt, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
 from mllm_kernel.jit_utils.errors import CudaArchError
@@ -143,7 +143,30 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
             "unknown",
             detail="loaded in this process, no registered builder",
         )
-    return registry.variant_status(entry, variant)
+    return _served_by_prebuilt(entry, variant) or registry.variant_status(entry, variant)
+
+
+def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus | None:
+    """``prebuilt`` with the entry and its read-only cache when one of
+    ``MLLM_KERNEL_CACHE_PATH`` serves ``variant`` (the loader looks there first)."""
+    if not env.cache_path():
+        return None
+    try:
+        spec = entry.plan(variant)
+        found = prebuilt.find(spec)
+    except Exception:  # the plan fails: variant_status says why
+        return None
+    if found is None:
+        return None
+    return VariantStatus(
+        entry.name,
+        entry.device,
+        spec.template_args,
+        "prebuilt",
+        path=found.artifact.parent,
+        size_bytes=found.artifact.stat().st_size,
+        detail=f"read-only cache {found.artifact.parent.parent}",
+    )
 
 
 def _exports(entry: KernelEntry) -> tuple[str, ...]:

@@ -1,14 +1,48 @@
-"""The cache key of a module: one function, used by the loader and the CLI alike."""
+"""The cache keys of a module: one function each, used by the loader and the CLI alike.
+
+Two keys, for two kinds of cache:
+
+* :func:`module_key`, for the writable cache this machine builds into: everything
+  that changes the binary, this machine's compilers included (their real path,
+  size and mtime), so that upgrading a compiler rebuilds.
+* :func:`relocatable_key`, for prebuilt read-only caches (``MLLM_KERNEL_CACHE_PATH``,
+  written by ``precompile --output``) built on another machine: what the binary is
+  built *from* and *for*, nothing about where or with what. It needs no toolchain to
+  compute, so a machine without one can look entries up.
+
+What a prebuilt entry is checked against, before it is loaded:
+
+=====================  ======================================================
+key (exact match)      module name, device, template args, the wrapper
+                       expressions, every flag (C++, CUDA, link), CUDA archs,
+                       source files and ``extra_include_paths`` (the
+                       package's own by their place in the package, ``@cpu/...``,
+                       ``@include/...``; others by absolute path), tvm-ffi
+                       and mllm-kernel versions, the machine (``x86_64``), and
+                       for ``-march=native`` builds the host's ISA flags
+manifest               sha256 of every source and header the build read
+                       outside the toolchain (the package's re-anchored to
+                       this install), the artifact's size and sha256
+trust                  not writable by group or others (:mod:`.trust`)
+=====================  ======================================================
+
+Not checked: the compilers and the CUDA toolkit that built it (recorded in the
+manifest's ``toolchain``; the headers they supply, libstdc++ and CUDA's, come with
+them), include-path variables and header shadowing (they change what a compiler
+here would see, and nothing is compiled here). An entry whose library cannot load
+here (a libstdc++ or CUDA runtime too old) is skipped like a missing one.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import platform
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import tvm_ffi
 
 from mllm_kernel import __version__
-from mllm_kernel.jit_utils import env, paths, toolchain
+from mllm_kernel.jit_utils import env, paths, toolchain, trust
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, BuildSpec, stable_hash
 
 
@@ -23,6 +57,10 @@ class ModuleKey:
     @property
     def path(self) -> Path:
         return self.root / self.dirname
+
+    def under(self, root: Path) -> ModuleKey:
+        """The same key in another cache root."""
+        return replace(self, root=root)
 
 
 def uses_native_isa(spec: BuildSpec) -> bool:
@@ -58,4 +96,29 @@ def key_material(spec: BuildSpec) -> dict:
 
 def module_key(spec: BuildSpec) -> ModuleKey:
     digest = stable_hash(key_material(spec))
-    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=env.cache_root())
+    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=trust.writable_root())
+
+
+def relocatable_key_material(spec: BuildSpec) -> dict:
+    """What a prebuilt entry is looked up by (see the module docstring): no toolchain,
+    no path outside the package except those the user gave."""
+    described = asdict(spec)
+    for field_name in ("cpp_files", "cuda_files", "include_paths"):
+        described[field_name] = [paths.anchored(p) for p in getattr(spec, field_name)]
+    material = {
+        "format": CACHE_FORMAT,
+        "relocatable": True,
+        "spec": described,
+        "tvm_ffi": tvm_ffi.__version__,
+        "mllm_kernel": __version__,
+        "machine": platform.machine(),
+    }
+    if uses_native_isa(spec):
+        material["host_isa"] = toolchain.host_isa()
+    return material
+
+
+def relocatable_key(spec: BuildSpec, root: Path) -> ModuleKey:
+    """Where ``spec``'s entry is in the prebuilt cache ``root``."""
+    digest = stable_hash(relocatable_key_material(spec))
+    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=root)

@@ -1,7 +1,12 @@
 """Every environment variable the package reads, in one place.
 
 =============================  ===================================================
-``MLLM_KERNEL_CACHE_DIR``      cache root (default ``~/.cache/mllm_kernel``)
+``MLLM_KERNEL_CACHE_DIR``      cache root (default ``~/.cache/mllm_kernel``); one that
+                               another user could write is not used (see
+                               :mod:`.trust`): builds go to the default instead
+``MLLM_KERNEL_CACHE_PATH``     read-only prebuilt caches, ``dir1:dir2``, searched in
+                               order before the cache root (``precompile --output``
+                               writes one); nothing is ever written there
 ``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
 ``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
 ``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset
@@ -34,12 +39,25 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
+def default_cache_root() -> Path:
+    """``~/.cache/mllm_kernel``: the cache root when none is set, and the private fallback
+    when the one set cannot be trusted (see :mod:`.trust`)."""
+    return Path.home() / ".cache" / "mllm_kernel"
+
+
 def cache_root() -> Path:
-    """The cache root: ``MLLM_KERNEL_CACHE_DIR`` or ``~/.cache/mllm_kernel``."""
+    """The cache root: ``MLLM_KERNEL_CACHE_DIR`` or :func:`default_cache_root`."""
     value = os.environ.get("MLLM_KERNEL_CACHE_DIR")
     if value:
         return Path(value).expanduser().absolute()
-    return Path.home() / ".cache" / "mllm_kernel"
+    return default_cache_root()
+
+
+def cache_path() -> list[Path]:
+    """The read-only caches of ``MLLM_KERNEL_CACHE_PATH`` (``os.pathsep``-separated), in
+    order; empty items are ignored."""
+    value = os.environ.get("MLLM_KERNEL_CACHE_PATH", "")
+    return [Path(p).expanduser().absolute() for p in value.split(os.pathsep) if p.strip()]
 
 
 def verbose() -> bool:

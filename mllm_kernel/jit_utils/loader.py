@@ -10,7 +10,7 @@ from typing import Any
 
 import tvm_ffi
 
-from mllm_kernel.jit_utils import build, cache, paths, registry
+from mllm_kernel.jit_utils import build, cache, paths, prebuilt, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
 from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
@@ -160,8 +160,15 @@ def load_cuda_jit(
 
 
 def load_spec(spec: BuildSpec) -> Any:
-    """Loads ``spec``'s module: from the cache if valid, else builds it first."""
+    """Loads ``spec``'s module: from a prebuilt read-only cache (``MLLM_KERNEL_CACHE_PATH``,
+    no toolchain needed) or the writable cache if valid there, else builds it first."""
     registry.intercept(spec)  # show-config / precompile plan builds without running them
+    found = prebuilt.find(spec)
+    if found is not None:
+        module = _try_load(found.artifact, spec)
+        if module is not None:
+            registry.record_loaded(spec)
+            return module
     key = module_key(spec)
     found = cache.lookup(key)
     if found.status == "hit":
@@ -254,6 +261,8 @@ def _locked_build_unchecked(spec: BuildSpec, key: ModuleKey, *, load: bool) -> t
                 return "cached", module
         elif found.status == "corrupt":
             _logger.warning("cache entry %s is corrupt (%s); rebuilding", key.path, found.reason)
+        elif found.status == "untrusted":
+            _logger.warning("cache entry not loaded: %s. Rebuilding it privately.", found.reason)
         elif found.status == "stale":
             _logger.info("rebuilding %s: %s", spec.describe(), found.reason)
         _logger.info("compiling %s ...", spec.describe())

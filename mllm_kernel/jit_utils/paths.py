@@ -7,6 +7,7 @@ or an editable install) has them at ``include/`` and ``<device>/csrc/``.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -73,3 +74,46 @@ def tvm_ffi_library() -> Path:
     from tvm_ffi import libinfo
 
     return Path(libinfo.find_libtvm_ffi())
+
+
+@functools.cache  # where the package is does not change within a process
+def anchors() -> dict[str, Path]:
+    """The package's own file trees by a name that holds on every install: ``@include``
+    (the headers) and ``@cpu`` / ``@cuda`` (the kernel sources, where installed).
+
+    A source checkout and a wheel keep them at different places; a prebuilt cache
+    names the files it was built from relative to these, so that it matches wherever
+    the package is installed (see :func:`anchored`).
+    """
+    found = {"@include": include_dir()}
+    for device in DEVICES:
+        directory = kernel_source_dir(device)
+        if directory is not None:
+            found[f"@{device}"] = directory.resolve()
+    return found
+
+
+def anchored(path: str | Path) -> str:
+    """``path`` as ``@anchor/relative`` when it is inside one of :func:`anchors`, else as
+    the absolute path it is.
+
+    >>> anchored(include_dir() / "mllm_kernel" / "utils.hpp")
+    '@include/mllm_kernel/utils.hpp'
+    """
+    path = Path(path)
+    for name, directory in anchors().items():
+        if path.is_relative_to(directory):
+            return f"{name}/{path.relative_to(directory).as_posix()}"
+    return str(path)
+
+
+def unanchored(text: str) -> Path:
+    """The file :func:`anchored` named, in this install (FileNotFoundError for an anchor
+    this install lacks, e.g. ``@cuda`` in a CPU-only wheel)."""
+    if not text.startswith("@"):
+        return Path(text)
+    name, _, relative = text.partition("/")
+    directory = anchors().get(name)
+    if directory is None:
+        raise FileNotFoundError(f"{text}: this install has no {name} files")
+    return directory / relative

@@ -1,7 +1,8 @@
 """Building registered kernel variants ahead of time, in parallel, into the cache.
 
 CI compiles every CUDA kernel for sm_90a on a machine without a GPU, and a
-deployment image can ship a warm cache. Where the module can be loaded here (a
+deployment image can ship a prebuilt cache (``output``: see :mod:`.prebuilt`). Where
+the module can be loaded here (a
 CPU kernel, or a CUDA kernel with a GPU present) the loader's own path builds
 it and verifies it by loading; a CUDA module on a machine without a usable GPU
 is compiled, linked and installed by :func:`loader.build_into_cache` without
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.jit_utils import cache, loader, registry, toolchain
+from mllm_kernel.jit_utils import cache, loader, prebuilt, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError, ToolchainError
@@ -41,9 +42,11 @@ class Job:
 
     entry: KernelEntry
     variant: tuple[Any, ...]
+    arch: str | None = None  # the CUDA arch it is built for, when one is chosen per job
 
     def describe(self) -> str:
-        return f"{self.entry.name}<{', '.join(map(str, self.variant))}> ({self.entry.device})"
+        where = f"{self.entry.device}, {self.arch}" if self.arch else self.entry.device
+        return f"{self.entry.name}<{', '.join(map(str, self.variant))}> ({where})"
 
 
 @dataclass(frozen=True)
@@ -124,21 +127,23 @@ def select_jobs(device: str = "all", kernels: Sequence[str] | None = None) -> li
     return [Job(e, tuple(v)) for e in entries for v in e.variants]
 
 
-def run_job(job: Job, load: bool | None = None) -> JobResult:
-    """Builds one job into the cache (``load``: verify by loading; default: where possible)."""
+def run_job(job: Job, load: bool | None = None, output: Path | None = None) -> JobResult:
+    """Builds one job into the cache (``load``: verify by loading; default: where
+    possible); with ``output``, then copies it into that prebuilt cache."""
     started = time.monotonic()
     load = can_load(job.entry.device) if load is None else load
     try:
         spec = job.entry.plan(job.variant)
         key = module_key(spec)
         if cache.lookup(key).status == "hit":
-            return JobResult(job, "cached", time.monotonic() - started, key.path)
-        if load:
-            loader.load_spec(spec)
+            status = "cached"
+        elif load:
+            loader.build_and_load(spec, key)
             status = "built"
         else:
             status = loader.build_into_cache(spec, key)
-        return JobResult(job, status, time.monotonic() - started, key.path)
+        path = key.path if output is None else prebuilt.export(spec, key.path, output)
+        return JobResult(job, status, time.monotonic() - started, path)
     except KernelBuildError as exc:
         return JobResult(
             job, "failed", time.monotonic() - started, error=exc.first_error, log_path=exc.log_path
@@ -156,6 +161,7 @@ def precompile(
     load: bool | None = None,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[JobResult], None] | None = None,
+    output: Path | None = None,
 ) -> PrecompileReport:
     """Builds every selected kernel variant into the cache, ``jobs`` at a time.
 
@@ -164,33 +170,52 @@ def precompile(
     where no toolkit or arch is available; with ``device="cuda"`` that raises
     ToolchainError / CudaArchError. ``on_start(total)`` and ``on_result(result)``
     are called from the calling thread, for progress display.
+
+    ``output``: also write every build into that directory as a self-contained
+    prebuilt cache (:mod:`.prebuilt`). There each arch of a comma-separated ``arch``
+    (``"9.0a,10.0a"``) is built as its own entry, since a GPU machine looks up the
+    one arch it has.
     """
     selected = select_jobs(device, kernels)
+    targets = [a.strip() for a in arch.split(",")] if arch and output is not None else [arch]
     report = PrecompileReport()
-    override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
-    with override:
-        if any(job.entry.device == "cuda" for job in selected):
-            reason = cuda_unavailable_reason()
-            if reason is not None:
-                if device == "cuda":
-                    toolchain.find_cuda()  # re-raise the specific error
-                    resolve_cuda_archs()
-                report.skipped.append(f"CUDA kernels skipped: {reason}")
-                selected = [job for job in selected if job.entry.device != "cuda"]
-        if on_start is not None:
-            on_start(len(selected))
-        workers = max(1, min(jobs or os.cpu_count() or 1, len(selected) or 1))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precompile") as pool:
+    planned: list[tuple[contextvars.Context, Job]] = []
+    for index, target in enumerate(targets):
+        chosen = [j for j in selected if index == 0 or j.entry.device == "cuda"]
+        override = cuda_arch_override(target) if target else contextlib.nullcontext()
+        with override:
+            if any(job.entry.device == "cuda" for job in chosen):
+                reason = cuda_unavailable_reason()
+                if reason is not None:
+                    if device == "cuda":
+                        toolchain.find_cuda()  # re-raise the specific error
+                        resolve_cuda_archs()
+                    note = f"CUDA kernels skipped: {reason}"
+                    if note not in report.skipped:  # once, not once per arch
+                        report.skipped.append(note)
+                    chosen = [job for job in chosen if job.entry.device != "cuda"]
+            per_arch = len(targets) > 1
             # Each task runs in its own copy of this context, so the arch override
             # (a context variable) reaches the worker threads.
-            futures = [
-                pool.submit(contextvars.copy_context().run, run_job, job, load) for job in selected
+            planned += [
+                (
+                    contextvars.copy_context(),
+                    Job(job.entry, job.variant, target)
+                    if per_arch and job.entry.device == "cuda"
+                    else job,
+                )
+                for job in chosen
             ]
-            for future in as_completed(futures):
-                result = future.result()
-                report.results.append(result)
-                if on_result is not None:
-                    on_result(result)
-    order = {id(job): i for i, job in enumerate(selected)}
+    if on_start is not None:
+        on_start(len(planned))
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(planned) or 1))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precompile") as pool:
+        futures = [pool.submit(ctx.run, run_job, job, load, output) for ctx, job in planned]
+        for future in as_completed(futures):
+            result = future.result()
+            report.results.append(result)
+            if on_result is not None:
+                on_result(result)
+    order = {id(job): i for i, (_, job) in enumerate(planned)}
     report.results.sort(key=lambda r: order[id(r.job)])
     return report

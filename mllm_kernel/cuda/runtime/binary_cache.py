@@ -26,7 +26,7 @@ from mllm_kernel.cuda.runtime.compiler import (
     compile_in,
     compiler_identity,
 )
-from mllm_kernel.jit_utils import cache, env
+from mllm_kernel.jit_utils import cache, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, stable_hash
 from mllm_kernel.logging_setup import get_logger
@@ -55,7 +55,7 @@ def binary_key(request: CompileRequest, cache_dir: str | Path | None = None) -> 
     digest = stable_hash(material)
     label = _UNSAFE_IN_DIRNAME.sub("-", request.label)[:48]
     dirname = f"cuda_{request.kind}_{label}_{request.target}_{digest[:16]}"
-    root = Path(cache_dir).expanduser().absolute() if cache_dir else env.cache_root()
+    root = Path(cache_dir).expanduser().absolute() if cache_dir else trust.writable_root()
     return ModuleKey(hash=digest, dirname=dirname, root=root)
 
 

@@ -1,0 +1,99 @@
+"""Prebuilt read-only caches: built once (in CI), loaded where no compiler exists.
+
+``MLLM_KERNEL_CACHE_PATH=dir1:dir2`` names read-only caches, searched in order
+before the writable cache. An entry there is found by its
+:func:`~.cache_key.relocatable_key` (computed without any toolchain), validated
+like any entry (manifest schema, the artifact's size and sha256, the sha256 of
+every source and header it was built from) under the read-only trust rule (any
+owner, nothing writable by group or others: :mod:`.trust`), and loaded without
+writing anything: no lock, no log, no staging. A missing, stale or untrusted
+entry is built in the writable cache as usual.
+
+``python -m mllm_kernel precompile --output DIR`` writes such a cache
+(:func:`export`): each entry is built (and, where possible, loaded) in the
+writable cache first, then copied into ``DIR`` under its relocatable key with
+its manifest made relocatable (the package's files named by their place in the
+package, the toolchain's fingerprints dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import stat
+import uuid
+from pathlib import Path
+
+from mllm_kernel.jit_utils import cache, env, paths, trust
+from mllm_kernel.jit_utils.cache_key import relocatable_key
+from mllm_kernel.jit_utils.spec import BuildSpec
+from mllm_kernel.logging_setup import get_logger
+
+_logger = get_logger()
+# A prebuilt cache is read by whichever user serves: readable by all, writable by none
+# but its owner.
+_DIR_MODE = 0o755
+_FILE_MODE = 0o644
+
+
+def find(spec: BuildSpec) -> cache.Lookup | None:
+    """The first valid entry of ``spec`` in the read-only caches (a ``hit`` Lookup), or
+    None. Reads only; says at WARNING why an entry found there is not used."""
+    roots = env.cache_path()
+    if not roots:
+        return None
+    key = relocatable_key(spec, roots[0])
+    for root in roots:
+        found = cache.lookup(key.under(root), any_owner=True)
+        if found.status == "hit":
+            return found
+        if found.status == "untrusted":
+            trust.warn_once(root, f"prebuilt cache entry not used: {found.reason}")
+        elif found.status in ("corrupt", "stale"):
+            trust.warn_once(
+                key.under(root).path,
+                f"prebuilt cache entry {key.under(root).path} not used ({found.status}: "
+                f"{found.reason}); building {spec.describe()} instead",
+            )
+    return None
+
+
+def export(spec: BuildSpec, built: Path, output: Path) -> Path:
+    """Copies the valid entry ``built`` (of ``spec``, in the writable cache) into the
+    prebuilt cache ``output`` under its relocatable key; returns the new entry.
+
+    An entry already there is replaced atomically.
+    """
+    manifest = cache.Manifest.read(built)
+    key = relocatable_key(spec, output.absolute())
+    relocatable = dataclasses.replace(
+        manifest,
+        key_hash=key.hash,
+        deps={paths.anchored(path): digest for path, digest in manifest.deps.items()},
+        toolchain_deps={},
+        include_search=[],
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    os.chmod(output, _DIR_MODE)
+    staging = output / f".{key.dirname}.{uuid.uuid4().hex[:8]}"
+    staging.mkdir(mode=_DIR_MODE)
+    try:
+        os.chmod(staging, _DIR_MODE)
+        for item in built.iterdir():
+            if item.name != cache.MANIFEST and stat.S_ISREG(item.lstat().st_mode):
+                shutil.copyfile(item, staging / item.name, follow_symlinks=False)
+        relocatable.write(staging)
+        for item in staging.iterdir():
+            os.chmod(item, _FILE_MODE)
+        final = key.path
+        if os.path.lexists(final):
+            old = output / f".{key.dirname}.old.{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final

@@ -1,0 +1,207 @@
+"""Which cache paths may be loaded: only what the current user (or root) could have written.
+
+A cache entry is a shared library that runs code in the loading process, so an
+entry another local user could have planted or edited must never be loaded. The
+rule, checked before any dlopen:
+
+* **writable cache** (``MLLM_KERNEL_CACHE_DIR``, default ``~/.cache/mllm_kernel``):
+  the cache root, the entry directory, its manifest and its artifact are owned by
+  the current user or root, and none is writable by group or others. The entry,
+  the manifest and the artifact are not symlinks (the root may be one: it is the
+  user's own setting). A root that fails the rule is not used at all: a WARNING
+  says why and how to fix it, and the process builds into the private default
+  root under the user's home instead.
+* **read-only caches** (``MLLM_KERNEL_CACHE_PATH``, searched first): the owner may
+  be anyone (a prebuilt cache installed by an image build or by pip is owned by
+  whoever installed it, and naming the directory is the user's decision, as with
+  ``PATH``), but nothing on the way may be writable by group or others.
+
+What the package creates is private: directories 0700, files with the process
+umask but never group- or world-writable, written without following a symlink.
+
+The checks are one ``stat`` per path (four per warm load: root, entry, manifest,
+artifact), on descriptors the loader opens anyway where it can.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pwd
+import stat
+import threading
+import uuid
+from pathlib import Path
+
+from mllm_kernel.jit_utils import env
+from mllm_kernel.logging_setup import get_logger
+
+_logger = get_logger()
+_GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
+_WRITERS = {
+    stat.S_IWGRP: "its group",
+    stat.S_IWOTH: "everyone",
+    _GROUP_OR_OTHER_WRITE: "group and others",
+}
+PRIVATE_DIR_MODE = 0o700
+FILE_MODE = 0o644  # further narrowed by the umask, never widened
+
+
+class UntrustedPath(PermissionError):
+    """A cache path another local user could have written (or a symlink where none may be).
+
+    The message names the path, its owner and mode, and the fix.
+    """
+
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(errno.EACCES, message, str(path))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def owner_name(uid: int) -> str:
+    """``"name (uid N)"``, or ``"uid N"`` for a uid with no passwd entry."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def describe(info: os.stat_result) -> str:
+    """``"owner alice (uid 1000), mode 0777"``."""
+    return f"owner {owner_name(info.st_uid)}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
+def problem(info: os.stat_result, *, any_owner: bool = False) -> str | None:
+    """Why a path with this ``lstat`` result may not be trusted, or None if it may.
+
+    ``any_owner``: the read-only-cache rule (the owner is not checked).
+    """
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symlink"
+    if not any_owner and info.st_uid not in (os.geteuid(), 0):
+        return f"is owned by {owner_name(info.st_uid)}, not by you or root"
+    writable = info.st_mode & _GROUP_OR_OTHER_WRITE
+    if writable:
+        return f"is writable by {_WRITERS[writable]}"
+    return None
+
+
+def fix_for(path: Path, reason: str) -> str:
+    """The commands that make ``path`` trusted, for a ``reason`` from :func:`problem`."""
+    private = "or point MLLM_KERNEL_CACHE_DIR at a directory only you can write"
+    if reason.startswith("is owned by"):
+        return f"remove it (rm -rf {path}) or take it over (chown -R $USER {path}), {private}"
+    if reason.startswith("is writable"):
+        return f"chmod -R go-w {path}, {private}"
+    return f"remove it (rm {path}), {private}"
+
+
+def explain(path: Path, info: os.stat_result, reason: str) -> str:
+    """One sentence for a WARNING or an error: path, what is wrong, owner, mode, fix."""
+    return (
+        f"{path} {reason} ({describe(info)}): another local user could have written it. "
+        f"Fix: {fix_for(path, reason)}"
+    )
+
+
+def check_dir(path: Path, *, any_owner: bool = False, follow: bool = False) -> str | None:
+    """:func:`explain` text if directory ``path`` fails the rule, None if it passes or is
+    missing. ``follow``: check what a symlink points at (the root only)."""
+    try:
+        info = os.stat(path) if follow else os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) and not stat.S_ISLNK(info.st_mode):
+        return f"{path} is not a directory ({describe(info)}). Fix: remove it (rm {path})"
+    reason = problem(info, any_owner=any_owner)
+    return None if reason is None else explain(path, info, reason)
+
+
+def private_dir(path: Path, *, follow: bool = False) -> Path:
+    """``path`` as a directory of ours: created 0700 (with any missing parents) or, if it
+    exists, checked against the rule (``follow``: through a symlink, for the root; else a
+    symlink fails). Raises UntrustedPath when it fails; a creation race lost to another
+    user fails the check."""
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, PRIVATE_DIR_MODE)
+    reason = check_dir(path, follow=follow)
+    if reason is not None:
+        raise UntrustedPath(reason, path)
+    return path
+
+
+def open_nofollow(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+    """``os.open`` that refuses a symlink at ``path`` (UntrustedPath, not ELOOP)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise UntrustedPath(
+            f"{path} is a symlink where the cache keeps a file; not followed. Fix: remove it "
+            f"(rm {path})",
+            path,
+        ) from None
+
+
+def write_file(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a new file renamed over it: a symlink planted
+    at ``path`` is replaced, never written through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def drop_group_other_write(directory: Path) -> None:
+    """Clears the group/other write bits of ``directory``'s files (a linker creates the
+    artifact with the umask, which may be 002); links are left alone."""
+    for entry in os.scandir(directory):
+        info = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_mode & _GROUP_OR_OTHER_WRITE:
+            os.chmod(entry.path, stat.S_IMODE(info.st_mode) & ~_GROUP_OR_OTHER_WRITE)
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_guard = threading.Lock()
+
+
+def warn_once(path: Path, message: str) -> None:
+    """Logs ``message`` as a WARNING the first time it is said about ``path``."""
+    with _warned_guard:
+        if (str(path), message) in _warned:
+            return
+        _warned.add((str(path), message))
+    _logger.warning("%s", message)
+
+
+def writable_root() -> Path:
+    """The cache root builds go to: ``env.cache_root()`` when it passes the rule (or does
+    not exist yet: it is then created private), else the private default root under the
+    user's home, with a WARNING. Raises UntrustedPath when that fails the rule too."""
+    root = env.cache_root()
+    reason = check_dir(root, follow=True)
+    if reason is None:
+        return root
+    fallback = env.default_cache_root()
+    fallback_reason = check_dir(fallback, follow=True) if fallback != root else reason
+    if fallback_reason is not None:
+        raise UntrustedPath(f"no cache root can be trusted: {fallback_reason}", fallback)
+    warn_once(root, f"building into {fallback} instead of the cache at {root}: {reason}")
+    return fallback

@@ -1,0 +1,315 @@
+"""The trust rule (issue 18, point 1): nothing another local user could have written is
+loaded or written through. Each planted entry is a valid cache entry (manifest, size,
+checksum and key all match) whose library has a constructor that leaves a marker: the
+marker must never appear, and the kernel's result must come from a private rebuild."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, registry, toolchain
+from mllm_kernel.jit_utils.cache_key import module_key
+from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.logging_setup import get_logger
+
+OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
+EVIL_SOURCE = """
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted() {
+  int fd = open("{marker}", O_CREAT | O_WRONLY, 0644);
+  if (fd >= 0) close(fd);
+}
+"""
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_kernels():
+    """The registry remembers every module loaded in this process; show-config tests that
+    run later must not see this file's "ok" kernel."""
+    yield
+    registry.unregister("ok", "cpu")
+
+
+@pytest.fixture
+def warnings_logged():
+    """The mllm_kernel logger's WARNING records during the test, as text."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                records.append(record.getMessage())
+
+    handler = Collect()
+    get_logger().addHandler(handler)
+    yield records
+    get_logger().removeHandler(handler)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A HOME of the test's own: the private fallback cache lands under it."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("HOME", str(path))
+    return path
+
+
+@pytest.fixture
+def ok_source(tmp_path) -> Path:
+    source = tmp_path / "ok.cpp"
+    source.write_text(OK_SOURCE)
+    return source
+
+
+def _spec(source: Path) -> BuildSpec:
+    return BuildSpec(
+        name="ok",
+        device="cpu",
+        template_args=("3",),
+        cpp_files=(source,),
+        cpp_wrappers=(Wrapper("f", "ok::f<3>"),),
+        cxx_flags=DEFAULT_CXX_FLAGS,
+    )
+
+
+def _load(source: Path):
+    return load_cpu_jit("ok", "3", cpp_files=[str(source)], cpp_wrappers=[("f", "ok::f<3>")])
+
+
+@pytest.fixture(scope="module")
+def real_entry(tmp_path_factory) -> tuple[Path, Path]:
+    """``(source, entry dir)`` of one genuine build of ok<3>, copied by each test."""
+    base = tmp_path_factory.mktemp("real")
+    source = base / "ok.cpp"
+    source.write_text(OK_SOURCE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLLM_KERNEL_CACHE_DIR", str(base / "cache"))
+        assert _load(source).f() == 3
+        return source, module_key(_spec(source)).path
+
+
+def _plant(entry: Path, where: Path, marker: Path) -> Path:
+    """A copy of ``entry`` at ``where`` whose library is replaced by one that creates
+    ``marker`` when loaded, with the manifest updated to match: everything but its
+    owner and mode says "load me"."""
+    shutil.copytree(entry, where)
+    manifest = json.loads((where / "manifest.json").read_text())
+    evil_cpp = where.parent / "evil.cpp"
+    evil_cpp.write_text(EVIL_SOURCE.replace("{marker}", str(marker)))
+    artifact = where / manifest["artifact"]
+    subprocess.run(
+        [str(toolchain.find_cxx().path), "-shared", "-fPIC", str(evil_cpp), "-o", str(artifact)],
+        check=True,
+    )
+    evil_cpp.unlink()
+    manifest["artifact_size"] = artifact.stat().st_size
+    manifest["artifact_sha256"] = cache.file_digest(artifact)
+    (where / "manifest.json").write_text(json.dumps(manifest))
+    return where
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in (*dirnames, *filenames))]:
+            os.chown(name, uid, uid, follow_symlinks=False)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def _foreign_entry(entry: Path) -> None:
+    _chown_tree(entry, NOBODY)
+
+
+def _entry_mode(mode: int):
+    return lambda entry: entry.chmod(mode)
+
+
+def _file_mode(name: str, mode: int):
+    def damage(entry: Path) -> None:
+        manifest = json.loads((entry / "manifest.json").read_text())
+        (entry / (manifest["artifact"] if name == "artifact" else name)).chmod(mode)
+
+    return damage
+
+
+def _symlinked_entry(entry: Path) -> None:
+    target = entry.with_name("elsewhere")
+    entry.rename(target)
+    entry.symlink_to(target)
+
+
+ENTRY_DAMAGE = {
+    "foreign-owned-entry": (_foreign_entry, "is owned by nobody (uid 65534)"),
+    "world-writable-entry": (_entry_mode(0o777), "is writable by group and others"),
+    "group-writable-entry": (_entry_mode(0o775), "is writable by its group"),
+    "group-writable-artifact": (_file_mode("artifact", 0o664), "is writable by its group"),
+    "world-writable-manifest": (_file_mode("manifest.json", 0o646), "is writable by everyone"),
+    "symlinked-entry": (_symlinked_entry, "is a symlink"),
+}
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("damage", "expected"), ENTRY_DAMAGE.values(), ids=list(ENTRY_DAMAGE.keys())
+)
+def test_untrusted_entry_is_not_loaded_but_rebuilt(
+    real_entry, fresh_cache, tmp_path, warnings_logged, damage, expected
+):
+    source, entry = real_entry
+    fresh_cache.mkdir(mode=0o700)
+    marker = tmp_path / "constructor-ran"
+    planted = _plant(entry, fresh_cache / entry.name, marker)
+    assert cache.lookup(module_key(_spec(source))).status == "hit"  # valid, and ours so far
+    damage(planted)
+
+    found = cache.lookup(module_key(_spec(source)))
+    assert found.status == "untrusted" and expected in found.reason, found.reason
+    assert _load(source).f() == 3  # before: the planted library ran, then the load failed
+    assert not marker.exists(), "the planted library was loaded"
+    (warning,) = [w for w in warnings_logged if "not loaded" in w]
+    assert str(planted) in warning and expected in warning and "mode 0" in warning
+    assert "Fix:" in warning and "MLLM_KERNEL_CACHE_DIR" in warning
+    rebuilt = module_key(_spec(source)).path
+    assert not rebuilt.is_symlink() and rebuilt.lstat().st_uid == os.geteuid()
+    assert cache.lookup(module_key(_spec(source))).status == "hit"
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("owner", "mode", "expected"),
+    [
+        (NOBODY, 0o755, "is owned by nobody (uid 65534), not by you or root"),
+        (0, 0o777, "is writable by group and others"),
+        (0, 0o1777, "is writable by group and others"),  # /tmp-like: sticky does not stop planting
+    ],
+    ids=["foreign-owned", "world-writable", "sticky-world-writable"],
+)
+def test_untrusted_root_is_not_used_and_builds_go_to_a_private_fallback(
+    real_entry, tmp_path, home, monkeypatch, warnings_logged, owner, mode, expected
+):
+    source, entry = real_entry
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    marker = tmp_path / "constructor-ran"
+    _plant(entry, shared / entry.name, marker)
+    shared.chmod(mode)
+    os.chown(shared, owner, owner)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(shared))
+
+    assert _load(source).f() == 3
+    assert not marker.exists(), "the planted library was loaded"
+    fallback = home / ".cache" / "mllm_kernel"
+    assert module_key(_spec(source)).path.parent == fallback
+    assert cache.lookup(module_key(_spec(source))).status == "hit"
+    (warning,) = [w for w in warnings_logged if "instead of the cache" in w]
+    assert f"building into {fallback} instead of the cache at {shared}" in warning
+    assert expected in warning and f"mode {mode:04o}" in warning
+    assert "MLLM_KERNEL_CACHE_DIR at a directory only you can write" in warning
+    for created in (home / ".cache", fallback, fallback / ".locks", fallback / ".staging"):
+        assert _mode(created) == 0o700, created
+
+
+def _victim(tmp_path: Path) -> Path:
+    """A root-owned 0600 file that a write through a planted symlink would change."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    victim.chmod(0o600)
+    return victim
+
+
+def _plant_links(root: Path, dirname: str, victim: Path, names: tuple[str, ...]) -> None:
+    for name in names:  # ".locks/.owner": the directory, then the suffix of the file
+        sub, suffix = name.split("/")
+        (root / sub).mkdir(mode=0o777, exist_ok=True)
+        (root / sub).chmod(0o777)
+        (root / sub / f"{dirname}{suffix}").symlink_to(victim)
+
+
+BROKEN_SOURCE = "namespace ok { template <int K> int f() { return K } }\n"  # missing ';'
+
+
+@needs_root
+def test_planted_owner_and_log_symlinks_in_a_shared_root_are_not_written_through(
+    tmp_path, home, monkeypatch, ok_source
+):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    victim = _victim(tmp_path)
+    broken = tmp_path / "broken" / "ok.cpp"
+    broken.parent.mkdir()
+    broken.write_text(BROKEN_SOURCE)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(shared))
+    for source in (ok_source, broken):
+        # Another user plants the links under the name this user's build will use.
+        dirname = module_key(_spec(source)).dirname
+        _plant_links(shared, dirname, victim, (".locks/.owner", ".logs/.log", ".locks/.lock"))
+    _chown_tree(shared, NOBODY)
+
+    assert _load(ok_source).f() == 3
+    with pytest.raises(KernelBuildError, match=r"ok.cpp:1: expected .;. before") as info:
+        _load(broken)
+    assert info.value.log_path.startswith(str(home / ".cache" / "mllm_kernel" / ".logs"))
+    assert victim.read_text() == "precious" and _mode(victim) == 0o600
+
+
+def test_planted_symlinks_in_a_private_root_are_replaced_not_followed(
+    tmp_path, fresh_cache, ok_source
+):
+    # Defense in depth: even in a root that passes the rule, the owner note and the
+    # failure log are new files renamed into place, and a symlinked lock is refused.
+    victim = _victim(tmp_path)
+    broken = tmp_path / "broken" / "ok.cpp"
+    broken.parent.mkdir()
+    broken.write_text(BROKEN_SOURCE)
+    fresh_cache.mkdir(mode=0o700)
+    for sub in (".locks", ".logs"):
+        (fresh_cache / sub).mkdir(mode=0o700)
+    ok_dirname = module_key(_spec(ok_source)).dirname
+    broken_dirname = module_key(_spec(broken)).dirname
+    for dirname in (ok_dirname, broken_dirname):
+        (fresh_cache / ".locks" / f"{dirname}.owner").symlink_to(victim)
+        (fresh_cache / ".logs" / f"{dirname}.log").symlink_to(victim)
+
+    assert _load(ok_source).f() == 3
+    with pytest.raises(KernelBuildError, match=r"ok.cpp:1: expected .;. before") as info:
+        _load(broken)
+    assert Path(info.value.log_path).is_file() and not Path(info.value.log_path).is_symlink()
+    assert victim.read_text() == "precious"
+
+    (fresh_cache / ".locks" / f"{broken_dirname}.lock").unlink()
+    (fresh_cache / ".locks" / f"{broken_dirname}.lock").symlink_to(victim)
+    with pytest.raises(KernelBuildError, match=r"is a symlink where the cache keeps a file"):
+        _load(broken)
+    assert victim.read_text() == "precious"
+
+
+def test_what_the_cache_creates_is_private_even_with_a_permissive_umask(
+    tmp_path, fresh_cache, ok_source
+):
+    previous = os.umask(0o002)
+    try:
+        assert _load(ok_source).f() == 3
+    finally:
+        os.umask(previous)
+    entry = module_key(_spec(ok_source)).path
+    for directory in (fresh_cache, fresh_cache / ".locks", fresh_cache / ".staging", entry):
+        assert _mode(directory) == 0o700, directory
+    for file in entry.iterdir():
+        assert not _mode(file) & 0o022, (file, oct(_mode(file)))
+    assert cache.lookup(module_key(_spec(ok_source))).status == "hit"

@@ -1,0 +1,395 @@
+"""Prebuilt read-only caches (issue 18, point 2): ``precompile --output`` writes one, and
+a process given it in MLLM_KERNEL_CACHE_PATH loads every built-in CPU op from it
+without a compiler, without writing there, and only under the read-only trust rule."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import mllm_kernel
+from mllm_kernel.jit_utils import cache, load_cpu_jit, paths, prebuilt, precompile, registry
+from mllm_kernel.jit_utils.cache_key import module_key, relocatable_key, relocatable_key_material
+from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.logging_setup import get_logger
+
+PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_kernels():
+    """The registry remembers every module loaded in this process; show-config tests that
+    run later must not see this file's "ok" kernel."""
+    yield
+    registry.unregister("ok", "cpu")
+
+
+@pytest.fixture(scope="module")
+def cpu_prebuilt(tmp_path_factory) -> Path:
+    """Every built-in CPU kernel variant, precompiled into a prebuilt cache."""
+    output = tmp_path_factory.mktemp("prebuilt") / "cache"
+    report = precompile.precompile(device="cpu", output=output)
+    assert report.results and not report.failures, report.failures
+    return output
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every path under ``root`` with its size, mtime and mode: what a write would change."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in (*dirnames, *filenames))]:
+            info = os.lstat(name)
+            found[name] = (info.st_size, info.st_mtime_ns, info.st_mode)
+    return found
+
+
+# Runs in a child whose PATH holds no compiler and whose CUDA_HOME is unset; any
+# attempt to start a process fails the run.
+NO_TOOLCHAIN_PROBE = textwrap.dedent("""
+    import os, subprocess, sys
+    import torch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"tried to start a process: {args[:1]}")
+
+    subprocess.Popen.__init__ = refuse
+    os.posix_spawn = os.posix_spawnp = os.system = os.execv = os.execve = os.fork = refuse
+
+    from mllm_kernel.cpu import jit as cpu
+    from mllm_kernel.jit_utils import registry
+
+    loaded = 0
+    for entry in registry.kernels("cpu"):
+        for variant in entry.variants:
+            module = entry.build(variant)
+            for export in entry.plan(variant).exports:
+                module.get_function(export)
+            loaded += 1
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 40, dtype=torch.float32)
+    w = torch.randn(40, dtype=torch.float32)
+    x64 = x.double()
+    ref = x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    torch.testing.assert_close(cpu.rmsnorm(x, w, 1e-6).double(), ref, rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(3, 80, dtype=torch.float32)
+    g, u = gate_up.double().chunk(2, -1)
+    torch.testing.assert_close(
+        cpu.silu_and_mul(gate_up).double(), g * torch.sigmoid(g) * u, rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(
+        cpu.softmax(x, dim=-1).double(), torch.softmax(x64, -1), rtol=1e-5, atol=1e-6
+    )
+    torch.testing.assert_close(cpu.add_constant(x, 4).double(), x64 + 4)
+    print(loaded)
+""")
+
+
+def test_every_cpu_op_runs_from_a_prebuilt_cache_without_a_toolchain(cpu_prebuilt, tmp_path):
+    before = _tree(cpu_prebuilt)
+    writable = tmp_path / "writable"
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("CUDA_HOME", "CUDA_PATH", "CXX", "MLLM_KERNEL_CUDA_ARCH_LIST")
+    }
+    env.update(
+        PATH=str(tmp_path / "empty-bin"),
+        PYTHONPATH=PACKAGE_PARENT,
+        MLLM_KERNEL_CACHE_PATH=f"{tmp_path / 'absent'}{os.pathsep}{cpu_prebuilt}",
+        MLLM_KERNEL_CACHE_DIR=str(writable),
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", NO_TOOLCHAIN_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    variants = sum(len(e.variants) for e in mllm_kernel.jit_utils.registry.kernels("cpu"))
+    assert int(run.stdout.strip()) == variants > 0
+    assert "WARNING" not in run.stderr and "compiling" not in run.stderr, run.stderr
+    assert _tree(cpu_prebuilt) == before  # nothing written: no lock, no log, no staging
+    assert not writable.exists()  # and nothing built
+
+
+def test_prebuilt_entries_name_the_package_files_by_anchor(cpu_prebuilt):
+    entries = [p for p in cpu_prebuilt.iterdir() if not p.name.startswith(".")]
+    assert entries
+    for entry in entries:
+        manifest = cache.Manifest.read(entry)
+        assert manifest.deps and all(d.startswith("@") for d in manifest.deps), manifest.deps
+        assert manifest.toolchain_deps == {} and manifest.include_search == []
+        assert manifest.toolchain["cxx"]  # who built it is recorded, not required
+        assert not entry.stat().st_mode & 0o022 and entry.stat().st_mode & 0o005 == 0o005
+
+
+@pytest.fixture
+def warnings_logged():
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                records.append(record.getMessage())
+
+    handler = Collect()
+    get_logger().addHandler(handler)
+    yield records
+    get_logger().removeHandler(handler)
+
+
+def _spec(source: Path, k: int = 3) -> BuildSpec:
+    return BuildSpec(
+        name="ok",
+        device="cpu",
+        template_args=(str(k),),
+        cpp_files=(source,),
+        cpp_wrappers=(Wrapper("f", f"ok::f<{k}>"),),
+        cxx_flags=DEFAULT_CXX_FLAGS,
+    )
+
+
+def _load(source: Path):
+    return load_cpu_jit("ok", "3", cpp_files=[str(source)], cpp_wrappers=[("f", "ok::f<3>")])
+
+
+@pytest.fixture
+def user_prebuilt(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """``(source, prebuilt root)``: ok<3> built in one cache and exported to another."""
+    source = tmp_path / "ok.cpp"
+    source.write_text(OK_SOURCE)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(tmp_path / "builder"))
+    assert _load(source).f() == 3
+    output = tmp_path / "prebuilt"
+    prebuilt.export(_spec(source), module_key(_spec(source)).path, output)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(tmp_path / "writable"))
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_PATH", str(output))
+    return source, output
+
+
+@needs_root
+def test_a_prebuilt_cache_of_another_owner_is_used_when_nobody_else_can_write_it(
+    user_prebuilt, tmp_path, warnings_logged
+):
+    source, output = user_prebuilt
+    for dirpath, _, filenames in os.walk(output):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
+            os.chown(name, NOBODY, NOBODY)
+    found = prebuilt.find(_spec(source))
+    assert found is not None and found.artifact.parent.parent == output
+    assert _load(source).f() == 3
+    assert not (tmp_path / "writable").exists() and not warnings_logged
+
+
+@pytest.mark.parametrize(
+    ("where", "mode", "expected"),
+    [("root", 0o777, "group and others"), ("entry", 0o775, "its group")],
+)
+def test_a_writable_prebuilt_cache_is_not_used(
+    user_prebuilt, tmp_path, warnings_logged, where, mode, expected
+):
+    source, output = user_prebuilt
+    target = output if where == "root" else relocatable_key(_spec(source), output).path
+    target.chmod(mode)
+    assert prebuilt.find(_spec(source)) is None
+    (warning,) = [w for w in warnings_logged if "prebuilt cache entry not used" in w]
+    assert f"{target} is writable by {expected}" in warning and "chmod -R go-w" in warning
+    assert _load(source).f() == 3
+    assert (tmp_path / "writable").is_dir()  # built privately instead
+
+
+def test_a_prebuilt_entry_whose_source_changed_is_not_used(user_prebuilt, warnings_logged):
+    source, _ = user_prebuilt
+    source.write_text(OK_SOURCE.replace("return K;", "return K + 1;"))
+    assert prebuilt.find(_spec(source)) is None
+    assert any(f"{source} changed" in w for w in warnings_logged), warnings_logged
+    assert _load(source).f() == 4  # rebuilt from the new source, not the prebuilt 3
+
+
+def test_relocatable_key_needs_no_toolchain_and_ignores_where_the_package_is(monkeypatch):
+    spec = _spec(paths.kernel_source_dir("cpu") / "rmsnorm.cpp")
+    before = relocatable_key(spec, Path("/x")).hash
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    from mllm_kernel.jit_utils import toolchain
+
+    toolchain.reset()
+    try:
+        assert relocatable_key(spec, Path("/x")).hash == before
+    finally:
+        toolchain.reset()
+    material = relocatable_key_material(spec)
+    assert material["spec"]["cpp_files"] == ["@cpu/rmsnorm.cpp"]
+    assert "cxx" not in material and "include_dirs" not in material
+
+
+def test_precompile_output_builds_one_entry_per_arch(tmp_path, monkeypatch):
+    jobs = []
+
+    def fake_run_job(job, load, output):
+        from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
+
+        jobs.append((job.entry.name, job.arch, tuple(map(str, resolve_cuda_archs())), output))
+        return precompile.JobResult(job, "built", 0.0)
+
+    monkeypatch.setattr(precompile, "run_job", fake_run_job)
+    monkeypatch.setattr(precompile, "cuda_unavailable_reason", lambda: None)
+    report = precompile.precompile(
+        device="cuda", kernels=["add_constant"], arch="9.0a,10.0a", output=tmp_path
+    )
+    archs = {(arch, built) for _, arch, built, _ in jobs}
+    assert archs == {("9.0a", ("9.0a",)), ("10.0a", ("10.0a",))}
+    assert len(report.results) == len(jobs) and all(o == tmp_path for *_, o in jobs)
+
+
+def test_precompile_cli_output_writes_a_prebuilt_cache(tmp_path, capsys):
+    from mllm_kernel.__main__ import main
+
+    output = tmp_path / "out"
+    code = main(
+        ["precompile", "--device", "cpu", "--kernel", "add_constant", "--output", str(output)]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert f"prebuilt cache: {output}" in printed and "MLLM_KERNEL_CACHE_PATH" in printed
+    entries = [p for p in output.iterdir() if p.name.startswith("add_constant_cpu_")]
+    kernels = mllm_kernel.jit_utils.registry.kernels("cpu")
+    assert len(entries) == sum(len(e.variants) for e in kernels if e.name == "add_constant") > 0
+    assert all(cache.Manifest.read(e).deps for e in entries)
+
+
+# Like NO_TOOLCHAIN_PROBE, for every CUDA kernel variant on the GPU the child sees (its arch
+# comes from the GPU: MLLM_KERNEL_CUDA_ARCH_LIST is unset there).
+NO_TOOLCHAIN_CUDA_PROBE = textwrap.dedent("""
+    import os, subprocess
+    import torch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"tried to start a process: {args[:1]}")
+
+    subprocess.Popen.__init__ = refuse
+    os.posix_spawn = os.posix_spawnp = os.system = os.execv = os.execve = os.fork = refuse
+
+    from mllm_kernel.jit_utils import registry
+
+    loaded = 0
+    for entry in registry.kernels("cuda"):
+        for variant in entry.variants:
+            module = entry.build(variant)
+            for export in entry.plan(variant).exports:
+                module.get_function(export)
+            loaded += 1
+    x = torch.randn(4, 256, device="cuda", dtype=torch.float16)
+    from mllm_kernel.cuda import jit as cuda_ops
+    torch.testing.assert_close(cuda_ops.add_constant(x, 2), x + 2)
+    print(loaded)
+""")
+
+
+@pytest.mark.cuda
+def test_every_cuda_kernel_loads_from_a_prebuilt_cache_without_a_toolchain(tmp_path):
+    from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
+
+    output = tmp_path / "prebuilt"
+    arch = ",".join(str(a) for a in resolve_cuda_archs())  # this GPU's arch, as the child's
+    report = precompile.precompile(device="cuda", arch=arch, output=output)
+    assert report.results and not report.failures, report.failures
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("CUDA_HOME", "CUDA_PATH", "CXX", "MLLM_KERNEL_CUDA_ARCH_LIST")
+        and key != "TORCH_CUDA_ARCH_LIST"
+    }
+    env.update(
+        PATH=str(tmp_path / "empty-bin"),
+        PYTHONPATH=PACKAGE_PARENT,
+        MLLM_KERNEL_CACHE_PATH=str(output),
+        MLLM_KERNEL_CACHE_DIR=str(tmp_path / "writable"),
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", NO_TOOLCHAIN_CUDA_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.strip()) == len(report.results)
+    assert "compiling" not in run.stderr and not (tmp_path / "writable").exists()
+
+
+FIND_CUDA_PROBE = textwrap.dedent("""
+    import os, subprocess
+    import torch  # its CUDA bindings run ldconfig at import: not ours to refuse
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"tried to start a process: {args[:1]}")
+
+    subprocess.Popen.__init__ = refuse
+    os.posix_spawn = os.posix_spawnp = os.system = os.execv = os.execve = os.fork = refuse
+
+    from mllm_kernel.jit_utils import prebuilt, registry
+
+    (entry,) = [e for e in registry.kernels("cuda") if e.name == "add_constant"]
+    found = [prebuilt.find(entry.plan(variant)) for variant in entry.variants]
+    assert all(f is not None and f.status == "hit" for f in found), found
+    print(len(found))
+""")
+
+
+@pytest.mark.nvcc
+def test_cuda_entries_are_found_in_a_prebuilt_cache_without_a_toolchain(tmp_path):
+    # Loading needs a GPU (the cuda-marked test above); finding them needs nothing: the
+    # relocatable key of a CUDA build is computed with no nvcc and no C++ compiler.
+    output = tmp_path / "prebuilt"
+    report = precompile.precompile(
+        device="cuda", kernels=["add_constant"], arch="9.0a", output=output
+    )
+    assert report.results and not report.failures, report.failures
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CXX")}
+    env.update(
+        PATH=str(tmp_path / "empty-bin"),
+        PYTHONPATH=PACKAGE_PARENT,
+        MLLM_KERNEL_CACHE_PATH=str(output),
+        MLLM_KERNEL_CACHE_DIR=str(tmp_path / "writable"),
+        MLLM_KERNEL_CUDA_ARCH_LIST="9.0a",
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", FIND_CUDA_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.strip()) == len(report.results)
+
+
+def test_show_config_says_which_cache_serves_each_variant(cpu_prebuilt, monkeypatch, capsys):
+    from mllm_kernel.__main__ import main
+    from mllm_kernel.jit_utils import cache_admin
+
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_PATH", str(cpu_prebuilt))
+    report = cache_admin.config_report(device="cpu")
+    statuses = [s for k in report.kernels if k.builtin for s in k.variants]
+    assert statuses and all(s.status == "prebuilt" for s in statuses), statuses
+    assert all(s.path.parent == cpu_prebuilt for s in statuses)
+    assert main(["show-config", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("prebuilt") >= len(statuses) and str(cpu_prebuilt) in printed
+
+    monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH")
+    report = cache_admin.config_report(device="cpu")
+    assert not any(s.status == "prebuilt" for k in report.kernels for s in k.variants)
