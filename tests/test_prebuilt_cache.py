@@ -21,6 +21,11 @@ from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
 from mllm_kernel.logging_setup import get_logger
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
+# The child imports this package first, then whatever the caller's PYTHONPATH holds
+# (tvm-ffi may be installed there, as on the GPU machines).
+CHILD_PYTHONPATH = os.pathsep.join(
+    path for path in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if path
+)
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
@@ -105,7 +110,7 @@ def test_every_cpu_op_runs_from_a_prebuilt_cache_without_a_toolchain(cpu_prebuil
     }
     env.update(
         PATH=str(tmp_path / "empty-bin"),
-        PYTHONPATH=PACKAGE_PARENT,
+        PYTHONPATH=CHILD_PYTHONPATH,
         MLLM_KERNEL_CACHE_PATH=f"{tmp_path / 'absent'}{os.pathsep}{cpu_prebuilt}",
         MLLM_KERNEL_CACHE_DIR=str(writable),
     )
@@ -314,7 +319,7 @@ def test_every_cuda_kernel_loads_from_a_prebuilt_cache_without_a_toolchain(tmp_p
     }
     env.update(
         PATH=str(tmp_path / "empty-bin"),
-        PYTHONPATH=PACKAGE_PARENT,
+        PYTHONPATH=CHILD_PYTHONPATH,
         MLLM_KERNEL_CACHE_PATH=str(output),
         MLLM_KERNEL_CACHE_DIR=str(tmp_path / "writable"),
     )
@@ -361,7 +366,7 @@ def test_cuda_entries_are_found_in_a_prebuilt_cache_without_a_toolchain(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CXX")}
     env.update(
         PATH=str(tmp_path / "empty-bin"),
-        PYTHONPATH=PACKAGE_PARENT,
+        PYTHONPATH=CHILD_PYTHONPATH,
         MLLM_KERNEL_CACHE_PATH=str(output),
         MLLM_KERNEL_CACHE_DIR=str(tmp_path / "writable"),
         MLLM_KERNEL_CUDA_ARCH_LIST="9.0a",
