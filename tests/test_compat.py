@@ -223,6 +223,48 @@ def test_build_directory_holds_the_module_and_is_reused(
     assert cache.file_digest(artifact) == cache.Manifest.read(module_dir).artifact_sha256
 
 
+def test_load_jit_takes_the_originals_keyword_names(sources, fresh_cache, tmp_path):
+    """The original's load_cpu_jit(*args, ..., extra_ld_flags, use_highway,
+    build_directory) and load_cuda_jit's extra_cuda_cxx_flags spell our options."""
+    from mllm_kernel.jit_utils import load_cpu_jit, load_cuda_jit, registry
+
+    build_directory = tmp_path / "original_build"
+    try:
+        module = load_cpu_jit(
+            "add_k",
+            "5",
+            cpp_files=[str(sources / "add_k.cpp")],
+            cpp_wrappers=[("add_k", "add_k<5>")],
+            extra_ld_flags=["-lm"],
+            use_highway=True,
+            build_directory=str(build_directory),
+        )
+        src = torch.randn(16)
+        dst = _poisoned(src)
+        module.add_k(dst, src)
+        torch.testing.assert_close(dst, src + 5, rtol=0, atol=1e-5)
+        assert [p for p in build_directory.iterdir() if p.name.startswith("add_k_cpu_5_")]
+        assert not fresh_cache.exists() or not any(fresh_cache.glob("add_k_cpu_5_*"))
+        with pytest.raises(TypeError, match="extra_ldflags or extra_ld_flags"):
+            load_cpu_jit(
+                "add_k",
+                "5",
+                cpp_files=[str(sources / "add_k.cpp")],
+                cpp_wrappers=[("add_k", "add_k<5>")],
+                extra_ldflags=["-lm"],
+                extra_ld_flags=["-lm"],
+            )
+        with pytest.raises(TypeError, match="extra_cuda_flags or extra_cuda_cxx_flags"):
+            load_cuda_jit(
+                "add_k_cuda",
+                cuda_files=[str(sources / "add_k.cu")],
+                extra_cuda_flags=["-DX"],
+                extra_cuda_cxx_flags=["-DX"],
+            )
+    finally:
+        registry.unregister("add_k", "cpu")
+
+
 def test_use_highway_has_no_effect(sources, clean_jit_registry):
     from mllm_kernel.jit_utils import jit, registry
 

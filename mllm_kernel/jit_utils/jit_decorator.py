@@ -10,7 +10,6 @@ its metadata is recorded the way the original recorded it
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -20,7 +19,6 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from mllm_kernel.jit_utils import loader, registry
-from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.cache_once import cache_once
 from mllm_kernel.jit_utils.cpp_args import make_cpp_args
 from mllm_kernel.jit_utils.spec import check_module_name
@@ -138,19 +136,6 @@ def _wrappers(
     return default, ([] if has_cuda_files else default), (default if has_cuda_files else [])
 
 
-def _load_into(build_directory: str, load: Callable[[], Any]) -> Any:
-    """``load()``'s module, cached under ``build_directory`` instead of the cache root.
-
-    The spec is planned, its key moved to the other root, and the loader builds or
-    finds it there under the same lock, atomic install and corruption checks.
-    """
-    spec = registry.plan(load)
-    registry.intercept(spec)  # show-config / precompile planning this kernel stops here
-    key = module_key(spec)
-    key = dataclasses.replace(key, root=Path(build_directory).expanduser().absolute())
-    return loader.build_and_load(spec, key)
-
-
 def jit(
     *,
     args: Any = None,
@@ -215,6 +200,7 @@ def jit(
                 extra_cxx_flags=extra_cxx_flags,
                 extra_ldflags=extra_ld_flags,
                 extra_include_paths=extra_include_paths,
+                build_directory=build_directory,
             )
 
         def load_cuda() -> Any:
@@ -229,13 +215,10 @@ def jit(
                 extra_cuda_flags=extra_cuda_cxx_flags,
                 extra_ldflags=extra_ld_flags,
                 extra_include_paths=extra_include_paths,
+                build_directory=build_directory,
             )
 
-        loaders = {}
-        for target, load in (("cpu", load_cpu), ("cuda", load_cuda)):
-            if build_directory is not None:
-                load = functools.partial(_load_into, build_directory, load)
-            loaders[target] = cache_once(load)
+        loaders = {"cpu": cache_once(load_cpu), "cuda": cache_once(load_cuda)}
         if device == "auto":  # the devices it has sources for
             targets = [
                 d for d, ok in (("cpu", cpp_files or not has_cuda), ("cuda", has_cuda)) if ok

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -84,6 +85,13 @@ def _paths(items: Iterable[str | Path] | None) -> tuple[Path, ...]:
     return tuple(Path(p).absolute() for p in items or ())
 
 
+def _either(ours: Any, theirs: Any, our_name: str, their_name: str) -> Any:
+    """One of two spellings of a keyword (ours, or the original mllm-kernel's)."""
+    if ours is not None and theirs is not None:
+        raise TypeError(f"give {our_name} or {their_name} (the same option), not both")
+    return ours if ours is not None else theirs
+
+
 def load_cpu_jit(
     name: str,
     *template_args: Any,
@@ -92,6 +100,9 @@ def load_cpu_jit(
     extra_cxx_flags: Sequence[str] | None = None,
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str | Path] | None = None,
+    extra_ld_flags: Sequence[str] | None = None,
+    use_highway: bool = True,
+    build_directory: str | Path | None = None,
 ) -> Any:
     """Builds (or loads from the cache) a CPU module and returns the tvm-ffi module.
 
@@ -104,10 +115,17 @@ def load_cpu_jit(
                            cpp_wrappers=[("my_kernel", f"my_ns::my_kernel<{args}>")])
         mod.my_kernel(x, y)
 
+    ``build_directory`` caches this module under that directory instead of the cache
+    root (same lock, atomic install and checks). The original mllm-kernel's keyword
+    names work too: ``extra_ld_flags`` (= ``extra_ldflags``), and ``use_highway``,
+    accepted without effect (no kernel here uses Highway).
+
     Raises FileNotFoundError (a source), ToolchainError (no compiler),
     KernelBuildError (the compiler failed; the message leads with its first error).
     """
+    del use_highway
     check_module_name(name)
+    ldflags = _either(extra_ldflags, extra_ld_flags, "extra_ldflags", "extra_ld_flags")
     spec = BuildSpec(
         name=name,
         device="cpu",
@@ -115,10 +133,10 @@ def load_cpu_jit(
         cpp_files=tuple(resolve_source(p, "cpu") for p in cpp_files),
         cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
         cxx_flags=(*DEFAULT_CXX_FLAGS, *(extra_cxx_flags or ())),
-        ldflags=tuple(extra_ldflags or ()),
+        ldflags=tuple(ldflags or ()),
         include_paths=_paths(extra_include_paths),
     )
-    return load_spec(spec)
+    return load_spec(spec, build_directory)
 
 
 def load_cuda_jit(
@@ -133,6 +151,9 @@ def load_cuda_jit(
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str | Path] | None = None,
     device_index: int | None = None,
+    extra_cuda_cxx_flags: Sequence[str] | None = None,
+    extra_ld_flags: Sequence[str] | None = None,
+    build_directory: str | Path | None = None,
 ) -> Any:
     """Builds (or loads from the cache) a CUDA module and returns the tvm-ffi module.
 
@@ -140,8 +161,15 @@ def load_cuda_jit(
     through ``cuda_wrappers``. The target arch comes from
     ``MLLM_KERNEL_CUDA_ARCH_LIST`` / ``TORCH_CUDA_ARCH_LIST``, else the GPU
     ``device_index`` (default: torch's current device); see :mod:`.cuda_arch`.
+    ``build_directory`` and the original mllm-kernel's keyword names
+    (``extra_cuda_cxx_flags`` = ``extra_cuda_flags``, ``extra_ld_flags`` =
+    ``extra_ldflags``) as for :func:`load_cpu_jit`.
     """
     check_module_name(name)
+    cuda_flags = _either(
+        extra_cuda_flags, extra_cuda_cxx_flags, "extra_cuda_flags", "extra_cuda_cxx_flags"
+    )
+    ldflags = _either(extra_ldflags, extra_ld_flags, "extra_ldflags", "extra_ld_flags")
     spec = BuildSpec(
         name=name,
         device="cuda",
@@ -151,18 +179,28 @@ def load_cuda_jit(
         cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
         cuda_wrappers=_wrappers(cuda_wrappers, "cuda_wrappers"),
         cxx_flags=(*DEFAULT_CUDA_HOST_CXX_FLAGS, *(extra_cxx_flags or ())),
-        cuda_flags=(*DEFAULT_CUDA_FLAGS, *(extra_cuda_flags or ())),
-        ldflags=tuple(extra_ldflags or ()),
+        cuda_flags=(*DEFAULT_CUDA_FLAGS, *(cuda_flags or ())),
+        ldflags=tuple(ldflags or ()),
         include_paths=_paths(extra_include_paths),
         cuda_archs=resolve_cuda_archs(device_index),
     )
-    return load_spec(spec)
+    return load_spec(spec, build_directory)
 
 
-def load_spec(spec: BuildSpec) -> Any:
+def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> Any:
     """Loads ``spec``'s module: from a prebuilt read-only cache (``MLLM_KERNEL_CACHE_PATH``,
-    no toolchain needed) or the writable cache if valid there, else builds it first."""
+    no toolchain needed) or the writable cache if valid there, else builds it first.
+    With ``build_directory``, that directory is the module's cache (no prebuilt lookup)."""
     registry.intercept(spec)  # show-config / precompile plan builds without running them
+    if build_directory is not None:
+        root = Path(build_directory).expanduser().absolute()
+        key = dataclasses.replace(module_key(spec), root=root)
+        found = cache.lookup(key)
+        module = _try_load(found.artifact, spec) if found.status == "hit" else None
+        if module is not None:
+            registry.record_loaded(spec)
+            return module
+        return build_and_load(spec, key)
     found = prebuilt.find(spec)
     if found is not None:
         module = _try_load(found.artifact, spec)
