@@ -215,8 +215,11 @@ def test_build_directory_holds_the_module_and_is_reused(
     torch.testing.assert_close(dst, src + 3, rtol=0, atol=1e-5)
     assert artifact.stat().st_mtime_ns == built_at
 
-    # A corrupt artifact there is found and rebuilt, as in the cache root.
-    artifact.write_bytes(b"not a shared library")
+    # A corrupt artifact there is found and rebuilt, as in the cache root. Written as a
+    # new file: truncating the mapped library of this process would crash it (SIGBUS).
+    damaged = artifact.with_name("damaged.tmp")
+    damaged.write_bytes(b"not a shared library")
+    os.replace(damaged, artifact)
     dst = _poisoned(src)
     decorated()(dst, src)
     torch.testing.assert_close(dst, src + 3, rtol=0, atol=1e-5)
