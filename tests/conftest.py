@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
@@ -65,3 +66,22 @@ def fresh_cache(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
     return root
+
+
+@pytest.fixture
+def warnings_logged():
+    """The mllm_kernel logger's WARNING records during the test, as text."""
+    from mllm_kernel.logging_setup import get_logger
+
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                records.append(record.getMessage())
+
+    handler = Collect()
+    logger = get_logger()
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)

@@ -6,7 +6,6 @@ marker must never appear, and the kernel's result must come from a private rebui
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import stat
@@ -19,7 +18,6 @@ from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, registr
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
-from mllm_kernel.logging_setup import get_logger
 
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 EVIL_SOURCE = """
@@ -40,22 +38,6 @@ def _forget_user_kernels():
     run later must not see this file's "ok" kernel."""
     yield
     registry.unregister("ok", "cpu")
-
-
-@pytest.fixture
-def warnings_logged():
-    """The mllm_kernel logger's WARNING records during the test, as text."""
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                records.append(record.getMessage())
-
-    handler = Collect()
-    get_logger().addHandler(handler)
-    yield records
-    get_logger().removeHandler(handler)
 
 
 @pytest.fixture

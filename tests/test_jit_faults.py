@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import math
 import os
 import re
@@ -29,7 +28,6 @@ from mllm_kernel.jit_utils import (
 )
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
-from mllm_kernel.logging_setup import get_logger
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
@@ -189,23 +187,6 @@ def test_failed_build_with_an_unwritable_log_still_reports(
 
 
 # --------------------------------------------------------------------------- manifests
-@pytest.fixture
-def warnings_logged():
-    """The mllm_kernel logger's WARNING records during the test, as text."""
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                records.append(record.getMessage())
-
-    handler = Collect()
-    logger = get_logger()
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
-
-
 def _load_ok(source: Path):
     return load_cpu_jit("ok", "3", cpp_files=[str(source)], cpp_wrappers=[("f", "ok::f<3>")])
 

@@ -58,10 +58,10 @@ def _tree(root: Path) -> dict[str, tuple[int, int, int]]:
     return found
 
 
-# Runs in a child whose PATH holds no compiler and whose CUDA_HOME is unset; any
-# attempt to start a process fails the run.
-NO_TOOLCHAIN_PROBE = textwrap.dedent("""
-    import os, subprocess, sys
+# The start of every no-toolchain child: once torch is imported (its import may start
+# processes of its own), any attempt to start a process fails the run.
+REFUSE_PROCESSES = textwrap.dedent("""
+    import os, subprocess
     import torch
 
     def refuse(*args, **kwargs):
@@ -69,6 +69,12 @@ NO_TOOLCHAIN_PROBE = textwrap.dedent("""
 
     subprocess.Popen.__init__ = refuse
     os.posix_spawn = os.posix_spawnp = os.system = os.execv = os.execve = os.fork = refuse
+""")
+
+# Runs in a child whose PATH holds no compiler and whose CUDA_HOME is unset; any
+# attempt to start a process fails the run.
+NO_TOOLCHAIN_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
+    import sys
 
     from mllm_kernel.cpu import jit as cpu
     from mllm_kernel.jit_utils import registry
@@ -277,15 +283,7 @@ def test_precompile_cli_output_writes_a_prebuilt_cache(tmp_path, capsys):
 
 # Like NO_TOOLCHAIN_PROBE, for every CUDA kernel variant on the GPU the child sees (its arch
 # comes from the GPU: MLLM_KERNEL_CUDA_ARCH_LIST is unset there).
-NO_TOOLCHAIN_CUDA_PROBE = textwrap.dedent("""
-    import os, subprocess
-    import torch
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"tried to start a process: {args[:1]}")
-
-    subprocess.Popen.__init__ = refuse
-    os.posix_spawn = os.posix_spawnp = os.system = os.execv = os.execve = os.fork = refuse
+NO_TOOLCHAIN_CUDA_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
 
     from mllm_kernel.jit_utils import registry
 
