@@ -1,0 +1,87 @@
+// Integer weights -> fp16/bf16 pairs in registers, exactly, with the magic-number
+// trick: OR-ing a small integer q into the low mantissa bits of a 16-bit float
+// whose unit in the last place is 1 gives `magic + q`; subtracting `magic + zero`
+// leaves `q - zero` without a conversion instruction. fp16 uses magic 1024 (ulp 1
+// up to 2048), bf16 magic 128 (ulp 1 up to 256: enough for 4-bit values; 8-bit
+// values in bf16 go through fp32 with magic 2^23 instead).
+//
+// A 32-bit word holds four pairs. Which two values form a pair is the caller's
+// layout; here a pair is (bits at 4*i, bits at 16 + 4*i) for 4-bit words (i = 0..3)
+// and (byte i, byte i + 2) for 8-bit words (i = 0..1), the order in which the Marlin
+// format interleaves them so that each pair lands in one register.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace mllm_kernel::cuda {
+
+/// The packed pair type of a 16-bit float type.
+template <typename T>
+using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+
+template <typename T>
+__device__ __forceinline__ Pair<T> pair_from_bits(uint32_t bits) {
+  Pair<T> pair;
+  *reinterpret_cast<uint32_t*>(&pair) = bits;
+  return pair;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t bits_of(Pair<T> pair) {
+  return *reinterpret_cast<uint32_t*>(&pair);
+}
+
+template <typename T>
+__device__ __forceinline__ Pair<T> pair_of(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __floats2half2_rn(lo, hi);
+  } else {
+    return __floats2bfloat162_rn(lo, hi);
+  }
+}
+
+/// Unsigned `Bits`-bit integers (4 or 8) of a packed word as `T` pairs of `q - zero`.
+template <typename T, int Bits>
+struct IntDequant {
+  static_assert(Bits == 4 || Bits == 8, "IntDequant: 4- or 8-bit integers");
+  static constexpr bool kViaFloat = Bits == 8 && !std::is_same_v<T, __half>;
+  static constexpr float kMagic = kViaFloat ? 8388608.0f : (std::is_same_v<T, __half> ? 1024.f : 128.f);
+  static constexpr uint32_t kMagicBits = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;
+
+  /// What pair() subtracts: `magic + zero` for both values of a pair (exact for
+  /// zero in [0, 2^Bits)).
+  using Offset = std::conditional_t<kViaFloat, float, Pair<T>>;
+
+  __device__ __forceinline__ static Offset offset(float zero) {
+    if constexpr (kViaFloat) {
+      return kMagic + zero;
+    } else {
+      return pair_of<T>(kMagic + zero, kMagic + zero);
+    }
+  }
+
+  /// Pair `i` of `word` (0..3 for 4 bits, 0..1 for 8) minus the zero passed to
+  /// offset(), exact. Called with a constant `i` (an unrolled loop), the shifts and
+  /// selectors fold away.
+  __device__ __forceinline__ static Pair<T> pair(uint32_t word, int i, Offset offset) {
+    if constexpr (Bits == 4) {
+      const uint32_t biased = ((word >> (4 * i)) & 0x000f000fu) | kMagicBits;
+      return __hsub2(pair_from_bits<T>(biased), offset);
+    } else if constexpr (!kViaFloat) {
+      // bytes {i, 0x64, i + 2, 0x64}: two fp16 values 1024 + q
+      const uint32_t biased = __byte_perm(word, 0x64646464u, 0x4040u | i | ((i + 2) << 8));
+      return __hsub2(pair_from_bits<T>(biased), offset);
+    } else {
+      // bytes {i, 0, 0, 0x4b}: the fp32 value 2^23 + q
+      const float lo = __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | i)) - offset;
+      const float hi = __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | (i + 2))) - offset;
+      return pair_of<T>(lo, hi);
+    }
+  }
+};
+
+}  // namespace mllm_kernel::cuda

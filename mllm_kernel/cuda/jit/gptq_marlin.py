@@ -1,0 +1,373 @@
+"""``gptq_marlin_gemm``: fp16/bf16 activations times 4- or 8-bit weights in the Marlin
+format (GPTQ and AWQ checkpoints through :func:`gptq_marlin_repack` /
+:func:`awq_marlin_repack`), with the original mllm-kernel's signature and module path.
+
+Two ways to run, chosen per call by :func:`plan` (the one place that knows):
+
+- the streaming kernel (``csrc/gptq_marlin.cu``, mma.sync, sm_80 and newer) for small
+  M, where reading the weights bounds the time: each weight byte is read once;
+- for M of at least :data:`DEQUANT_GEMM_MIN_M` on Hopper (sm_90 with sm_90a code):
+  the weights are dequantized into a bf16/fp16 ``[N, K]`` scratch and multiplied by
+  the Hopper GEMM (:func:`mllm_kernel.cuda.jit.gemm`), since there the tensor cores
+  bound the time and wgmma is several times faster than mma.sync.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from mllm_kernel.cuda.jit.device_module import module_for
+from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+from mllm_kernel.scalar_type import ScalarType, scalar_types
+
+_DTYPES = (torch.float16, torch.bfloat16)
+_M_BLOCKS = (1, 4)  # compiled row blocks of 16: M <= 16 and M <= 64 per CTA
+_TILE_N = 128  # output columns per CTA of the streaming kernel
+_STAGE_K = 128  # k rows per pipeline stage
+_GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a multiple of 128"
+
+# M from which Hopper runs dequantize + wgmma GEMM instead of the streaming kernel.
+DEQUANT_GEMM_MIN_M = 512
+
+
+@dataclass(frozen=True)
+class WeightType:
+    """How the kernel decodes one ``b_q_type_id``."""
+
+    scalar_type: ScalarType
+    bits: int
+    needs_zeros: bool  # uint4 / uint8: zero points come in b_zeros
+
+
+_WEIGHT_TYPES = {
+    t.id: WeightType(t, t.size_bits, t.bias == 0)
+    for t in (scalar_types.uint4b8, scalar_types.uint8b128, scalar_types.uint4, scalar_types.uint8)
+}
+_ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
+
+
+@register_kernel(
+    "gptq_marlin_gemm",
+    device="cuda",
+    variants=[(dtype, bits, m) for dtype in _DTYPES for bits in (4, 8) for m in _M_BLOCKS],
+)
+@cache_once
+def _module(dtype: torch.dtype, bits: int, m_blocks: int):
+    from mllm_kernel.jit_utils import make_cpp_args
+
+    args = make_cpp_args(dtype, bits, m_blocks)
+    dequant_args = make_cpp_args(dtype, bits)
+    return load_cuda_jit(
+        "gptq_marlin_gemm",
+        *args,
+        cuda_files=["gptq_marlin.cu"],
+        cuda_wrappers=[
+            ("stream", f"mllm_kernel::cuda::gptq_marlin_gemm_stream<{args}>"),
+            ("dequantize", f"mllm_kernel::cuda::marlin_dequantize<{dequant_args}>"),
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs: the streaming kernel with ``m_blocks`` row blocks per CTA
+    and K split over ``split`` CTAs of ``k_tiles_per_split`` k16 tiles, or
+    (``dequant_gemm``) dequantize + Hopper GEMM."""
+
+    dequant_gemm: bool
+    m_blocks: int = 1
+    split: int = 1
+    k_tiles_per_split: int = 0
+
+
+def plan(m: int, n: int, k: int, sms: int, hopper: bool, counters: int) -> Plan:
+    """The way an ``m x n x k`` product runs on a GPU of ``sms`` SMs.
+
+    - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
+    - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA. It has
+      ``ceil(n / 128)`` column tiles; while those fill less than two CTAs per SM, K
+      is split (each CTA keeping at least 2 of its 128-row stages) as long as the
+      ``counters`` entries of the workspace cover the column tiles.
+    """
+    if hopper and m >= DEQUANT_GEMM_MIN_M:
+        return Plan(dequant_gemm=True)
+    m_blocks = 1 if m <= 16 else 4
+    k_tiles = k // 16
+    stages = -(-k // _STAGE_K)
+    column_tiles = -(-n // _TILE_N)
+    split = 1
+    if m <= 16 * m_blocks and column_tiles <= counters:
+        while column_tiles * split * 2 <= 2 * sms and stages // (split * 2) >= 2:
+            split *= 2
+    per_split = -(-stages // split) * (_STAGE_K // 16)
+    split = -(-k_tiles // per_split)
+    return Plan(False, m_blocks, split, per_split)
+
+
+# Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
+_devices: dict[int, tuple[int, bool]] = {}
+_lock = threading.Lock()
+
+
+def _device_facts(index: int) -> tuple[int, bool]:
+    """SM count of GPU ``index`` and whether it runs the Hopper GEMM; NotImplementedError
+    below sm_80 (mma.sync on bf16 and cp.async need Ampere)."""
+    facts = _devices.get(index)
+    if facts is not None:
+        return facts
+    major, minor = torch.cuda.get_device_capability(index)
+    if major < 8:
+        raise NotImplementedError(
+            f"gptq_marlin_gemm needs a GPU of compute capability 8.0 or newer (Ampere, Ada, "
+            f"Hopper: mma.sync and cp.async); cuda:{index} has {major}.{minor}"
+        )
+    hopper = (major, minor) == (9, 0) and CudaArch(9, 0, "a") in resolve_cuda_archs(index)
+    facts = (torch.cuda.get_device_properties(index).multi_processor_count, hopper)
+    with _lock:
+        _devices[index] = facts
+    return facts
+
+
+def _present(t: torch.Tensor | None) -> bool:
+    return t is not None and t.numel() > 0
+
+
+def _check_int(value: object, arg: str, expected: int, meaning: str) -> None:
+    value = op_inputs.integer(value, arg)
+    if value != expected:
+        raise ValueError(f"argument '{arg}': expected {expected} ({meaning}), got {value}")
+
+
+def _weight_type(b_q_type_id: object) -> WeightType:
+    type_id = op_inputs.integer(b_q_type_id, "b_q_type_id")
+    weight_type = _WEIGHT_TYPES.get(type_id)
+    if weight_type is None:
+        names = ", ".join(f"scalar_types.{w.scalar_type}.id" for w in _WEIGHT_TYPES.values())
+        raise ValueError(
+            f"argument 'b_q_type_id': {type_id} is not a supported weight type; use one of "
+            f"{names} (mllm_kernel.scalar_type)"
+        )
+    return weight_type
+
+
+def _check_shape(t: torch.Tensor, arg: str, shape: tuple[int, ...], meaning: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(
+            f"argument '{arg}': expected shape {list(shape)} ({meaning}) but got {list(t.shape)}"
+        )
+
+
+def _check_dtype(t: torch.Tensor, arg: str, dtype: torch.dtype) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"argument '{arg}': expected dtype {dtype} but got {t.dtype}")
+
+
+def _group_size(groups: int, k: int, act_order: bool, is_k_full: bool) -> int:
+    """Rows per group as the kernel takes it (0: one group over K, or act-order)."""
+    if act_order:
+        if is_k_full and (groups < 2 or k % groups):
+            raise ValueError(
+                f"argument 'b_scales': act-order with is_k_full=True needs num_groups > 1 "
+                f"dividing size_k={k}, got {groups} groups"
+            )
+        return 0
+    if groups == 1:
+        return 0
+    size = k // groups if k % groups == 0 else 0
+    if size not in (32, 64, 128) and (size == 0 or size % 128):
+        raise ValueError(
+            f"argument 'b_scales': {groups} groups over size_k={k} is not a supported group "
+            f"size; expected group sizes {_GROUP_SIZES}"
+        )
+    return size
+
+
+def gptq_marlin_gemm(
+    a: torch.Tensor,
+    c: torch.Tensor | None,
+    b_q_weight: torch.Tensor,
+    b_scales: torch.Tensor,
+    global_scale: torch.Tensor | None,
+    b_zeros: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    perm: torch.Tensor | None,
+    workspace: torch.Tensor,
+    b_q_type_id: int,
+    size_m: int,
+    size_n: int,
+    size_k: int,
+    is_k_full: bool = True,
+    use_atomic_add: bool = False,
+    use_fp32_reduce: bool = False,
+    is_zp_float: bool = False,
+) -> torch.Tensor:
+    """``a @ dequant(b)``, ``dequant(q) = (q - zero) * scale``, for weights in the Marlin format.
+
+    - ``a``: fp16 or bf16 ``[size_m, size_k]``, rows contiguous and 16-byte aligned.
+    - ``b_q_weight``: int32 ``[size_k // 16, size_n * 16 * bits // 32]`` from
+      :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`; ``size_k`` a multiple of
+      16, ``size_n`` of 64.
+    - ``b_scales``: ``a.dtype`` ``[num_groups, size_n]`` through
+      :func:`marlin_permute_scales`; group size ``size_k // num_groups`` of
+      -1 (one group), 32, 64, 128 or a multiple of 128.
+    - ``b_q_type_id``: ``scalar_types.uint4b8.id`` / ``uint8b128.id`` (zero 8 / 128,
+      ``b_zeros`` empty), or ``uint4.id`` / ``uint8.id`` with ``b_zeros``: int32
+      ``[num_groups, size_n * bits // 32]`` from :func:`marlin_zero_points` /
+      :func:`awq_to_marlin_zero_points`, or with ``is_zp_float`` float zero points in
+      ``a.dtype`` ``[num_groups, size_n]`` permuted like the scales.
+    - Act-order: ``g_idx`` (the group of each row, in Marlin row order: sorted) and
+      ``perm`` (the repack's permutation), int32 ``[size_k]`` each, or both empty/None.
+      ``is_k_full=False`` (K split over ranks) lifts the check that the groups divide K.
+      Group indices must lie in ``[0, num_groups)`` (they are clamped, not checked).
+    - ``workspace``: :func:`marlin_make_workspace`, zero between calls (left zero).
+    - ``global_scale`` must be None or empty (no FP4 types). ``use_atomic_add`` and
+      ``use_fp32_reduce`` are accepted for compatibility: partial sums are always
+      reduced in fp32, in a fixed order (run to run identical results).
+    - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).
+
+    Needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
+    with sm_90a code, M >= :data:`DEQUANT_GEMM_MIN_M` runs dequantize + wgmma GEMM.
+
+    >>> from mllm_kernel.scalar_type import scalar_types
+    >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
+    ...                        scalar_types.uint4b8.id, m, n, k)  # doctest: +SKIP
+    """
+    a = op_inputs.tensor(a, "a")
+    b_q_weight = op_inputs.tensor(b_q_weight, "b_q_weight")
+    b_scales = op_inputs.tensor(b_scales, "b_scales")
+    workspace = op_inputs.tensor(workspace, "workspace")
+    zeros, g_idx, perm = (
+        op_inputs.optional_tensor(t, name)
+        for t, name in ((b_zeros, "b_zeros"), (g_idx, "g_idx"), (perm, "perm"))
+    )
+    if _present(op_inputs.optional_tensor(global_scale, "global_scale")):
+        raise ValueError(
+            "argument 'global_scale': only FP4 weights take a global scale, and FP4 is not "
+            "supported; pass None or an empty tensor"
+        )
+    weight_type = _weight_type(b_q_type_id)
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"argument 'a': expected dtype float16 or bfloat16 but got {a.dtype}")
+    if a.dim() != 2:
+        raise ValueError(f"argument 'a': expected a 2-D tensor [M, K], got shape {list(a.shape)}")
+    m, k = a.shape
+    _check_int(size_m, "size_m", m, "a.shape[0]")
+    _check_int(size_k, "size_k", k, "a.shape[1]")
+    n = op_inputs.integer(size_n, "size_n")
+    if k % 16 or n <= 0 or n % 64:
+        raise ValueError(
+            f"size_k must be a multiple of 16 and size_n a positive multiple of 64 (Marlin "
+            f"tiles are 16 k x 64 n), got size_k={k}, size_n={n}"
+        )
+    bits = weight_type.bits
+    _check_dtype(b_q_weight, "b_q_weight", torch.int32)
+    _check_shape(
+        b_q_weight,
+        "b_q_weight",
+        (k // 16, n * 16 * bits // 32),
+        f"size_k // 16, size_n * 16 // {32 // bits} for {weight_type.scalar_type}",
+    )
+    _check_dtype(b_scales, "b_scales", a.dtype)
+    if b_scales.dim() != 2 or b_scales.shape[1] != n or b_scales.shape[0] == 0:
+        raise ValueError(
+            f"argument 'b_scales': expected shape [num_groups, {n}] (size_n) but got "
+            f"{list(b_scales.shape)}"
+        )
+    groups = b_scales.shape[0]
+    act_order = _present(g_idx) or _present(perm)
+    if act_order:
+        for arg, t in (("g_idx", g_idx), ("perm", perm)):
+            if not _present(t):
+                raise ValueError(
+                    f"argument '{arg}': act-order needs both g_idx and perm, got an empty {arg}"
+                )
+            _check_dtype(t, arg, torch.int32)
+            _check_shape(t, arg, (k,), "size_k")
+    group_size = _group_size(groups, k, act_order, bool(is_k_full))
+    zero_mode = _ZERO_MODE["bias"]
+    if weight_type.needs_zeros:
+        if not _present(zeros):
+            raise ValueError(
+                f"argument 'b_zeros': {weight_type.scalar_type} weights need zero points; "
+                "pass them or use the biased type (uint4b8 / uint8b128)"
+            )
+        if act_order:
+            raise ValueError("act-order (g_idx/perm) with zero points is not supported")
+        if is_zp_float:
+            if weight_type.bits != 4:
+                raise ValueError("argument 'is_zp_float': float zero points need uint4 weights")
+            _check_dtype(zeros, "b_zeros", a.dtype)
+            _check_shape(zeros, "b_zeros", (groups, n), "num_groups, size_n")
+            zero_mode = _ZERO_MODE["float"]
+        else:
+            _check_dtype(zeros, "b_zeros", torch.int32)
+            _check_shape(
+                zeros, "b_zeros", (groups, n * bits // 32), "num_groups, size_n * bits // 32"
+            )
+            zero_mode = _ZERO_MODE["int"]
+    elif _present(zeros):
+        raise ValueError(
+            f"argument 'b_zeros': {weight_type.scalar_type} weights carry their zero "
+            f"({weight_type.scalar_type.bias}); pass an empty b_zeros or use uint4/uint8"
+        )
+    _check_dtype(workspace, "workspace", torch.int32)
+    if c is not None:
+        c = op_inputs.output(c, "c")
+        _check_dtype(c, "c", a.dtype)
+        _check_shape(c, "c", (m, n), "size_m, size_n")
+    try:
+        index = a.get_device()
+        if index < 0:
+            op_inputs.check_device("cuda", a=a)
+        sms, hopper = _devices.get(index) or _device_facts(index)
+        if workspace.numel() < sms:
+            raise ValueError(
+                f"argument 'workspace': expected at least {sms} entries (one per SM of "
+                f"cuda:{index}), got {workspace.numel()}; use marlin_make_workspace(device)"
+            )
+        if c is None:
+            c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        if m == 0:
+            return c
+        return _run(
+            a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
+            zero_mode, weight_type.scalar_type.bias, plan(m, n, k, sms, hopper, workspace.numel()),
+        )  # fmt: skip
+    except Exception as error:
+        op_inputs.explain(
+            error, "cuda", a=a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=zeros,
+            g_idx=g_idx, perm=perm, workspace=workspace,
+        )  # fmt: skip
+        raise
+
+
+def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
+         zero_mode, bias, how: Plan) -> torch.Tensor:  # fmt: skip
+    zeros = zeros if zero_mode else None
+    if g_idx is not None and g_idx.numel():
+        a = a.index_select(1, perm)  # act-order: the columns in Marlin row order
+    else:
+        g_idx = None
+    if how.dequant_gemm:
+        from mllm_kernel.cuda.jit.gemm import gemm
+
+        module = module_for(_module, a, a.dtype, bits, 1)
+        weight = torch.empty((c.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
+        module.dequantize(b_q_weight, b_scales, zeros, g_idx, weight, group_size, zero_mode, bias)
+        return gemm(a if a.stride(1) == 1 else a.contiguous(), weight, c)
+    module = module_for(_module, a, a.dtype, bits, how.m_blocks)
+    partials = None
+    if how.split > 1:
+        partials = torch.empty((how.split, *c.shape), dtype=torch.float32, device=a.device)
+    module.stream(
+        a, b_q_weight, b_scales, zeros, g_idx, c, partials, workspace, group_size, zero_mode,
+        bias, how.split, how.k_tiles_per_split,
+    )  # fmt: skip
+    return c
+
+
+__all__ = ["DEQUANT_GEMM_MIN_M", "Plan", "gptq_marlin_gemm", "plan"]

@@ -1,0 +1,132 @@
+"""Helpers for weights in the Marlin format (the layout of :func:`gptq_marlin_gemm`).
+
+Pure torch, so they run wherever the tensors live: the scale and zero-point
+permutations that go with :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`,
+and the workspace the GEMM takes. Layouts are those of vLLM, sglang and the original
+mllm-kernel: weights prepared by any of them work here and the other way round.
+
+>>> s = torch.rand(4096 // 128, 4096, dtype=torch.float16)  # [groups, N]
+>>> marlin_permute_scales(s, size_k=4096, size_n=4096, group_size=128).shape
+torch.Size([32, 4096])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mllm_kernel.jit_utils import op_inputs
+
+# Grouped scales: inside each 64 columns, position 8 i + j holds column i + 8 j (the
+# 8 columns one lane of the GEMM needs, contiguous). Per-channel scales: inside each
+# 32 columns, position 8 i + j holds column 2 i + (0, 1, 8, 9, 16, 17, 24, 25)[j]
+# (the columns of a lane's accumulator fragment).
+SCALE_PERM = [i + 8 * j for i in range(8) for j in range(8)]
+SCALE_PERM_SINGLE = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
+# Zero points, after SCALE_PERM, are packed like the weights: 8 (4-bit) or 4 (8-bit)
+# to a word, in this order from the low bits up.
+_ZERO_INTERLEAVE = {4: [0, 2, 4, 6, 1, 3, 5, 7], 8: [0, 2, 1, 3]}
+# AWQ packs the columns of a word in this order from the low bits up.
+_AWQ_ORDER = {4: [0, 2, 4, 6, 1, 3, 5, 7], 8: [0, 2, 1, 3]}
+
+
+def marlin_make_workspace(device: torch.device | str | int) -> torch.Tensor:
+    """The zeroed int32 workspace of :func:`gptq_marlin_gemm` for ``device``: one
+    entry per SM. The GEMM leaves it zeroed again, so one workspace serves every
+    call on that device's stream.
+
+    >>> workspace = marlin_make_workspace("cuda")  # doctest: +SKIP
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"argument 'device': expected a CUDA device, got {device}")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return torch.zeros(sms, dtype=torch.int32, device=device)
+
+
+def _check_sizes(size_k: int, size_n: int, group_size: int) -> tuple[int, int, int]:
+    size_k = op_inputs.integer(size_k, "size_k")
+    size_n = op_inputs.integer(size_n, "size_n")
+    group_size = op_inputs.integer(group_size, "group_size")
+    if size_k <= 0 or size_n <= 0 or size_n % 64:
+        raise ValueError(
+            f"size_k must be positive and size_n a positive multiple of 64, got "
+            f"size_k={size_k}, size_n={size_n}"
+        )
+    if group_size != -1 and (group_size <= 0 or size_k % group_size):
+        raise ValueError(
+            f"argument 'group_size': expected -1 (per channel) or a divisor of size_k="
+            f"{size_k}, got {group_size}"
+        )
+    return size_k, size_n, group_size
+
+
+def marlin_permute_scales(
+    s: torch.Tensor, size_k: int, size_n: int, group_size: int
+) -> torch.Tensor:
+    """Scales ``s`` ``[num_groups, size_n]`` (row g: group g; ``[1, size_n]`` for
+    ``group_size=-1``) in the order :func:`gptq_marlin_gemm` reads them; a new
+    contiguous tensor of the same shape and dtype.
+    """
+    s = op_inputs.tensor(s, "s")
+    size_k, size_n, group_size = _check_sizes(size_k, size_n, group_size)
+    groups = 1 if group_size in (-1, size_k) else size_k // group_size
+    if s.dim() != 2 or tuple(s.shape) != (groups, size_n):
+        raise ValueError(
+            f"argument 's': expected shape [{groups}, {size_n}] (num_groups, size_n) for "
+            f"size_k={size_k}, group_size={group_size}, got {list(s.shape)}"
+        )
+    perm = SCALE_PERM if groups > 1 else SCALE_PERM_SINGLE
+    index = torch.tensor(perm, device=s.device)
+    return s.reshape(-1, len(perm))[:, index].reshape(groups, size_n).contiguous()
+
+
+def marlin_zero_points(zp: torch.Tensor, size_k: int, size_n: int, num_bits: int) -> torch.Tensor:
+    """Integer zero points ``zp`` ``[num_groups, size_n]`` (values ``0 .. 2**num_bits - 1``)
+    packed as :func:`gptq_marlin_gemm` takes ``b_zeros`` for ``uint4`` / ``uint8``
+    weights: int32 ``[num_groups, size_n * num_bits // 32]``.
+    """
+    zp = op_inputs.tensor(zp, "zp")
+    size_k, size_n, _ = _check_sizes(size_k, size_n, -1)
+    if num_bits not in _ZERO_INTERLEAVE:
+        raise ValueError(f"argument 'num_bits': expected 4 or 8, got {num_bits!r}")
+    if zp.dim() != 2 or zp.shape[1] != size_n:
+        raise ValueError(
+            f"argument 'zp': expected shape [num_groups, {size_n}], got {list(zp.shape)}"
+        )
+    groups = zp.shape[0]
+    permuted = zp.reshape(-1, 64)[:, torch.tensor(SCALE_PERM, device=zp.device)]
+    interleave = _ZERO_INTERLEAVE[num_bits]
+    values = permuted.reshape(-1, len(interleave))[:, torch.tensor(interleave, device=zp.device)]
+    values = values.to(torch.int64) & ((1 << num_bits) - 1)
+    shifts = torch.arange(len(interleave), device=zp.device, dtype=torch.int64) * num_bits
+    words = (values << shifts).sum(dim=1)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words)
+    return words.to(torch.int32).reshape(groups, size_n * num_bits // 32)
+
+
+def awq_to_marlin_zero_points(
+    q_zp_packed: torch.Tensor, size_k: int, size_n: int, num_bits: int
+) -> torch.Tensor:
+    """AWQ's packed zero points (int32 ``[num_groups, size_n // (32 // num_bits)]``, columns
+    in AWQ's interleaved order) as :func:`gptq_marlin_gemm`'s ``b_zeros``."""
+    q_zp_packed = op_inputs.tensor(q_zp_packed, "q_zp_packed")
+    if num_bits not in _AWQ_ORDER:
+        raise ValueError(f"argument 'num_bits': expected 4 or 8, got {num_bits!r}")
+    pack = 32 // num_bits
+    order = _AWQ_ORDER[num_bits]
+    shifts = torch.tensor(
+        [num_bits * order.index(c) for c in range(pack)], device=q_zp_packed.device
+    )
+    words = q_zp_packed.to(torch.int64) & 0xFFFFFFFF
+    values = (words.unsqueeze(-1) >> shifts) & ((1 << num_bits) - 1)
+    return marlin_zero_points(values.reshape(q_zp_packed.shape[0], -1), size_k, size_n, num_bits)
+
+
+__all__ = [
+    "SCALE_PERM",
+    "SCALE_PERM_SINGLE",
+    "awq_to_marlin_zero_points",
+    "marlin_make_workspace",
+    "marlin_permute_scales",
+    "marlin_zero_points",
+]

@@ -1,0 +1,240 @@
+"""W4A16 / W8A16 in the Marlin format on a GPU: repacks bit for bit against the
+pure-torch layout (tests/marlin_reference.py), and gptq_marlin_gemm against a float64
+product with the dequantized weight, (q - zero) * scale, over M, shapes with tails,
+both activation dtypes, every group size and weight type, act-order, zero points,
+c=, split-K, the dequantize + Hopper GEMM path, CUDA graphs and a second GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from marlin_reference import dequantize, marlin_layout, pack_awq, pack_gptq
+
+from mllm_kernel.cuda.jit import (
+    awq_marlin_repack,
+    awq_to_marlin_zero_points,
+    gptq_marlin_gemm,
+    gptq_marlin_repack,
+    marlin_make_workspace,
+    marlin_permute_scales,
+    scalar_types,
+)
+from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("k", "n"), [(16, 64), (272, 192), (1024, 640)])
+def test_gptq_repack_matches_layout_reference(bits, k, n):
+    torch.manual_seed(k + n + bits)
+    q = torch.randint(0, 2**bits, (k, n))
+    packed = pack_gptq(q, bits)
+    out = gptq_marlin_repack(packed.cuda(), None, k, n, bits)
+    assert torch.equal(out.cpu(), marlin_layout(q, bits))
+    empty = torch.empty(0, dtype=torch.int32, device="cuda")
+    assert torch.equal(gptq_marlin_repack(packed.cuda(), empty, k, n, bits), out)
+    perm = torch.randperm(k, dtype=torch.int32)
+    permuted = gptq_marlin_repack(packed.cuda(), perm.cuda(), k, n, bits)
+    assert torch.equal(permuted.cpu(), marlin_layout(q[perm.long()], bits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("k", "n"), [(16, 64), (272, 192), (1024, 640)])
+def test_awq_repack_matches_layout_reference(bits, k, n):
+    torch.manual_seed(k * n + bits)
+    q = torch.randint(0, 2**bits, (k, n))
+    out = awq_marlin_repack(pack_awq(q, bits).cuda(), k, n, bits)
+    assert torch.equal(out.cpu(), marlin_layout(q, bits))
+
+
+def test_gptq_repack_rejects_out_of_range_perm():
+    packed = torch.zeros(16, 64, dtype=torch.int32, device="cuda")
+    bad = torch.full((128,), 128, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"argument 'perm'.*\[0, 128\)"):
+        gptq_marlin_repack(packed, bad, 128, 64, 4)
+
+
+class Weights:
+    """A random quantized weight [K, N], its Marlin tensors and its float64 dequant."""
+
+    def __init__(
+        self, k, n, dtype, type_name="uint4b8", group_size=128, act_order=False,
+        zp_float=False, device="cuda",
+    ):  # fmt: skip
+        scalar_type = getattr(scalar_types, type_name)
+        bits = scalar_type.size_bits
+        self.type_id, self.n = scalar_type.id, n
+        groups = 1 if group_size == -1 else k // group_size
+        q = torch.randint(0, 2**bits, (k, n))
+        scales = (torch.rand(groups, n) * 0.02 + 0.005).to(dtype)
+        if act_order:
+            rows_group = torch.arange(k) // group_size
+            rows_group = rows_group[torch.randperm(k)]  # GPTQ's g_idx: a group per input row
+            perm = torch.argsort(rows_group, stable=True).to(torch.int32)
+            self.g_idx = rows_group[perm.long()].to(torch.int32).to(device)
+            self.perm = perm.to(device)
+        else:
+            rows_group = torch.arange(k) // (k if group_size == -1 else group_size)
+            perm, self.g_idx, self.perm = None, None, None
+        self.b_q_weight = gptq_marlin_repack(pack_gptq(q, bits).to(device), self.perm, k, n, bits)
+        self.b_scales = marlin_permute_scales(scales, k, n, group_size).to(device)
+        self.b_zeros, self.is_zp_float = None, zp_float
+        if scalar_type.bias:
+            zeros = float(scalar_type.bias)
+        elif zp_float:
+            zeros = (torch.rand(groups, n) * 2**bits).to(dtype)
+            self.b_zeros = marlin_permute_scales(zeros, k, n, group_size).to(device)
+        else:
+            zeros = torch.randint(0, 2**bits, (groups, n))
+            self.b_zeros = awq_to_marlin_zero_points(pack_awq(zeros, bits), k, n, bits).to(device)
+        self.w = dequantize(q, scales, zeros, rows_group).to(device)  # [K, N] float64
+
+
+def _run(w: Weights, a: torch.Tensor, c=None, workspace=None):
+    m, k = a.shape
+    return gptq_marlin_gemm(
+        a, c, w.b_q_weight, w.b_scales, None, w.b_zeros, w.g_idx, w.perm,
+        workspace if workspace is not None else marlin_make_workspace(a.device),
+        w.type_id, m, w.n, k, is_zp_float=w.is_zp_float,
+    )  # fmt: skip
+
+
+def _check(out: torch.Tensor, a: torch.Tensor, w: Weights):
+    """Within what 16-bit weights (each (q - zero) * scale rounded once) and a rounded
+    16-bit output allow: 2**-7 of sum |a| |w| per element, the bf16 unit roundoff x 2."""
+    assert not out.isnan().any(), "NaN in the output: an element was not written"
+    ref = a.double() @ w.w
+    bound = (a.double().abs() @ w.w.abs()) * 2**-7 + 1e-6
+    err = (out.double() - ref).abs()
+    worst = (err / bound).max().item()
+    assert worst <= 1, f"error {err.max().item():.3g} exceeds the bound by {worst:.2f}x"
+
+
+SHAPES = [(192, 256), (320, 1152), (4096, 4096)]  # (N, K): 1.5 column tiles, K tails
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 13, 16, 64, 257, 1024])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_gemm_uint4b8_group128(dtype, m, n, k):
+    torch.manual_seed(m + n + k)
+    w = Weights(k, n, dtype, group_size=128)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    _check(_run(w, a), a, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128", "uint8"])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("m", [5, 40])
+def test_gemm_types_and_groups(dtype, type_name, group_size, m):
+    torch.manual_seed(m + group_size)
+    w = Weights(1152, 320, dtype, type_name, group_size)
+    a = torch.randn(m, 1152, device="cuda").to(dtype)
+    _check(_run(w, a), a, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("type_name", ["uint4b8", "uint8b128"])
+@pytest.mark.parametrize("m", [1, 16, 64, 1024])
+def test_gemm_act_order(dtype, type_name, m):
+    torch.manual_seed(m)
+    w = Weights(1024, 256, dtype, type_name, group_size=128, act_order=True)
+    a = torch.randn(m, 1024, device="cuda").to(dtype)
+    _check(_run(w, a), a, w)
+
+
+def test_gemm_act_order_k_not_full_takes_uneven_groups():
+    """A K shard of a row-parallel layer: its rows belong to groups of any size."""
+    torch.manual_seed(3)
+    dtype, k, n = torch.float16, 512, 128
+    w = Weights(k, n, dtype, group_size=128, act_order=True)
+    a = torch.randn(7, k, device="cuda").to(dtype)
+    out = gptq_marlin_gemm(
+        a, None, w.b_q_weight, w.b_scales, None, None, w.g_idx, w.perm,
+        marlin_make_workspace("cuda"), w.type_id, 7, n, k, is_k_full=False,
+    )  # fmt: skip
+    _check(out, a, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 64, 1024])
+def test_gemm_float_zero_points(dtype, m):
+    torch.manual_seed(m + 11)
+    w = Weights(512, 256, dtype, "uint4", group_size=64, zp_float=True)
+    a = torch.randn(m, 512, device="cuda").to(dtype)
+    _check(_run(w, a), a, w)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 2048])
+def test_gemm_writes_c_and_leaves_workspace_zero(m):
+    torch.manual_seed(m)
+    w = Weights(4096, 1024, torch.bfloat16)
+    a = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
+    c = torch.full((m, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    workspace = marlin_make_workspace("cuda")
+    out = _run(w, a, c=c, workspace=workspace)
+    assert out.data_ptr() == c.data_ptr()
+    _check(c, a, w)
+    assert not workspace.any(), "split-K counters must be left zeroed"
+    again = _run(w, a, workspace=workspace)
+    assert torch.equal(again, c), "split-K must reduce in a fixed order"
+
+
+def test_gemm_strided_rows_and_empty_m():
+    w = Weights(512, 128, torch.float16)
+    big = torch.randn(9, 1024, device="cuda").to(torch.float16)
+    a = big[:, 256:768]  # row stride 1024
+    _check(_run(w, a), a, w)
+    empty = torch.empty(0, 512, device="cuda", dtype=torch.float16)
+    assert _run(w, empty).shape == (0, 128)
+
+
+def test_gemm_plans_cover_both_paths():
+    index = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    _, hopper = gptq_marlin_module._device_facts(index)
+    assert gptq_marlin_module.plan(1024, 4096, 4096, sms, hopper, sms).dequant_gemm == hopper
+    assert gptq_marlin_module.plan(1, 4096, 4096, sms, hopper, sms).split > 1
+
+
+def test_gemm_cuda_graph_on_a_side_stream():
+    torch.manual_seed(5)
+    w = Weights(4096, 1024, torch.float16)
+    a = torch.randn(4, 4096, device="cuda").to(torch.float16)
+    workspace = marlin_make_workspace("cuda")
+    c = torch.empty(4, 1024, device="cuda", dtype=torch.float16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _run(w, a, c=c, workspace=workspace)  # builds the module outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        _run(w, a, c=c, workspace=workspace)
+    c.fill_(float("nan"))
+    a.copy_(torch.randn(4, 4096, device="cuda").to(torch.float16))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(c, a, w)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gemm_on_second_gpu():
+    w = Weights(1024, 256, torch.bfloat16, device="cuda:1")
+    a = torch.randn(3, 1024, device="cuda:1").to(torch.bfloat16)
+    out = _run(w, a)
+    assert out.device == torch.device("cuda:1")
+    _check(out, a, w)
+
+
+def test_gemm_device_mismatch_names_the_argument():
+    w = Weights(256, 128, torch.float16)
+    a = torch.randn(2, 256).to(torch.float16)  # on the CPU
+    with pytest.raises(ValueError, match="argument 'a'"):
+        _run(w, a, workspace=marlin_make_workspace("cuda"))
+    with pytest.raises(ValueError, match="workspace.*marlin_make_workspace"):
+        _run(w, a.cuda(), workspace=torch.zeros(1, dtype=torch.int32, device="cuda"))

@@ -1,0 +1,283 @@
+"""The Marlin format without a GPU: scalar-type ids, the pure-torch layout references,
+the scale / zero-point helpers, and every input check of the W4A16 ops (they run
+before anything touches a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from marlin_reference import AWQ_ORDER, marlin_layout, pack_awq, pack_gptq
+
+from mllm_kernel.cuda.jit import (
+    awq_marlin_repack,
+    awq_to_marlin_zero_points,
+    gptq_marlin_gemm,
+    gptq_marlin_repack,
+    marlin_make_workspace,
+    marlin_permute_scales,
+    marlin_zero_points,
+)
+from mllm_kernel.cuda.jit.gptq_marlin import plan
+from mllm_kernel.scalar_type import ScalarType, scalar_types
+
+
+def test_scalar_type_ids_are_the_formats_ids():
+    # exponent | mantissa << 8 | signed << 16 | bias << 17 | finite << 49 | nan_repr << 50,
+    # the ids vLLM, sglang and the original mllm-kernel pass as b_q_type_id.
+    assert scalar_types.uint4b8.id == 4 << 8 | 8 << 17 | 1 << 50 == 1125899907892224
+    assert scalar_types.uint4.id == 4 << 8 | 1 << 50
+    assert scalar_types.uint8b128.id == 8 << 8 | 128 << 17 | 1 << 50
+    assert scalar_types.uint8.id == 8 << 8 | 1 << 50
+    assert scalar_types.int8.id == 7 << 8 | 1 << 16 | 1 << 50
+    assert scalar_types.float8_e4m3fn.id == 4 | 3 << 8 | 1 << 16 | 1 << 49 | 2 << 50
+    for t in vars(scalar_types).values():
+        assert ScalarType.from_id(t.id) == t
+    assert str(scalar_types.uint4b8) == "uint4b8" and scalar_types.uint4b8.size_bits == 4
+    assert ScalarType.from_id(ScalarType.int_(8, -3).id).bias == -3
+
+
+def _loop_layout(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """The Marlin layout element by element, walking output words (the reference
+    builds it per lane): a second reading of the same description."""
+    k, n = q.shape
+    tile_words = 16 * 64 * bits // 32
+    out = torch.zeros(k // 16, n * 16 * bits // 32, dtype=torch.int64)
+    for kt in range(k // 16):
+        for index in range(out.shape[1]):
+            nt, within = divmod(index, tile_words)
+            if bits == 4:
+                lane, w, half = within // 4, within % 4, 0
+                parts = [(0, 0), (8, 0), (0, 8), (8, 8), (1, 0), (9, 0), (1, 8), (9, 8)]
+            else:
+                lane, w, half = within // 8, (within % 8) // 2, within % 2
+                parts = [(0, 0), (8, 0), (1, 0), (9, 0)]
+            row0 = kt * 16 + 2 * (lane % 4)
+            col0 = nt * 64 + 16 * w + lane // 4 + 8 * half
+            word = 0
+            for i, (dr, dc) in enumerate(parts):
+                word |= int(q[row0 + dr, col0 + dc]) << (bits * i)
+            out[kt, index] = word
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layout_reference_agrees_with_an_elementwise_reading(bits):
+    torch.manual_seed(0)
+    q = torch.randint(0, 2**bits, (32, 128))
+    assert torch.equal(marlin_layout(q, bits), _loop_layout(q, bits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_packing_references(bits):
+    torch.manual_seed(1)
+    q = torch.randint(0, 2**bits, (16, 64))
+    pack = 32 // bits
+    gptq = pack_gptq(q, bits).to(torch.int64) & 0xFFFFFFFF
+    assert ((gptq[1, 5] >> (bits * 2)) & (2**bits - 1)) == q[pack + 2, 5]
+    awq = pack_awq(q, bits).to(torch.int64) & 0xFFFFFFFF
+    for slot, col in enumerate(AWQ_ORDER[bits]):
+        assert ((awq[3, 1] >> (bits * slot)) & (2**bits - 1)) == q[3, pack + col]
+
+
+def test_permute_scales_orders():
+    s = torch.arange(2 * 128, dtype=torch.float32).reshape(2, 128)
+    grouped = marlin_permute_scales(s, size_k=256, size_n=128, group_size=128)
+    # position 8 i + j of each 64 columns holds column i + 8 j
+    assert grouped[0, 8 * 3 + 5].item() == 3 + 8 * 5
+    assert grouped[1, 64 + 8 * 7 + 1].item() == 128 + 64 + 7 + 8
+    single = marlin_permute_scales(s[:1], size_k=256, size_n=128, group_size=-1)
+    # position 8 i + j of each 32 columns holds column 2 i + (0, 1, 8, 9, 16, 17, 24, 25)[j]
+    assert single[0, 8 * 2 + 3].item() == 2 * 2 + 9
+    assert single[0, 32 + 8 * 1 + 6].item() == 32 + 2 + 24
+    same = marlin_permute_scales(s[:1], size_k=256, size_n=128, group_size=256)
+    assert torch.equal(single, same)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_zero_points_pack_like_the_weights(bits):
+    torch.manual_seed(2)
+    zp = torch.randint(0, 2**bits, (3, 128))
+    words = marlin_zero_points(zp, 384, 128, bits)
+    assert words.shape == (3, 128 * bits // 32) and words.dtype == torch.int32
+    permuted = marlin_permute_scales(zp, 384, 128, 128).to(torch.int64)
+    interleave = [0, 2, 4, 6, 1, 3, 5, 7] if bits == 4 else [0, 2, 1, 3]
+    per_word = 32 // bits
+    unsigned = words.to(torch.int64) & 0xFFFFFFFF
+    for slot, position in enumerate(interleave):
+        got = (unsigned[:, 1] >> (bits * slot)) & (2**bits - 1)
+        assert torch.equal(got, permuted[:, per_word + position])
+    awq = pack_awq(zp, bits)
+    assert torch.equal(awq_to_marlin_zero_points(awq, 384, 128, bits), words)
+
+
+def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
+    small = plan(1, 4096, 4096, 132, True, 132)
+    assert not small.dequant_gemm and small.m_blocks == 1
+    assert small.split * small.k_tiles_per_split >= 4096 // 16 and small.split == 8
+    wide = plan(1, 28672, 8192, 132, True, 132)
+    assert wide.split == 1  # 224 column tiles fill the GPU; more than the workspace counts
+    assert plan(64, 4096, 4096, 132, True, 132).m_blocks == 4
+    assert plan(257, 4096, 4096, 132, False, 132).split == 1  # several row blocks
+    assert plan(1024, 4096, 4096, 132, True, 132).dequant_gemm
+    assert not plan(1024, 4096, 4096, 108, False, 108).dequant_gemm  # no Hopper GEMM
+    tail = plan(1, 192, 272, 132, True, 132)
+    assert tail.split * tail.k_tiles_per_split >= 17 and tail.k_tiles_per_split % 8 == 0
+
+
+# --- input checks: CPU tensors suffice, every check runs before the device is used ---
+
+M, N, K = 3, 128, 256
+
+
+def _gemm_args(**override):
+    args = dict(
+        a=torch.zeros(M, K, dtype=torch.float16),
+        c=None,
+        b_q_weight=torch.zeros(K // 16, N * 2, dtype=torch.int32),
+        b_scales=torch.zeros(2, N, dtype=torch.float16),
+        global_scale=None,
+        b_zeros=None,
+        g_idx=None,
+        perm=None,
+        workspace=torch.zeros(132, dtype=torch.int32),
+        b_q_type_id=scalar_types.uint4b8.id,
+        size_m=M,
+        size_n=N,
+        size_k=K,
+    )
+    args.update(override)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "match"),
+    [
+        ({"a": torch.zeros(M, K, dtype=torch.float32)}, TypeError, "argument 'a'.*float32"),
+        ({"a": torch.zeros(M, K, 1, dtype=torch.float16)}, ValueError, "argument 'a'.*2-D"),
+        ({"size_m": 4}, ValueError, "argument 'size_m'.*expected 3"),
+        ({"size_k": 128}, ValueError, "argument 'size_k'.*expected 256"),
+        ({"size_n": 96}, ValueError, "size_n a positive multiple of 64"),
+        ({"b_q_type_id": 12345}, ValueError, "argument 'b_q_type_id'.*uint4b8"),
+        ({"b_q_type_id": "uint4b8"}, TypeError, "b_q_type_id"),
+        (
+            {"b_q_weight": torch.zeros(K // 16, N, dtype=torch.int32)},
+            ValueError,
+            r"argument 'b_q_weight'.*\[16, 256\]",
+        ),
+        (
+            {"b_q_weight": torch.zeros(K // 16, N * 2, dtype=torch.int64)},
+            TypeError,
+            "argument 'b_q_weight'.*int32",
+        ),
+        ({"b_scales": torch.zeros(2, N, dtype=torch.bfloat16)}, TypeError, "'b_scales'"),
+        ({"b_scales": torch.zeros(2, 64, dtype=torch.float16)}, ValueError, "'b_scales'.*128"),
+        ({"b_scales": torch.zeros(16, N, dtype=torch.float16)}, ValueError, "group size"),
+        ({"b_scales": torch.zeros(3, N, dtype=torch.float16)}, ValueError, "group size"),
+        ({"global_scale": torch.ones(1)}, ValueError, "argument 'global_scale'"),
+        (
+            {"b_zeros": torch.zeros(2, N // 8, dtype=torch.int32)},
+            ValueError,
+            "argument 'b_zeros'.*uint4b8",
+        ),
+        ({"b_q_type_id": scalar_types.uint4.id}, ValueError, "argument 'b_zeros'.*zero points"),
+        (
+            {"b_q_type_id": scalar_types.uint4.id, "b_zeros": torch.zeros(2, N, dtype=torch.int32)},
+            ValueError,
+            r"argument 'b_zeros'.*\[2, 16\]",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.uint4.id,
+                "b_zeros": torch.zeros(2, N, dtype=torch.float32),
+                "is_zp_float": True,
+            },
+            TypeError,
+            "argument 'b_zeros'.*float16",
+        ),
+        (
+            {"g_idx": torch.zeros(K, dtype=torch.int32)},
+            ValueError,
+            "argument 'perm'.*both g_idx and perm",
+        ),
+        (
+            {"g_idx": torch.zeros(K, dtype=torch.int64), "perm": torch.zeros(K, dtype=torch.int32)},
+            TypeError,
+            "argument 'g_idx'.*int32",
+        ),
+        (
+            {
+                "g_idx": torch.zeros(K, dtype=torch.int32),
+                "perm": torch.zeros(K - 16, dtype=torch.int32),
+            },
+            ValueError,
+            r"argument 'perm'.*\[256\]",
+        ),
+        (
+            {
+                "g_idx": torch.zeros(K, dtype=torch.int32),
+                "perm": torch.zeros(K, dtype=torch.int32),
+                "b_scales": torch.zeros(1, N, dtype=torch.float16),
+            },
+            ValueError,
+            "act-order with is_k_full=True needs num_groups > 1",
+        ),
+        (
+            {"workspace": torch.zeros(132, dtype=torch.int64)},
+            TypeError,
+            "argument 'workspace'.*int32",
+        ),
+        ({"c": torch.zeros(M, N, dtype=torch.bfloat16)}, TypeError, "argument 'c'"),
+        ({"c": torch.zeros(M, N + 64, dtype=torch.float16)}, ValueError, "argument 'c'"),
+        ({}, ValueError, "argument 'a'.*cuda|CUDA|GPU"),
+    ],
+)
+def test_gemm_rejects_bad_inputs(override, error, match):
+    with pytest.raises(error, match=match):
+        gptq_marlin_gemm(**_gemm_args(**override))
+
+
+def test_gemm_act_order_with_zero_points_is_refused():
+    with pytest.raises(ValueError, match="act-order.*zero points is not supported"):
+        gptq_marlin_gemm(
+            **_gemm_args(
+                b_q_type_id=scalar_types.uint4.id,
+                b_zeros=torch.zeros(2, N // 8, dtype=torch.int32),
+                g_idx=torch.zeros(K, dtype=torch.int32),
+                perm=torch.zeros(K, dtype=torch.int32),
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((torch.zeros(32, 64, dtype=torch.int32), None, 256, 64, 3), ValueError, "'num_bits'.*3"),
+        ((torch.zeros(32, 64, dtype=torch.int32), None, 200, 64, 4), ValueError, "'size_k'.*16"),
+        ((torch.zeros(32, 96, dtype=torch.int32), None, 256, 96, 4), ValueError, "'size_n'.*64"),
+        ((torch.zeros(16, 64, dtype=torch.int32), None, 256, 64, 4), ValueError, r"\[32, 64\]"),
+        ((torch.zeros(32, 64, dtype=torch.int16), None, 256, 64, 4), TypeError, "int32"),
+        ((torch.zeros(32, 64, dtype=torch.int32), None, 256.0, 64, 4), TypeError, "'size_k'"),
+        ((torch.zeros(32, 64, dtype=torch.int32), None, 256, 64, 4), ValueError, "cuda|CUDA|GPU"),
+    ],
+)
+def test_gptq_repack_rejects_bad_inputs(args, error, match):
+    with pytest.raises(error, match=match):
+        gptq_marlin_repack(*args)
+
+
+def test_awq_repack_rejects_bad_inputs():
+    with pytest.raises(ValueError, match=r"'b_q_weight'.*\[256, 8\].*AWQ"):
+        awq_marlin_repack(torch.zeros(32, 64, dtype=torch.int32), 256, 64, 4)
+    with pytest.raises(ValueError, match="'num_bits'"):
+        awq_marlin_repack(torch.zeros(256, 8, dtype=torch.int32), 256, 64, 2)
+
+
+def test_format_helpers_reject_bad_inputs():
+    with pytest.raises(ValueError, match=r"argument 's'.*\[2, 128\]"):
+        marlin_permute_scales(torch.zeros(4, 128), 256, 128, 128)
+    with pytest.raises(ValueError, match="argument 'group_size'"):
+        marlin_permute_scales(torch.zeros(4, 128), 256, 128, 100)
+    with pytest.raises(ValueError, match="argument 'num_bits'"):
+        marlin_zero_points(torch.zeros(2, 128), 256, 128, 2)
+    with pytest.raises(ValueError, match="argument 'device'.*CUDA"):
+        marlin_make_workspace("cpu")
