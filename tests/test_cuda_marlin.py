@@ -181,7 +181,7 @@ def test_gemm_writes_c_and_leaves_workspace_zero(m):
     _check(c, a, w)
     assert not workspace.any(), "split-K counters must be left zeroed"
     again = _run(w, a, workspace=workspace)
-    assert torch.equal(again, c), "split-K must reduce in a fixed order"
+    assert torch.equal(again, c), "the reductions must add in a fixed order"
 
 
 def test_gemm_strided_rows_and_empty_m():

@@ -52,7 +52,7 @@ struct Params {
   int32_t* counters;  // one per column tile when split > 1, zero between launches
   int m, n, k;
   int groups;
-  int group_size;  // 0: one group over K (per-channel scales)
+  int group_shift;  // log2 of the rows per group; -1: one group over K (per channel)
   int zero_mode;
   int bias;               // the type's zero when zero_mode == kBias
   int split;              // CTAs along K
@@ -80,96 +80,91 @@ __device__ __forceinline__ uint32_t zero_point(const uint32_t* words, int j) {
   }
 }
 
-/// Per lane and k16 tile: the dequantization constants of its 8 n8 blocks (columns
-/// 8 jb + g of a 64-column tile), for rows 2t + {0, 1} (`lo`) and 2t + {8, 9} (`hi`).
-template <typename T, int Bits>
+/// Per lane: the dequantization constants of its 8 n8 blocks (columns 8 jb + g of a
+/// 64-column tile). Without act-order one scale per block (`scale[0]`); with it, one
+/// per row 2t + {0, 1, 8, 9} (`scale[0..3]`), since each row has its own group.
+template <typename T, int Bits, bool ActOrder>
 struct TileConstants {
   using Deq = IntDequant<T, Bits>;
-  typename Deq::Offset offset[8];
-  Pair<T> float_zero[8];
-  Pair<T> scale_lo[8], scale_hi[8];
+  typename Deq::Offset offset[8];  // magic + zero of block jb
+  Vec<T, 8> scale[ActOrder ? 4 : 1];
+  Vec<T, 8> float_zero;
+
+  /// Zeros that do not vary: the type's bias (or 0 under float zero points).
+  __device__ __forceinline__ void set_fixed_zero(float zero) {
+#pragma unroll
+    for (int jb = 0; jb < 8; ++jb) offset[jb] = Deq::offset(zero);
+  }
+
+  /// Int zero points of block jb from the lane's word(s).
+  __device__ __forceinline__ void set_zero_points(const uint32_t (&words)[2]) {
+#pragma unroll
+    for (int jb = 0; jb < 8; ++jb) {
+      offset[jb] = Deq::offset(static_cast<float>(zero_point<Bits>(words, jb)));
+    }
+  }
 };
 
-/// A lane's constants from its gathered scales (block jb at index jb), zero-point
-/// words and float zero points.
-template <typename T, int Bits>
-__device__ __forceinline__ void lane_constants(TileConstants<T, Bits>& tc, const Vec<T, 8>& s,
-                                               const uint32_t (&zero_words)[2],
-                                               const Vec<T, 8>& float_zeros, int zero_mode,
-                                               int bias) {
-#pragma unroll
-  for (int jb = 0; jb < 8; ++jb) {
-    tc.scale_lo[jb] = tc.scale_hi[jb] = Pair<T>{s.data[jb], s.data[jb]};
-    const float zero = zero_mode == kIntZero ? static_cast<float>(zero_point<Bits>(zero_words, jb))
-                       : zero_mode == kBias  ? static_cast<float>(bias)
-                                             : 0.f;
-    tc.offset[jb] = IntDequant<T, Bits>::offset(zero);
-    tc.float_zero[jb] = Pair<T>{float_zeros.data[jb], float_zeros.data[jb]};
-  }
+/// The lane's zero-point word(s) of a 64-column row of packed zero points.
+template <int Bits>
+__device__ __forceinline__ void lane_zero_words(uint32_t (&words)[2], const uint32_t* row,
+                                                int lane) {
+  words[0] = row[(Bits / 4) * (lane / 4)];
+  words[1] = Bits == 8 ? row[2 * (lane / 4) + 1] : 0u;
 }
 
-/// One group's constants for lane g: its 8 consecutive permuted scales (and float
-/// zeros) of a 64-column row, and its zero-point word(s) of that row.
-template <typename T, int Bits>
-__device__ __forceinline__ void group_constants(TileConstants<T, Bits>& tc, const T* scale_row,
-                                                const unsigned char* zero_row, int zero_mode,
-                                                int bias, int lane) {
-  const Vec<T, 8> s = *reinterpret_cast<const Vec<T, 8>*>(scale_row + 8 * (lane / 4));
-  uint32_t zero_words[2] = {0, 0};
-  Vec<T, 8> float_zeros{};
+/// One group's constants for lane g from a 64-column row of permuted scales (8
+/// consecutive values per lane) and the matching zero points.
+template <typename T, int Bits, bool ActOrder>
+__device__ __forceinline__ void group_constants(TileConstants<T, Bits, ActOrder>& tc,
+                                                const T* scale_row, const void* zero_row,
+                                                int zero_mode, int lane) {
+  tc.scale[0] = *reinterpret_cast<const Vec<T, 8>*>(scale_row + 8 * (lane / 4));
   if (zero_mode == kIntZero) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(zero_row) + (Bits / 4) * (lane / 4);
-    zero_words[0] = words[0];
-    if constexpr (Bits == 8) zero_words[1] = words[1];
+    uint32_t words[2];
+    lane_zero_words<Bits>(words, static_cast<const uint32_t*>(zero_row), lane);
+    tc.set_zero_points(words);
   } else if (zero_mode == kFloatZero) {
-    float_zeros = *reinterpret_cast<const Vec<T, 8>*>(reinterpret_cast<const T*>(zero_row) +
-                                                      8 * (lane / 4));
+    tc.float_zero =
+        *reinterpret_cast<const Vec<T, 8>*>(static_cast<const T*>(zero_row) + 8 * (lane / 4));
   }
-  lane_constants<T, Bits>(tc, s, zero_words, float_zeros, zero_mode, bias);
 }
 
 /// Per-channel scales (one group over K) of lane g's columns of the 64 from `col0`:
 /// scales and float zeros in the per-channel permutation, int zero points in the
-/// grouped one (as the format's zero-point helper always permutes).
-template <typename T, int Bits>
-__device__ __forceinline__ void channel_constants(TileConstants<T, Bits>& tc, const Params& p,
-                                                  int col0, int lane) {
+/// grouped one (the format's zero-point helper always permutes that way).
+template <typename T, int Bits, bool ActOrder>
+__device__ __forceinline__ void channel_constants(TileConstants<T, Bits, ActOrder>& tc,
+                                                  const Params& p, int col0, int lane) {
   const T* scales = static_cast<const T*>(p.scales);
-  Vec<T, 8> s, float_zeros{};
-  uint32_t zero_words[2] = {0, 0};
 #pragma unroll
   for (int jb = 0; jb < 8; ++jb) {
     const int position = col0 + channel_scale_position(8 * jb + lane / 4);
-    s.data[jb] = scales[position];
-    if (p.zero_mode == kFloatZero) float_zeros.data[jb] = static_cast<const T*>(p.zeros)[position];
+    tc.scale[0].data[jb] = scales[position];
+    if (p.zero_mode == kFloatZero) {
+      tc.float_zero.data[jb] = static_cast<const T*>(p.zeros)[position];
+    }
   }
   if (p.zero_mode == kIntZero) {
-    const uint32_t* words =
-        static_cast<const uint32_t*>(p.zeros) + (col0 * Bits / 32) + (Bits / 4) * (lane / 4);
-    zero_words[0] = words[0];
-    if constexpr (Bits == 8) zero_words[1] = words[1];
+    uint32_t words[2];
+    lane_zero_words<Bits>(words, static_cast<const uint32_t*>(p.zeros) + col0 * Bits / 32, lane);
+    tc.set_zero_points(words);
   }
-  lane_constants<T, Bits>(tc, s, zero_words, float_zeros, p.zero_mode, p.bias);
 }
 
-/// Act-order: scales of each of the lane's 4 rows from their own groups (global memory).
+/// Act-order: the scales of each of the lane's 4 rows (from k row `row0`), each from
+/// its own group, read from global memory (L1-cached: neighbouring lanes share them).
 template <typename T, int Bits>
-__device__ __forceinline__ void act_order_constants(TileConstants<T, Bits>& tc, const Params& p,
-                                                    int64_t row0, int col0, int lane) {
+__device__ __forceinline__ void act_order_constants(TileConstants<T, Bits, true>& tc,
+                                                    const Params& p, int64_t row0, int col0,
+                                                    int lane) {
   const T* scales = static_cast<const T*>(p.scales);
-  Vec<T, 8> s[4];
-  constexpr int kRows[4] = {0, 1, 8, 9};
+  constexpr int kRowOffsets[4] = {0, 1, 8, 9};
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     // A group index out of range reads the nearest group rather than past the tensor.
-    const int64_t group = min(max(__ldg(p.g_idx + row0 + kRows[r]), 0), p.groups - 1);
-    s[r] = *reinterpret_cast<const Vec<T, 8>*>(scales + group * p.n + col0 + 8 * (lane / 4));
-  }
-#pragma unroll
-  for (int jb = 0; jb < 8; ++jb) {
-    tc.scale_lo[jb] = Pair<T>{s[0].data[jb], s[1].data[jb]};
-    tc.scale_hi[jb] = Pair<T>{s[2].data[jb], s[3].data[jb]};
-    tc.offset[jb] = IntDequant<T, Bits>::offset(static_cast<float>(p.bias));
+    const int64_t group = min(max(__ldg(p.g_idx + row0 + kRowOffsets[r]), 0), p.groups - 1);
+    tc.scale[r] = *reinterpret_cast<const Vec<T, 8>*>(scales + group * p.n + col0 + 8 * (lane / 4));
   }
 }
 
@@ -179,35 +174,47 @@ using LaneWords = Vec<uint32_t, Bits == 4 ? 4 : 8>;
 
 /// Block jb (columns 8 jb + g) of a lane's tile words, dequantized: rows 2t + {0, 1}
 /// in `lo`, 2t + {8, 9} in `hi` (the two B registers of an m16n8k16 mma).
-template <typename T, int Bits>
+template <typename T, int Bits, bool ActOrder, bool FloatZero>
 __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int jb,
-                                              const TileConstants<T, Bits>& tc, bool float_zero,
+                                              const TileConstants<T, Bits, ActOrder>& tc,
                                               Pair<T>& lo, Pair<T>& hi) {
   using Deq = IntDequant<T, Bits>;
   // 4-bit: word jb / 2 holds blocks 2w (pairs 0, 1) and 2w + 1 (pairs 2, 3);
   // 8-bit: word jb holds one block (pairs 0, 1).
-  const uint32_t word = Bits == 4 ? words.data[jb / 2] : words.data[jb];
-  const int first = Bits == 4 ? 2 * (jb % 2) : 0;
+  uint32_t word;
+  int first;
+  if constexpr (Bits == 4) {
+    word = words.data[jb / 2], first = 2 * (jb % 2);
+  } else {
+    word = words.data[jb], first = 0;
+  }
   lo = Deq::pair(word, first, tc.offset[jb]);
   hi = Deq::pair(word, first + 1, tc.offset[jb]);
-  if (float_zero) {
-    lo = __hsub2(lo, tc.float_zero[jb]);
-    hi = __hsub2(hi, tc.float_zero[jb]);
+  if constexpr (FloatZero) {
+    const Pair<T> zero{tc.float_zero.data[jb], tc.float_zero.data[jb]};
+    lo = __hsub2(lo, zero);
+    hi = __hsub2(hi, zero);
   }
-  lo = __hmul2(lo, tc.scale_lo[jb]);
-  hi = __hmul2(hi, tc.scale_hi[jb]);
+  if constexpr (ActOrder) {
+    lo = __hmul2(lo, Pair<T>{tc.scale[0].data[jb], tc.scale[1].data[jb]});
+    hi = __hmul2(hi, Pair<T>{tc.scale[2].data[jb], tc.scale[3].data[jb]});
+  } else {
+    const Pair<T> scale{tc.scale[0].data[jb], tc.scale[0].data[jb]};
+    lo = __hmul2(lo, scale);
+    hi = __hmul2(hi, scale);
+  }
 }
 
 /// Dequantizes a lane's tile words and multiplies them with the A fragments.
-template <typename T, int Bits, int MBlocks>
+template <typename T, int Bits, int MBlocks, bool ActOrder, bool FloatZero>
 __device__ __forceinline__ void tile_mma(float (&acc)[MBlocks][8][4],
                                          const uint32_t (&a_frag)[MBlocks][4],
                                          const LaneWords<Bits>& words,
-                                         const TileConstants<T, Bits>& tc, bool float_zero) {
+                                         const TileConstants<T, Bits, ActOrder>& tc) {
 #pragma unroll
   for (int jb = 0; jb < 8; ++jb) {
     Pair<T> lo, hi;
-    dequant_block<T, Bits>(words, jb, tc, float_zero, lo, hi);
+    dequant_block<T, Bits, ActOrder, FloatZero>(words, jb, tc, lo, hi);
 #pragma unroll
     for (int mb = 0; mb < MBlocks; ++mb) {
       mma_m16n8k16<T>(acc[mb][jb], a_frag[mb], bits_of<T>(lo), bits_of<T>(hi));
@@ -215,25 +222,9 @@ __device__ __forceinline__ void tile_mma(float (&acc)[MBlocks][8][4],
   }
 }
 
-/// The dequantization constants of a lane for k16 tile `kt` of the 64 columns from
-/// `col0`, read from global memory (the dequantize kernel; the GEMM stages grouped
-/// scales through shared memory instead).
-template <typename T, int Bits>
-__device__ __forceinline__ void global_constants(TileConstants<T, Bits>& tc, const Params& p,
-                                                 int kt, int col0, int lane) {
-  if (p.g_idx != nullptr) {
-    act_order_constants<T, Bits>(tc, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
-  } else if (p.group_size > 0) {
-    const int64_t group = int64_t{kt} * 16 / p.group_size;
-    const int zero_col_bytes = p.zero_mode == kIntZero ? Bits : 16;  // bits per column
-    const unsigned char* zero_row = static_cast<const unsigned char*>(p.zeros) +
-                                    (group * p.n + col0) * zero_col_bytes / 8;
-    group_constants<T, Bits>(tc, static_cast<const T*>(p.scales) + group * p.n + col0,
-                             p.zero_mode == kBias ? nullptr : zero_row, p.zero_mode, p.bias,
-                             lane);
-  } else {
-    channel_constants<T, Bits>(tc, p, col0, lane);
-  }
+/// The zero every weight shares when there are no int zero points.
+__device__ __forceinline__ float fixed_zero(const Params& p) {
+  return p.zero_mode == kBias ? static_cast<float>(p.bias) : 0.f;
 }
 
 template <typename T, int Bits, int MBlocks>
@@ -249,8 +240,9 @@ struct StageLayout {
   static_assert(kRows * kTileN * 4 <= kSharedBytes, "the reduction reuses the stages");
 };
 
-template <typename T, int Bits, int MBlocks>
-__global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
+template <typename T, int Bits, int MBlocks, bool ActOrder>
+__global__ void __launch_bounds__(kThreads, MBlocks == 1 ? 2 : 1)
+    marlin_gemm_kernel(const Params p) {
   using Layout = StageLayout<T, Bits, MBlocks>;
   constexpr int kTileWords = Layout::kTileWords;
   constexpr int kRows = Layout::kRows;
@@ -267,8 +259,9 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
   const int kt_end = min(kt_begin + p.k_tiles_per_split, k_tiles);
   const int iterations = (kt_end - kt_begin + kStageTiles - 1) / kStageTiles;
   const bool strip_valid = n0 + 64 * warp_n < p.n;
-  const bool grouped = p.group_size > 0 && p.g_idx == nullptr;
-  const bool float_zero = p.zero_mode == kFloatZero;
+  const bool grouped = !ActOrder && p.group_shift >= 0;
+  // Groups per stage: 128 k rows hold 128 >> shift groups (at least a part of one).
+  const int stage_groups = grouped ? (p.group_shift >= 7 ? 1 : kStageK >> p.group_shift) : 0;
   const int zero_row_bytes = p.zero_mode == kIntZero ? p.n * Bits / 8 : p.n * 2;
   const int zero_tile_bytes = p.zero_mode == kIntZero ? kTileN * Bits / 8 : kTileN * 2;
 
@@ -279,6 +272,7 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
     // Weights: per k16 tile, the CTA's two 64-column tiles are contiguous words.
     constexpr int kChunksPerTileRow = kWarpsN * kTileWords / 4;
     const int64_t row_words = static_cast<int64_t>(p.n) * 16 * Bits / 32;
+#pragma unroll
     for (int c = tid; c < kStageTiles * kChunksPerTileRow; c += kThreads) {
       const int r = c / kChunksPerTileRow, q = c % kChunksPerTileRow;
       const int kt = kt0 + r;
@@ -290,17 +284,16 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
     // so that ldmatrix's 8 rows hit different banks.
     T* a_stage = reinterpret_cast<T*>(base + Layout::kBBytes);
     const T* a = static_cast<const T*>(p.a);
-    for (int c = tid; c < kRows * 16; c += kThreads) {
+    for (int c = tid; c < rows * 16; c += kThreads) {
       const int row = c / 16, chunk = c % 16;
       const int k = kt0 * 16 + chunk * 8;
-      const bool valid = row < rows && k < kt_end * 16;
+      const bool valid = k < kt_end * 16;
       const T* src = a + (m0 + row) * p.lda + k;
       cp_async_16(a_stage + row * kStageK + ((chunk ^ (row % 8)) * 8), valid ? src : a, valid);
     }
     if (!grouped) return;
     // Scales (and zero points) of the groups this stage's k rows fall into.
-    const int first_group = kt0 * 16 / p.group_size;
-    const int stage_groups = max(1, kStageK / p.group_size);
+    const int first_group = (kt0 * 16) >> p.group_shift;
     unsigned char* s_stage = base + Layout::kBBytes + Layout::kABytes;
     for (int c = tid; c < stage_groups * 16; c += kThreads) {
       const int group = first_group + c / 16, col = n0 + (c % 16) * 8;
@@ -311,13 +304,13 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
     if (p.zero_mode == kBias) return;
     unsigned char* z_stage = s_stage + Layout::kSBytes;
     const int chunks_per_group = zero_tile_bytes / 16;
+    const int tile_offset = n0 * zero_tile_bytes / kTileN;
     for (int c = tid; c < stage_groups * chunks_per_group; c += kThreads) {
       const int group = first_group + c / chunks_per_group;
       const int byte = (c % chunks_per_group) * 16;
-      const bool valid = group < p.groups && n0 * zero_tile_bytes / kTileN + byte < zero_row_bytes;
+      const bool valid = group < p.groups && tile_offset + byte < zero_row_bytes;
       const unsigned char* src = static_cast<const unsigned char*>(p.zeros) +
-                                 static_cast<int64_t>(group) * zero_row_bytes +
-                                 n0 * zero_tile_bytes / kTileN + byte;
+                                 static_cast<int64_t>(group) * zero_row_bytes + tile_offset + byte;
       cp_async_16(z_stage + (c / chunks_per_group) * zero_tile_bytes + byte,
                   valid ? src : p.zeros, valid);
     }
@@ -331,12 +324,14 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mb][jb][i] = 0.f;
 
-  // Per-channel scales and zeros do not change along K: read them once.
-  TileConstants<T, Bits> constants;
+  TileConstants<T, Bits, ActOrder> constants;
+  constants.set_fixed_zero(fixed_zero(p));
   const int col0 = n0 + 64 * warp_n;
-  if (!grouped && p.g_idx == nullptr && strip_valid) {
-    channel_constants<T, Bits>(constants, p, col0, lane);
+  if (!ActOrder && !grouped && strip_valid) {
+    channel_constants(constants, p, col0, lane);  // they do not change along K
   }
+  const bool float_zero = p.zero_mode == kFloatZero;
+  int cached_group = -1;
 
   for (int it = 0; it < kStages - 1; ++it) {
     if (it < iterations) load_stage(it);
@@ -364,41 +359,51 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
         const int row = mb * 16 + lane % 16, chunk = 2 * local + lane / 16;
         ldmatrix_x4(a_frag[mb], a_stage + row * kStageK + ((chunk ^ (row % 8)) * 8));
       }
-      if (grouped) {
-        const int group_in_stage = kt * 16 / p.group_size - kt0 * 16 / p.group_size;
-        const unsigned char* s_stage = base + Layout::kBBytes + Layout::kABytes;
-        const T* scale_row =
-            reinterpret_cast<const T*>(s_stage) + group_in_stage * kTileN + 64 * warp_n;
-        const unsigned char* zero_row = s_stage + Layout::kSBytes +
-                                        group_in_stage * zero_tile_bytes +
-                                        warp_n * zero_tile_bytes / kWarpsN;
-        group_constants<T, Bits>(constants, scale_row, zero_row, p.zero_mode, p.bias, lane);
-      } else if (p.g_idx != nullptr) {
-        act_order_constants<T, Bits>(constants, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
+      if constexpr (ActOrder) {
+        act_order_constants(constants, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
+      } else if (grouped) {
+        const int group = (kt * 16) >> p.group_shift;
+        if (group != cached_group) {  // scales change once per group, not per tile
+          cached_group = group;
+          const int in_stage = group - ((kt0 * 16) >> p.group_shift);
+          const unsigned char* s_stage = base + Layout::kBBytes + Layout::kABytes;
+          group_constants(constants,
+                          reinterpret_cast<const T*>(s_stage) + in_stage * kTileN + 64 * warp_n,
+                          s_stage + Layout::kSBytes + in_stage * zero_tile_bytes +
+                              warp_n * zero_tile_bytes / kWarpsN,
+                          p.zero_mode, lane);
+        }
       }
-      tile_mma<T, Bits, MBlocks>(acc, a_frag, words, constants, float_zero);
+      if (float_zero) {
+        tile_mma<T, Bits, MBlocks, ActOrder, true>(acc, a_frag, words, constants);
+      } else {
+        tile_mma<T, Bits, MBlocks, ActOrder, false>(acc, a_frag, words, constants);
+      }
     }
   }
   cp_async_wait<0>();
   __syncthreads();
 
-  // Reduce the K-warps in shared memory (the stages are free now).
+  // Reduce the K-warps in shared memory (the stages are free now), one after another:
+  // a fixed order of additions, so results repeat exactly from run to run.
   float* red = reinterpret_cast<float*>(smem);
-  for (int i = tid; i < kRows * kTileN; i += kThreads) red[i] = 0.f;
-  __syncthreads();
-  if (strip_valid) {
+  for (int turn = 0; turn < kThreads / 32 / kWarpsN; ++turn) {
+    if (warp_k == turn && strip_valid) {
 #pragma unroll
-    for (int mb = 0; mb < MBlocks; ++mb)
+      for (int mb = 0; mb < MBlocks; ++mb)
 #pragma unroll
-      for (int jb = 0; jb < 8; ++jb)
+        for (int jb = 0; jb < 8; ++jb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = mb * 16 + lane / 4 + 8 * (i / 2);
-          const int col = 64 * warp_n + 8 * jb + 2 * (lane % 4) + i % 2;
-          atomicAdd(red + row * kTileN + col, acc[mb][jb][i]);
-        }
+          for (int i = 0; i < 4; i += 2) {
+            const int row = mb * 16 + lane / 4 + 8 * (i / 2);
+            const int col = 64 * warp_n + 8 * jb + 2 * (lane % 4);
+            float2* slot = reinterpret_cast<float2*>(red + row * kTileN + col);
+            const float2 mine = {acc[mb][jb][i], acc[mb][jb][i + 1]};
+            if (row < rows) *slot = turn == 0 ? mine : float2{slot->x + mine.x, slot->y + mine.y};
+          }
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   const int cols = min(kTileN, p.n - n0);
   T* c = static_cast<T*>(p.c);
@@ -411,12 +416,14 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
     }
     return;
   }
-  // Split K: publish this CTA's partial, then the last CTA of the column tile sums all.
+  // Split K: publish this CTA's partial, then the last CTA of the column tile sums all
+  // of them in split order (the same result whichever CTA finishes last).
   for (int i = tid; i < rows * (kTileN / 2); i += kThreads) {
     const int row = i / (kTileN / 2), col = 2 * (i % (kTileN / 2));
     if (col >= cols) continue;
     float* dst = p.partials + (static_cast<int64_t>(blockIdx.y) * p.m + m0 + row) * p.n + n0 + col;
-    __stcg(reinterpret_cast<float2*>(dst), *reinterpret_cast<const float2*>(red + row * kTileN + col));
+    __stcg(reinterpret_cast<float2*>(dst),
+           *reinterpret_cast<const float2*>(red + row * kTileN + col));
   }
   __threadfence();
   __syncthreads();
@@ -441,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) marlin_gemm_kernel(const Params p) {
 
 // grid (N / 64, ceil(K / 64)), 4 warps: warp w dequantizes k16 tile 4 y + w of the
 // 64 columns x, through a shared [64 n][64 k] tile so that rows of out leave whole.
-template <typename T, int Bits>
+template <typename T, int Bits, bool ActOrder>
 __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, T* out) {
   constexpr int kTileWords = 16 * 64 * Bits / 32;
   constexpr int kPitch = 64 + 8;  // padded rows: the lanes' pair stores spread over banks
@@ -453,13 +460,29 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
     const int64_t row_words = static_cast<int64_t>(p.n) * 16 * Bits / 32;
     const LaneWords<Bits> words = *reinterpret_cast<const LaneWords<Bits>*>(
         p.b + kt * row_words + blockIdx.x * kTileWords + lane * (Bits == 4 ? 4 : 8));
-    TileConstants<T, Bits> tc;
-    global_constants<T, Bits>(tc, p, kt, col0, lane);
+    TileConstants<T, Bits, ActOrder> tc;
+    tc.set_fixed_zero(fixed_zero(p));
+    if constexpr (ActOrder) {
+      act_order_constants(tc, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
+    } else if (p.group_shift >= 0) {
+      const int64_t group = (int64_t{kt} * 16) >> p.group_shift;
+      const int zero_col_bits = p.zero_mode == kIntZero ? Bits : 16;
+      group_constants(tc, static_cast<const T*>(p.scales) + group * p.n + col0,
+                      static_cast<const unsigned char*>(p.zeros) +
+                          (group * p.n + col0) * zero_col_bits / 8,
+                      p.zero_mode, lane);
+    } else {
+      channel_constants(tc, p, col0, lane);
+    }
     const int k_local = warp * 16 + 2 * (lane % 4);
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb) {
       Pair<T> lo, hi;
-      dequant_block<T, Bits>(words, jb, tc, p.zero_mode == kFloatZero, lo, hi);
+      if (p.zero_mode == kFloatZero) {
+        dequant_block<T, Bits, ActOrder, true>(words, jb, tc, lo, hi);
+      } else {
+        dequant_block<T, Bits, ActOrder, false>(words, jb, tc, lo, hi);
+      }
       *reinterpret_cast<Pair<T>*>(&tile[8 * jb + lane / 4][k_local]) = lo;
       *reinterpret_cast<Pair<T>*>(&tile[8 * jb + lane / 4][k_local + 8]) = hi;
     }
@@ -497,10 +520,11 @@ inline Params check_weights(SymbolicDevice& device, TensorView b_q_weight, Tenso
   p.k = static_cast<int>(size_k);
   p.n = static_cast<int>(size_n);
   p.groups = static_cast<int>(groups.value());
-  p.group_size = static_cast<int>(group_size);
+  p.group_shift = group_size == 0 ? -1 : 31 - __builtin_clz(static_cast<unsigned>(group_size));
   p.zero_mode = static_cast<int>(zero_mode);
   p.bias = static_cast<int>(bias);
-  ValueCheck(group_size == 0 || (group_size % 16 == 0 && p.groups * group_size >= size_k),
+  ValueCheck(group_size == 0 || (group_size >= 32 && (group_size & (group_size - 1)) == 0 &&
+                                 p.groups * group_size >= size_k),
              "argument 'b_scales': ", p.groups, " groups of ", group_size,
              " rows do not cover size_k = ", size_k);
   if (zero_mode != kBias) {
@@ -524,8 +548,9 @@ inline Params check_weights(SymbolicDevice& device, TensorView b_q_weight, Tenso
 
 /// c = a @ dequant(b) with the streaming kernel; see the file comment. `a` [M, K]
 /// (act-order: already a[:, perm]), c [M, N]; `partials` fp32 [split, M, N] and
-/// `workspace` int32 [>= N / 128] when split > 1. Group size 0: per-channel scales.
-template <typename T, int Bits, int MBlocks>
+/// `workspace` int32 [>= N / 128] when split > 1. Group size 0: per-channel scales (or
+/// act-order, which `ActOrder` builds and which takes `g_idx`).
+template <typename T, int Bits, int MBlocks, bool ActOrder>
 void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
                              tvm::ffi::Optional<TensorView> g_idx, TensorView c,
@@ -533,22 +558,20 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
                              int64_t group_size, int64_t zero_mode, int64_t bias, int64_t split,
                              int64_t k_tiles_per_split) {
   using namespace marlin;
-  SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"}, lda{"lda"};
+  SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
   SymbolicDevice device;
-  TensorMatcher({m, k})
-      .dtype<T>()
-      .device(kDLCUDA, device)
-      .strides({lda, 1})
-      .verify(a, "a");
-  ValueCheck(lda.value() % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
-             "argument 'a': rows must start on 16-byte boundaries (row stride ", lda.value(),
+  TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
+  const int64_t lda = m.value() > 1 ? a.stride(0) : k.value();
+  ValueCheck(lda % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
+             "argument 'a': rows must start on 16-byte boundaries (row stride ", lda,
              " elements); call .contiguous() on it first");
   TensorMatcher({m, n}).dtype<T>().device(kDLCUDA, device).contiguous().verify(c, "c");
   Params p = check_weights(device, b_q_weight, b_scales, b_zeros, g_idx, dtype_trait<T>::value,
                            Bits, k.value(), n.value(), group_size, zero_mode, bias);
   verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
+  RuntimeCheck(ActOrder == g_idx.has_value(), "this module is built for act-order ", ActOrder);
   p.a = data_ptr<void>(a);
-  p.lda = lda.value();
+  p.lda = lda;
   p.c = data_ptr<void>(c);
   p.ldc = n.value();
   p.m = static_cast<int>(m.value());
@@ -573,12 +596,19 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
   using Layout = StageLayout<T, Bits, MBlocks>;
   const dim3 grid(static_cast<unsigned>(column_tiles), static_cast<unsigned>(split),
                   static_cast<unsigned>(div_ceil<int64_t>(m.value(), Layout::kRows)));
-  KernelLauncher(grid, dim3(kThreads), device.value(), Layout::kSharedBytes)(
-      marlin_gemm_kernel<T, Bits, MBlocks>, p);
+  const auto kernel = marlin_gemm_kernel<T, Bits, MBlocks, ActOrder>;
+  {
+    // Shared memory before L1: two CTAs of the 16-row kernel then fit on an SM.
+    ::tvm::ffi::CUDADeviceGuard guard(device.value().device_id);
+    RuntimeCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess,
+                 "cudaFuncSetAttribute(PreferredSharedMemoryCarveout) failed");
+  }
+  KernelLauncher(grid, dim3(kThreads), device.value(), Layout::kSharedBytes)(kernel, p);
 }
 
 /// out [N, K] = dequant(b)^T (the nn.Linear layout of the weight).
-template <typename T, int Bits>
+template <typename T, int Bits, bool ActOrder>
 void marlin_dequantize(TensorView b_q_weight, TensorView b_scales,
                        tvm::ffi::Optional<TensorView> b_zeros, tvm::ffi::Optional<TensorView> g_idx,
                        TensorView out, int64_t group_size, int64_t zero_mode, int64_t bias) {
@@ -589,9 +619,10 @@ void marlin_dequantize(TensorView b_q_weight, TensorView b_scales,
   const Params p = check_weights(device, b_q_weight, b_scales, b_zeros, g_idx,
                                  dtype_trait<T>::value, Bits, k.value(), n.value(), group_size,
                                  zero_mode, bias);
+  RuntimeCheck(ActOrder == g_idx.has_value(), "this module is built for act-order ", ActOrder);
   const dim3 grid(static_cast<unsigned>(n.value() / 64),
                   static_cast<unsigned>(div_ceil<int64_t>(k.value(), 64)));
-  KernelLauncher(grid, dim3(128), device.value())(marlin_dequantize_kernel<T, Bits>, p,
+  KernelLauncher(grid, dim3(128), device.value())(marlin_dequantize_kernel<T, Bits, ActOrder>, p,
                                                  data_ptr<T>(out));
 }
 

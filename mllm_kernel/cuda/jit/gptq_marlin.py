@@ -20,7 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import (
+    cache_once,
+    load_cuda_jit,
+    make_cpp_args,
+    op_inputs,
+    register_kernel,
+)
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
 from mllm_kernel.scalar_type import ScalarType, scalar_types
 
@@ -28,7 +34,7 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _M_BLOCKS = (1, 4)  # compiled row blocks of 16: M <= 16 and M <= 64 per CTA
 _TILE_N = 128  # output columns per CTA of the streaming kernel
 _STAGE_K = 128  # k rows per pipeline stage
-_GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a multiple of 128"
+_GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a larger power of two"
 
 # M from which Hopper runs dequantize + wgmma GEMM instead of the streaming kernel.
 DEQUANT_GEMM_MIN_M = 512
@@ -53,14 +59,18 @@ _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 @register_kernel(
     "gptq_marlin_gemm",
     device="cuda",
-    variants=[(dtype, bits, m) for dtype in _DTYPES for bits in (4, 8) for m in _M_BLOCKS],
+    variants=[
+        (dtype, bits, m, act_order)
+        for dtype in _DTYPES
+        for bits in (4, 8)
+        for m in _M_BLOCKS
+        for act_order in (False, True)
+    ],
 )
 @cache_once
-def _module(dtype: torch.dtype, bits: int, m_blocks: int):
-    from mllm_kernel.jit_utils import make_cpp_args
-
-    args = make_cpp_args(dtype, bits, m_blocks)
-    dequant_args = make_cpp_args(dtype, bits)
+def _module(dtype: torch.dtype, bits: int, m_blocks: int, act_order: bool):
+    args = make_cpp_args(dtype, bits, m_blocks, act_order)
+    dequant_args = make_cpp_args(dtype, bits, act_order)
     return load_cuda_jit(
         "gptq_marlin_gemm",
         *args,
@@ -178,7 +188,7 @@ def _group_size(groups: int, k: int, act_order: bool, is_k_full: bool) -> int:
     if groups == 1:
         return 0
     size = k // groups if k % groups == 0 else 0
-    if size not in (32, 64, 128) and (size == 0 or size % 128):
+    if size < 32 or size & (size - 1):
         raise ValueError(
             f"argument 'b_scales': {groups} groups over size_k={k} is not a supported group "
             f"size; expected group sizes {_GROUP_SIZES}"
@@ -213,7 +223,7 @@ def gptq_marlin_gemm(
       16, ``size_n`` of 64.
     - ``b_scales``: ``a.dtype`` ``[num_groups, size_n]`` through
       :func:`marlin_permute_scales`; group size ``size_k // num_groups`` of
-      -1 (one group), 32, 64, 128 or a multiple of 128.
+      -1 (one group), 32, 64, 128 or a larger power of two.
     - ``b_q_type_id``: ``scalar_types.uint4b8.id`` / ``uint8b128.id`` (zero 8 / 128,
       ``b_zeros`` empty), or ``uint4.id`` / ``uint8.id`` with ``b_zeros``: int32
       ``[num_groups, size_n * bits // 32]`` from :func:`marlin_zero_points` /
@@ -355,11 +365,11 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
     if how.dequant_gemm:
         from mllm_kernel.cuda.jit.gemm import gemm
 
-        module = module_for(_module, a, a.dtype, bits, 1)
+        module = module_for(_module, a, a.dtype, bits, 1, g_idx is not None)
         weight = torch.empty((c.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
         module.dequantize(b_q_weight, b_scales, zeros, g_idx, weight, group_size, zero_mode, bias)
         return gemm(a if a.stride(1) == 1 else a.contiguous(), weight, c)
-    module = module_for(_module, a, a.dtype, bits, how.m_blocks)
+    module = module_for(_module, a, a.dtype, bits, how.m_blocks, g_idx is not None)
     partials = None
     if how.split > 1:
         partials = torch.empty((how.split, *c.shape), dtype=torch.float32, device=a.device)
