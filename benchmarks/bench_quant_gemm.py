@@ -166,7 +166,8 @@ def main() -> None:
                 f"| {n} | {k} | {m} | {path} | {_us(t, 'w4a16')} | {_us(t, 'w8a8')} | "
                 f"{_us(t, 'cublas')} | {_us(t, 'torch _int_mm+scale')} | "
                 f"{_us(t, 'torch dequant+mm')} | {2 * m * n * k / t['w4a16'] / 1e12:.0f} | "
-                f"{gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {t['cublas'] / t['w4a16']:.2f}x | {w8} |"
+                f"{gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | "
+                f"{t['cublas'] / t['w4a16']:.2f}x | {w8} |"
             )
             print(row, flush=True)
             rows.append(row)

@@ -236,5 +236,5 @@ def test_gemm_device_mismatch_names_the_argument():
     a = torch.randn(2, 256).to(torch.float16)  # on the CPU
     with pytest.raises(ValueError, match="argument 'a'"):
         _run(w, a, workspace=marlin_make_workspace("cuda"))
-    with pytest.raises(ValueError, match="workspace.*marlin_make_workspace"):
+    with pytest.raises(ValueError, match=r"workspace.*marlin_make_workspace"):
         _run(w, a.cuda(), workspace=torch.zeros(1, dtype=torch.int32, device="cuda"))

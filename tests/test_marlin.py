@@ -110,6 +110,17 @@ def test_zero_points_pack_like_the_weights(bits):
     assert torch.equal(awq_to_marlin_zero_points(awq, 384, 128, bits), words)
 
 
+def test_ops_are_registered_under_their_public_names():
+    from mllm_kernel.jit_utils import registry
+
+    entries = {entry.name: entry for entry in registry.kernels("cuda")}
+    for name in ("gptq_marlin_gemm", "gptq_marlin_repack", "awq_marlin_repack"):
+        assert name in entries, f"{name} is not registered"
+    variants = entries["gptq_marlin_gemm"].variants
+    # both dtypes x 4/8 bits x 16/64 rows per CTA x act-order or not
+    assert len(variants) == 16 and len(set(variants)) == 16
+
+
 def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
     small = plan(1, 4096, 4096, 132, True, 132)
     assert not small.dequant_gemm and small.m_blocks == 1
@@ -237,7 +248,7 @@ def test_gemm_rejects_bad_inputs(override, error, match):
 
 
 def test_gemm_act_order_with_zero_points_is_refused():
-    with pytest.raises(ValueError, match="act-order.*zero points is not supported"):
+    with pytest.raises(ValueError, match=r"act-order.*zero points is not supported"):
         gptq_marlin_gemm(
             **_gemm_args(
                 b_q_type_id=scalar_types.uint4.id,
@@ -279,5 +290,5 @@ def test_format_helpers_reject_bad_inputs():
         marlin_permute_scales(torch.zeros(4, 128), 256, 128, 100)
     with pytest.raises(ValueError, match="argument 'num_bits'"):
         marlin_zero_points(torch.zeros(2, 128), 256, 128, 2)
-    with pytest.raises(ValueError, match="argument 'device'.*CUDA"):
+    with pytest.raises(ValueError, match=r"argument 'device'.*CUDA"):
         marlin_make_workspace("cpu")

@@ -49,7 +49,8 @@ template <typename T, int Bits>
 struct IntDequant {
   static_assert(Bits == 4 || Bits == 8, "IntDequant: 4- or 8-bit integers");
   static constexpr bool kViaFloat = Bits == 8 && !std::is_same_v<T, __half>;
-  static constexpr float kMagic = kViaFloat ? 8388608.0f : (std::is_same_v<T, __half> ? 1024.f : 128.f);
+  static constexpr float kMagic =
+      kViaFloat ? 8388608.0f : (std::is_same_v<T, __half> ? 1024.f : 128.f);
   static constexpr uint32_t kMagicBits = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;
 
   /// What pair() subtracts: `magic + zero` for both values of a pair (exact for

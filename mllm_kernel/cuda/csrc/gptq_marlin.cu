@@ -62,7 +62,9 @@ struct Params {
 /// Position of column `c` (0..63) of a 64-column block in the permuted scales: groups
 /// use [i * 8 + j] = column i + 8 j; per-channel scales permute 32-column blocks as
 /// [8 i + j'] = column 2 i + {0, 1, 8, 9, 16, 17, 24, 25}[j'].
-__device__ __forceinline__ int grouped_scale_position(int c) { return (c % 8) * 8 + c / 8; }
+__device__ __forceinline__ int grouped_scale_position(int c) {
+  return (c % 8) * 8 + c / 8;
+}
 __device__ __forceinline__ int channel_scale_position(int c) {
   const int within = c % 32, i = (within % 8) / 2, rest = within - 2 * i;
   return (c / 32) * 32 + 8 * i + (rest / 8) * 2 + rest % 2;
@@ -311,8 +313,8 @@ __global__ void __launch_bounds__(kThreads, MBlocks == 1 ? 2 : 1)
       const bool valid = group < p.groups && tile_offset + byte < zero_row_bytes;
       const unsigned char* src = static_cast<const unsigned char*>(p.zeros) +
                                  static_cast<int64_t>(group) * zero_row_bytes + tile_offset + byte;
-      cp_async_16(z_stage + (c / chunks_per_group) * zero_tile_bytes + byte,
-                  valid ? src : p.zeros, valid);
+      cp_async_16(z_stage + (c / chunks_per_group) * zero_tile_bytes + byte, valid ? src : p.zeros,
+                  valid);
     }
   };
 
@@ -467,10 +469,10 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
     } else if (p.group_shift >= 0) {
       const int64_t group = (int64_t{kt} * 16) >> p.group_shift;
       const int zero_col_bits = p.zero_mode == kIntZero ? Bits : 16;
-      group_constants(tc, static_cast<const T*>(p.scales) + group * p.n + col0,
-                      static_cast<const unsigned char*>(p.zeros) +
-                          (group * p.n + col0) * zero_col_bits / 8,
-                      p.zero_mode, lane);
+      group_constants(
+          tc, static_cast<const T*>(p.scales) + group * p.n + col0,
+          static_cast<const unsigned char*>(p.zeros) + (group * p.n + col0) * zero_col_bits / 8,
+          p.zero_mode, lane);
     } else {
       channel_constants(tc, p, col0, lane);
     }
@@ -499,10 +501,10 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
 
 /// The kernel's view of the weight operands, checked against each other and `device`.
 inline Params check_weights(SymbolicDevice& device, TensorView b_q_weight, TensorView b_scales,
-                             tvm::ffi::Optional<TensorView> b_zeros,
-                             tvm::ffi::Optional<TensorView> g_idx, DLDataType dtype, int bits,
-                             int64_t size_k, int64_t size_n, int64_t group_size,
-                             int64_t zero_mode, int64_t bias) {
+                            tvm::ffi::Optional<TensorView> b_zeros,
+                            tvm::ffi::Optional<TensorView> g_idx, DLDataType dtype, int bits,
+                            int64_t size_k, int64_t size_n, int64_t group_size, int64_t zero_mode,
+                            int64_t bias) {
   Params p{};
   SymbolicSize groups{"num_groups"};
   TensorMatcher({size_k / 16, size_n * 16 * bits / 32})
@@ -537,8 +539,11 @@ inline Params check_weights(SymbolicDevice& device, TensorView b_q_weight, Tenso
     p.zeros = data_ptr<void>(*b_zeros);
   }
   if (g_idx.has_value()) {
-    TensorMatcher({size_k}).dtype<int32_t>().device(kDLCUDA, device).contiguous().verify(
-        *g_idx, "g_idx");
+    TensorMatcher({size_k})
+        .dtype<int32_t>()
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*g_idx, "g_idx");
     p.g_idx = data_ptr<int32_t>(*g_idx);
   }
   return p;
@@ -584,8 +589,11 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
   TensorMatcher({kAnySize}).dtype<int32_t>().device(kDLCUDA, device).verify(workspace, "workspace");
   if (split > 1) {
     RuntimeCheck(partials.has_value(), "split-K needs partials");
-    TensorMatcher({split, m, n}).dtype<fp32_t>().device(kDLCUDA, device).contiguous().verify(
-        *partials, "partials");
+    TensorMatcher({split, m, n})
+        .dtype<fp32_t>()
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*partials, "partials");
     ValueCheck(workspace.size(0) >= column_tiles, "argument 'workspace': split-K needs ",
                column_tiles, " entries, got ", workspace.size(0));
     RuntimeCheck(m.value() <= 16 * MBlocks, "split-K runs one block of rows");
@@ -616,14 +624,14 @@ void marlin_dequantize(TensorView b_q_weight, TensorView b_scales,
   SymbolicSize n{"size_n"}, k{"size_k"};
   SymbolicDevice device;
   TensorMatcher({n, k}).dtype<T>().device(kDLCUDA, device).contiguous().verify(out, "out");
-  const Params p = check_weights(device, b_q_weight, b_scales, b_zeros, g_idx,
-                                 dtype_trait<T>::value, Bits, k.value(), n.value(), group_size,
-                                 zero_mode, bias);
+  const Params p =
+      check_weights(device, b_q_weight, b_scales, b_zeros, g_idx, dtype_trait<T>::value, Bits,
+                    k.value(), n.value(), group_size, zero_mode, bias);
   RuntimeCheck(ActOrder == g_idx.has_value(), "this module is built for act-order ", ActOrder);
   const dim3 grid(static_cast<unsigned>(n.value() / 64),
                   static_cast<unsigned>(div_ceil<int64_t>(k.value(), 64)));
   KernelLauncher(grid, dim3(128), device.value())(marlin_dequantize_kernel<T, Bits, ActOrder>, p,
-                                                 data_ptr<T>(out));
+                                                  data_ptr<T>(out));
 }
 
 }  // namespace mllm_kernel::cuda

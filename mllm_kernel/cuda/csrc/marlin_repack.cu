@@ -107,8 +107,7 @@ inline void check_sizes(int64_t size_k, int64_t size_n, int64_t num_bits) {
 /// out [K / 16, N * 16 / pack] <- GPTQ b_q_weight [K / pack, N], rows taken through
 /// `perm` (int32 [K]) when given.
 inline void gptq_marlin_repack(TensorView b_q_weight, tvm::ffi::Optional<TensorView> perm,
-                               TensorView out, int64_t size_k, int64_t size_n,
-                               int64_t num_bits) {
+                               TensorView out, int64_t size_k, int64_t size_n, int64_t num_bits) {
   marlin_repack::check_sizes(size_k, size_n, num_bits);
   const int64_t pack = 32 / num_bits;
   SymbolicDevice device;
@@ -122,19 +121,22 @@ inline void gptq_marlin_repack(TensorView b_q_weight, tvm::ffi::Optional<TensorV
       .device(kDLCUDA, device)
       .contiguous()
       .verify(out, "out");
-  marlin_repack::Params p{data_ptr<uint32_t>(b_q_weight), nullptr, data_ptr<uint32_t>(out),
-                          size_k, size_n};
+  marlin_repack::Params p{data_ptr<uint32_t>(b_q_weight), nullptr, data_ptr<uint32_t>(out), size_k,
+                          size_n};
   if (perm.has_value()) {
-    TensorMatcher({size_k}).dtype<int32_t>().device(kDLCUDA, device).contiguous().verify(
-        *perm, "perm");
+    TensorMatcher({size_k})
+        .dtype<int32_t>()
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*perm, "perm");
     p.perm = data_ptr<int32_t>(*perm);
   }
   marlin_repack::launch<false>(p, num_bits, device.value());
 }
 
 /// out [K / 16, N * 16 / pack] <- AWQ b_q_weight [K, N / pack].
-inline void awq_marlin_repack(TensorView b_q_weight, TensorView out, int64_t size_k,
-                              int64_t size_n, int64_t num_bits) {
+inline void awq_marlin_repack(TensorView b_q_weight, TensorView out, int64_t size_k, int64_t size_n,
+                              int64_t num_bits) {
   marlin_repack::check_sizes(size_k, size_n, num_bits);
   const int64_t pack = 32 / num_bits;
   SymbolicDevice device;
