@@ -27,9 +27,12 @@ inline constexpr int kWarpgroupThreads = 128;
 /// Elements of a 16-bit type in one 128-byte swizzled row: a tile's K extent per copy.
 inline constexpr int kSwizzle128Elements = 64;
 
-/// The descriptor of a K-major tile of 16-bit elements in shared memory, rows of 128
-/// bytes swizzled in 8-row (1024-byte) atoms, starting `k16` k-steps (32 bytes each)
-/// into the row. The tile must be 1024-byte aligned.
+/// Bytes of one 128-byte swizzled row (64 16-bit or 128 8-bit elements).
+inline constexpr int kSwizzle128Bytes = 128;
+
+/// The descriptor of a K-major tile in shared memory, rows of 128 bytes swizzled in
+/// 8-row (1024-byte) atoms, starting `k16` k-steps of 32 bytes (16 16-bit or 32 8-bit
+/// elements) into the row. The tile must be 1024-byte aligned.
 ///
 /// Fields: start address >> 4 (bits 0-13); leading byte offset >> 4 (16-29), unused
 /// when one swizzled row holds the whole k-step; stride byte offset >> 4 (32-45), the
@@ -62,6 +65,11 @@ template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(float (&acc)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(int32_t (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i])::"memory");
 }
 
 /// A barrier over the 128 threads of one warpgroup: hardware barrier `id` (1-15; 0

@@ -4,7 +4,8 @@ Importing this package neither needs a GPU nor initialises CUDA; each op builds
 (or loads from the cache) its module on its first call.
 
 The original mllm-kernel's module paths (``mllm_kernel.cuda.jit.store_cache``,
-``.create_kv_indices``, ``.rms_norm_gated``, ``.add_constant``) are modules too. They
+``.create_kv_indices``, ``.rms_norm_gated``, ``.add_constant``,
+``.int8_scaled_mm_cutlass``) are modules too. They
 are imported below, before the function of the same name is bound here: importing a
 submodule for the first time sets the package attribute to the module, and that must
 not replace the function later.
@@ -14,7 +15,9 @@ from mllm_kernel.cuda.jit.activation import gelu_and_mul, gelu_tanh_and_mul, sil
 from mllm_kernel.cuda.jit.add_constant import add_constant, add_constant_runtime
 from mllm_kernel.cuda.jit.create_kv_indices import create_kv_indices
 from mllm_kernel.cuda.jit.gemm import gemm
+from mllm_kernel.cuda.jit.int8_gemm import int8_scaled_mm
 from mllm_kernel.cuda.jit.norm import fused_add_rmsnorm, rmsnorm
+from mllm_kernel.cuda.jit.per_token_quant import per_token_quant_int8
 from mllm_kernel.cuda.jit.rms_norm_gated import rms_norm_gated
 from mllm_kernel.cuda.jit.rope import apply_rope_with_cos_sin_cache_inplace
 from mllm_kernel.cuda.jit.softmax import softmax, softmax_backward
@@ -30,6 +33,8 @@ __all__ = [
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "gemm",
+    "int8_scaled_mm",
+    "per_token_quant_int8",
     "rms_norm_gated",
     "rmsnorm",
     "silu_and_mul",
