@@ -137,10 +137,11 @@ def int8_scaled_mm(
         raise ValueError(
             f"argument 'out_dtype': expected torch.bfloat16 or torch.float16 but got {out_dtype!r}"
         )
+    # Shapes and layouts are wrong on any device: refused before the device is looked at.
+    b_rows = _weight_rows(mat_a, mat_b)
+    scales_a = _scale_vector(scales_a, "scales_a", "M")
+    scales_b = _scale_vector(scales_b, "scales_b", "N")
     try:
-        b_rows = _weight_rows(mat_a, mat_b)
-        scales_a = _scale_vector(scales_a, "scales_a", "M")
-        scales_b = _scale_vector(scales_b, "scales_b", "N")
         index = mat_a.get_device()
         if index < 0:
             op_inputs.check_device("cuda", mat_a=mat_a)
