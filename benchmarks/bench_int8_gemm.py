@@ -1,6 +1,6 @@
 """W8A8 int8_scaled_mm against cuBLAS bf16 and torch._int_mm + scaling, in one run.
 
-    python benchmarks/bench_int8_gemm.py [--quick]
+    python benchmarks/bench_int8_gemm.py [--quick] [--sweep]
 
 At the Llama-3-8B/70B linear shapes, (N, K) in {(4096, 4096), (14336, 4096),
 (4096, 14336), (28672, 8192)} and M in {1, 4, 16, 64, 256, 1024, 4096}, on random data:
@@ -17,6 +17,9 @@ of samples, benchmarks/bench_cuda.py). Weights rotate over enough copies that th
 from HBM. Columns: microseconds per call, ratios to cuBLAS bf16, our TOP/s, and for
 M <= 16 our weight-read bandwidth as a fraction of a device copy measured in the run.
 The last lines time per_token_quant_int8 against a copy of the same bytes.
+
+``--sweep`` instead times every tile configuration (and split of K) that can run a
+few shapes, interleaved: the data behind choose_tile's choices for int8.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_cuda import copy_bandwidth, l2_bytes, time_interleaved  # noqa: E402
 
 from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8  # noqa: E402
-from mllm_kernel.cuda.jit.gemm import choose_tile  # noqa: E402
+from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile  # noqa: E402
+from mllm_kernel.cuda.jit.int8_gemm import _launch  # noqa: E402
 
 LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192)]
 LLAMA_M = [1, 4, 16, 64, 256, 1024, 4096]
@@ -106,10 +110,50 @@ def quant_rows(copy_gbs: float) -> list[str]:
     return lines
 
 
+SWEEP_SMALL = [(m, n, k) for m in (1, 16, 64) for n, k in LLAMA_NK[:3]]
+SWEEP_LARGE = [(m, n, k) for m in (256, 1024, 4096) for n, k in LLAMA_NK[:2]]
+
+
+def _candidates(m: int) -> list[TileChoice]:
+    if m > 128:
+        return [TileChoice(t, 1, rows) for t in TILES if not t.swap_ab for rows in (8, 16)]
+    narrowest = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
+    return [TileChoice(narrowest, split) for split in (1, 2, 4, 8) if split <= narrowest.max_split]
+
+
+def _sweep_times(m: int, n: int, k: int) -> dict[str, float]:
+    sets = max(1, math.ceil(3 * l2_bytes() / (n * k)))
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
+    ws = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(sets)]
+    sa, sb = torch.rand(m, device="cuda"), torch.rand(n, device="cuda")
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    contenders = {
+        f"{c}, rows {c.group_rows}": [
+            _graph([lambda w=w, c=c: _launch(out, a, w, sa, sb, None, c) for w in ws])
+        ]
+        for c in _candidates(m)
+    }
+    times = time_interleaved(contenders, 3 if m * n * k >= 2**36 else 10, 8)
+    return {name: t / CALLS_PER_GRAPH for name, t in times.items()}
+
+
+def sweep() -> None:
+    """Microseconds of each candidate configuration per shape, interleaved."""
+    for m, n, k in SWEEP_SMALL + SWEEP_LARGE:
+        times = _sweep_times(m, n, k)
+        chosen = choose_tile(m, n, k, element_bytes=1)
+        cells = [f"{name}: {t * 1e6:.1f}" for name, t in times.items()]
+        print(f"M={m} N={n} K={k} (chosen: {chosen}) | " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two shapes, M in {1, 16, 4096}")
+    parser.add_argument("--sweep", action="store_true", help="time every tile and split")
     args = parser.parse_args()
+    if args.sweep:
+        sweep()
+        return
     shapes = LLAMA_NK[:2] if args.quick else LLAMA_NK
     ms = [1, 16, 4096] if args.quick else LLAMA_M
     copy_gbs = copy_bandwidth()

@@ -345,14 +345,16 @@ def test_int8_scaled_mm_refuses_other_gpus(monkeypatch):
 
 # ------------------------------------------------------------------ per_token_quant_int8
 def _quant_reference(x):
-    """The quantisation rule in torch: fp32 scale and 127/absmax as the kernel rounds
-    them, the product x * (127/absmax) in fp32, then rounded half away from zero (exactly,
-    in float64)."""
-    absmax = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-10)
-    inv_scale = 127.0 / absmax
+    """The quantisation rule in torch: the scale absmax / 127 and 127 / absmax correctly
+    rounded to fp32, as the kernel's divisions are (computed in float64 and rounded once,
+    which is exact for a quotient of fp32 values; torch's own fp32 `127.0 / t` multiplies
+    by a rounded reciprocal and on the GPU so does `t / 127.0`), the product x * (127 /
+    absmax) in fp32, then rounded half away from zero (exactly, in float64)."""
+    absmax = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-10).double()
+    inv_scale = (127.0 / absmax).float()
     v = (x.float() * inv_scale).double()
     q = (v.sign() * (v.abs() + 0.5).floor()).clamp(-128, 127)
-    return q.to(torch.int8), absmax / 127.0
+    return q.to(torch.int8), (absmax / 127.0).float()
 
 
 @pytest.mark.cuda
