@@ -109,14 +109,17 @@ def test_per_token_quant_scale_dtype_must_be_fp32():
         per_token_quant_int8(torch.randn(2, 8), scale_dtype=torch.float16)
 
 
-def test_int8_tiles_count_k_in_bytes():
-    """int8 k-blocks hold 128 columns: a split of K keeps 8 of them (1 KB of each weight
-    row) per CTA, as the bf16 kernel does with 512 columns."""
-    # M = 1, N = 4096: 64 tiles of 64 columns, so up to 2 CTAs per tile fit 132 SMs.
-    assert choose_tile(1, 4096, 2048).split == 2  # bf16: 32 k-blocks
-    assert choose_tile(1, 4096, 2048, element_bytes=1).split == 2  # int8: 16 k-blocks
-    assert choose_tile(1, 4096, 1024).split == 2  # bf16: 16 k-blocks
-    assert choose_tile(1, 4096, 1024, element_bytes=1).split == 1  # int8: 8, no split
+def test_int8_tiles_split_k_later():
+    """int8 k-blocks hold 128 columns and a split of K needs 32 of them per CTA (the
+    bf16 kernel: 8 of 64 columns), so decode shapes with K = 4096 run unsplit in int8
+    and K = 14336 splits in two, as measured fastest on an H100."""
+    # M = 1, N = 4096: 64 tiles of 64 weight rows, so up to 2 CTAs per tile fit 132 SMs.
+    assert choose_tile(1, 4096, 4096).split == 2  # bf16: 64 k-blocks
+    assert choose_tile(1, 4096, 4096, element_bytes=1).split == 1  # int8: 32
+    assert choose_tile(16, 4096, 14336, element_bytes=1).split == 2  # int8: 112
+    assert choose_tile(64, 4096, 8192, element_bytes=1).split == 2  # int8: 64
+    assert choose_tile(64, 4096, 8064, element_bytes=1).split == 1  # int8: 63
+    assert choose_tile(4096, 4096, 4096, element_bytes=1) == choose_tile(4096, 4096, 4096)
 
 
 # --------------------------------------------------------------------------- on a GPU

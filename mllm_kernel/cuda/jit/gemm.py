@@ -115,7 +115,11 @@ def choose_tile(
       at least 8 k-blocks (1 KB of each row) per CTA: on an H100 more and shorter CTAs lost
       bandwidth to pipeline fill and the reduction (M = 1, N = K = 4096: 74% of a
       copy with splits 1 and 2, 57% with 4, 49% with 8; N = 4096, K = 14336: 86, 92,
-      80 and 78%).
+      80 and 78%). int8 k-blocks go by twice as fast (k32 wgmma at twice the rate),
+      and a split needs 32 of them (4 KB of each row) per CTA to pay: H100, N = 4096,
+      M = 1 / 16 / 64, K = 4096: 9.8 / 9.9 / 12.5 us unsplit, 10.8 / 10.7 / 13.1 us
+      with split 2; K = 14336: 25.4 / 26.1 / 31.4 us unsplit, 24.6 / 25.2 / 28.6 us
+      with split 2, 30.1 / 30.4 / 44.5 us with 4 (bench_int8_gemm.py --sweep).
     - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
       unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids);
       both in clusters of 2 CTAs on neighbouring tile-rows that multicast B.
@@ -124,11 +128,12 @@ def choose_tile(
         tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
         tiles = _ceil_div(n, tile.tile_n) * _ceil_div(m, tile.tile_m)
         k_blocks = _ceil_div(k * element_bytes, 128)
+        min_blocks = 8 if element_bytes == 2 else 32
         split = 1
         while (
             split * 2 <= tile.max_split
             and tiles * split * 2 <= num_sms
-            and k_blocks // (split * 2) >= 8
+            and k_blocks // (split * 2) >= min_blocks
         ):
             split *= 2
         return TileChoice(tile, split)
