@@ -104,6 +104,21 @@ def test_int8_scaled_mm_bad_shapes_need_no_gpu(change, message):
         int8_scaled_mm(**args, out_dtype=torch.bfloat16)
 
 
+def test_original_module_path_and_signature():
+    """Drop-in for the original mllm-kernel: its module path gives this function, with
+    its parameter names and defaults; per_token_quant_int8 keeps its scale_dtype."""
+    import inspect
+
+    from mllm_kernel.cuda.jit.int8_scaled_mm_cutlass import int8_scaled_mm as original_path
+
+    assert original_path is int8_scaled_mm
+    params = inspect.signature(int8_scaled_mm).parameters
+    assert list(params) == ["mat_a", "mat_b", "scales_a", "scales_b", "out_dtype", "bias"]
+    assert params["bias"].default is None
+    quant = inspect.signature(per_token_quant_int8).parameters
+    assert list(quant) == ["x", "scale_dtype"] and quant["scale_dtype"].default is torch.float32
+
+
 def test_per_token_quant_scale_dtype_must_be_fp32():
     with pytest.raises(ValueError, match=r"^argument 'scale_dtype': expected torch.float32"):
         per_token_quant_int8(torch.randn(2, 8), scale_dtype=torch.float16)
