@@ -194,12 +194,12 @@ __device__ __forceinline__ void store_tile(const Params& params,
   }
 }
 
-/// Writes one consumer's 64 x kTileQ accumulators (scaled for int8, bias added, cast to
-/// Out) through
-/// its two 8 KB shared-memory buffers: each 64 x (128 bytes) chunk is stored with the
-/// 128-byte swizzle (conflict-free: the 8 rows a warp writes at once fall in 8
-/// different 16-byte columns) and leaves by one TMA store, which clips the matrix
-/// edges. `chunk` counts this consumer's chunks across tiles, to alternate buffers.
+/// Writes one consumer's 64 x kTileQ accumulators (scaled for int8, bias added, cast
+/// to Out) through its two 8 KB shared-memory buffers: each 64 x (128 bytes) chunk is
+/// stored with the 128-byte swizzle (conflict-free: the 8 rows a warp writes at once
+/// fall in 8 different 16-byte columns) and leaves by one TMA store, which clips the
+/// matrix edges. `chunk` counts this consumer's chunks across tiles, to alternate
+/// buffers.
 template <typename Config, typename Out>
 __device__ __forceinline__ void store_tile_tma(
     const Params& params, const typename Config::Acc (&acc)[Config::kAccumulators], int row_base,
