@@ -18,9 +18,10 @@ import pytest
 from mllm_kernel.jit_utils import cuda_arch_override, registry
 from mllm_kernel.jit_utils.build import build
 
-# Kernel name -> the SASS instruction every variant must contain (HGMMA: wgmma ran
-# through; a kernel on the slower mma.sync path would show only HMMA).
-EXPECTED_SASS = {"gemm": "HGMMA"}
+# Kernel name -> the SASS instruction every variant must contain (HGMMA / IGMMA: the
+# 16-bit / int8 wgmma ran through; a kernel on the slower mma.sync path would show only
+# HMMA / IMMA).
+EXPECTED_SASS = {"gemm": "HGMMA", "int8_scaled_mm": "IGMMA"}
 
 
 def _cuda_binary(name: str) -> Path | None:
@@ -99,4 +100,6 @@ def test_every_op_module_registers_a_variant():
         "add_constant",
         "add_constant_runtime",
         "gemm",
+        "int8_scaled_mm",
+        "per_token_quant",
     } <= names

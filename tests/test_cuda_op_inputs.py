@@ -78,6 +78,18 @@ def _ops(device):
             lambda **a: cuda.gemm(a["a"], a["b"], a.get("out")),
             {"a": t(16, 64, dtype=torch.bfloat16), "b": t(8, 64, dtype=torch.bfloat16)},
         ),
+        "int8_scaled_mm": (
+            lambda **a: cuda.int8_scaled_mm(
+                a["mat_a"], a["mat_b"], a["scales_a"], a["scales_b"], torch.bfloat16
+            ),
+            {
+                "mat_a": t(16, 64, dtype=torch.int8),
+                "mat_b": t(8, 64, dtype=torch.int8).t(),
+                "scales_a": t(16),
+                "scales_b": t(8),
+            },
+        ),
+        "per_token_quant_int8": (lambda **a: cuda.per_token_quant_int8(a["x"]), {"x": t(2, 8)}),
         "create_kv_indices": (
             lambda **a: cuda.create_kv_indices(
                 a["req_to_token"],

@@ -3,12 +3,12 @@
 //
 // A warpgroup is 4 consecutive warps starting at a warp index divisible by 4. One
 // k-step of a tile, with both operands K-major in 128-byte-swizzled shared memory
-// (as tma_load_2d leaves them, 64 16-bit elements per 128-byte row):
+// (as tma_load_2d leaves them, 64 16-bit or 128 int8 elements per 128-byte row):
 //
 //   wgmma_fence();
-//   for (int k = 0; k < 4; ++k)   // 64 columns = 4 x k16
-//     wgmma_m64k16<T, N>(acc, smem_desc_k_major_sw128(a_tile, k), smem_desc_k_major_sw128(b_tile,
-//     k));
+//   for (int k = 0; k < 4; ++k)   // 128 bytes = 4 k-steps of 32 (k16 16-bit, k32 int8)
+//     wgmma_k_step<T, N>(acc, smem_desc_k_major_sw128(a_tile, k),
+//                        smem_desc_k_major_sw128(b_tile, k));
 //   wgmma_commit_group();
 //   wgmma_wait_group<0>();        // acc readable, the tiles reusable
 //   wgmma_fence_operands(acc);
@@ -24,12 +24,13 @@ namespace mllm_kernel::cuda {
 /// Threads in a warpgroup.
 inline constexpr int kWarpgroupThreads = 128;
 
-/// Elements of a 16-bit type in one 128-byte swizzled row: a tile's K extent per copy.
-inline constexpr int kSwizzle128Elements = 64;
+/// Bytes of one 128-byte swizzled row (64 16-bit or 128 8-bit elements): a tile's K
+/// extent per copy.
+inline constexpr int kSwizzle128Bytes = 128;
 
-/// The descriptor of a K-major tile of 16-bit elements in shared memory, rows of 128
-/// bytes swizzled in 8-row (1024-byte) atoms, starting `k16` k-steps (32 bytes each)
-/// into the row. The tile must be 1024-byte aligned.
+/// The descriptor of a K-major tile in shared memory, rows of 128 bytes swizzled in
+/// 8-row (1024-byte) atoms, starting `k16` k-steps of 32 bytes (16 16-bit or 32 8-bit
+/// elements) into the row. The tile must be 1024-byte aligned.
 ///
 /// Fields: start address >> 4 (bits 0-13); leading byte offset >> 4 (16-29), unused
 /// when one swizzled row holds the whole k-step; stride byte offset >> 4 (32-45), the
@@ -62,6 +63,11 @@ template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(float (&acc)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(int32_t (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i])::"memory");
 }
 
 /// A barrier over the 128 threads of one warpgroup: hardware barrier `id` (1-15; 0

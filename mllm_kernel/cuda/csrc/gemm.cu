@@ -1,5 +1,10 @@
 // Dense GEMM for Hopper (sm_90a): out[M, N] = a[M, K] @ b[N, K]^T (+ bias[N]),
-// bf16 or fp16 inputs, fp32 accumulation, output in the input dtype or fp32.
+// bf16 or fp16 inputs, fp32 accumulation, output in the input dtype or fp32; and the
+// same kernel for int8 inputs (W8A8), int32 accumulation, an epilogue that scales
+// each output by its row's (token's) and column's (channel's) fp32 scale, output in
+// bf16 or fp16. A k-block is one 128-byte swizzled row of either type (64 16-bit or
+// 128 int8 elements), and a wgmma k-step is 32 bytes of it, so the pipeline is the
+// same for both; only the MMA instruction and the epilogue's arithmetic differ.
 //
 // One kernel computes C[p, q] = sum_k P[p, k] * Q[q, k] over tiles of kTileP x kTileQ:
 //   - a producer warpgroup, one thread of which streams P and Q tiles into a ring of
@@ -27,14 +32,20 @@
 namespace mllm_kernel::cuda {
 namespace hopper_gemm {
 
-/// A kernel's tile shape and pipeline, fixed at compile time (the Python side picks
-/// one per problem shape: mllm_kernel/cuda/jit/gemm.py, choose_tile).
-template <int kConsumers_, int kTileQ_, int kStages_, bool kSwapAB_, int kMulticast_>
+/// A kernel's element type, tile shape and pipeline, fixed at compile time (the
+/// Python side picks one per problem shape: mllm_kernel/cuda/jit/gemm.py, choose_tile).
+template <typename T, int kConsumers_, int kTileQ_, int kStages_, bool kSwapAB_, int kMulticast_>
 struct TileConfig {
-  static constexpr int kConsumers = kConsumers_;      // consumer warpgroups
-  static constexpr int kTileP = 64 * kConsumers;      // wgmma's M: 64 rows each
-  static constexpr int kTileQ = kTileQ_;              // wgmma's N
-  static constexpr int kTileK = kSwizzle128Elements;  // one 128-byte swizzled row
+  using Element = T;
+  // int8 operands accumulate exactly in int32 and are scaled in the epilogue.
+  static constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  using Acc = std::conditional_t<kInt8, int32_t, float>;
+  using Acc4 = std::conditional_t<kInt8, int4, float4>;  // split-K partial sums
+  static constexpr int kConsumers = kConsumers_;         // consumer warpgroups
+  static constexpr int kTileP = 64 * kConsumers;         // wgmma's M: 64 rows each
+  static constexpr int kTileQ = kTileQ_;                 // wgmma's N
+  static constexpr int kTileK = kSwizzle128Bytes / static_cast<int>(sizeof(T));  // one row
+  static constexpr int kKSteps = kSwizzle128Bytes / 32;  // wgmma k-steps of 32 bytes
   static constexpr int kStages = kStages_;
   static constexpr bool kSwapAB = kSwapAB_;  // P = b, Q = a, out = C^T
   // CTAs of a cluster on neighbouring tile-rows that share each Q tile: each loads
@@ -42,9 +53,9 @@ struct TileConfig {
   static constexpr int kMulticast = kMulticast_;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
-  static constexpr int kAccumulators = kTileQ / 2;  // fp32 per consumer thread
-  static constexpr int kTileBytesP = kTileP * kTileK * 2;
-  static constexpr int kTileBytesQ = kTileQ * kTileK * 2;
+  static constexpr int kAccumulators = kTileQ / 2;  // per consumer thread
+  static constexpr int kTileBytesP = kTileP * kSwizzle128Bytes;
+  static constexpr int kTileBytesQ = kTileQ * kSwizzle128Bytes;
   static constexpr int kStageBytes = kTileBytesP + kTileBytesQ;
   // Two consumers hold 128 accumulators each: move registers to them from the
   // producer (setmaxnreg). One consumer needs few, and two CTAs share an SM.
@@ -82,8 +93,47 @@ struct Params {
   int k_blocks;
   GroupedTileOrder order;
   bool out_fp32;
+  bool out_bf16;   // int8 inputs: the output is bf16 (else fp16)
   bool tma_store;  // the output's rows allow TMA stores (16-byte aligned pitch and start)
+  // int8 inputs: output row r (a token) is scaled by row_scales[r * row_scale_step] and
+  // column c (a channel) by col_scales[c * col_scale_step]; a step of 0 is one scale
+  // for all.
+  const float* row_scales;
+  const float* col_scales;
+  int row_scale_step;
+  int col_scale_step;
 };
+
+/// Output row `row`'s scale (int8 inputs; other accumulators are not scaled).
+template <typename Config>
+__device__ __forceinline__ float row_scale(const Params& params, int row) {
+  if constexpr (Config::kInt8) {
+    return params.row_scales[row * params.row_scale_step];
+  } else {
+    return 1.0f;
+  }
+}
+
+/// Output column `col`'s scale (int8 inputs).
+template <typename Config>
+__device__ __forceinline__ float col_scale(const Params& params, int col) {
+  if constexpr (Config::kInt8) {
+    return params.col_scales[col * params.col_scale_step];
+  } else {
+    return 1.0f;
+  }
+}
+
+/// An accumulator as an output value before the bias: fp32 sums as they are, int32
+/// sums times their row's and column's scales.
+template <typename Acc>
+__device__ __forceinline__ float dequantize(Acc x, float row_scale, float col_scale) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    return x;
+  } else {
+    return static_cast<float>(x) * row_scale * col_scale;
+  }
+}
 
 template <typename Out>
 __device__ __forceinline__ void store_pair(Out* at, float x, float y) {
@@ -93,13 +143,14 @@ __device__ __forceinline__ void store_pair(Out* at, float x, float y) {
   v.store(at);
 }
 
-/// Writes one consumer's 64 x kTileQ accumulators, adding the bias, in Out.
-/// Fragment layout of wgmma m64nN (fp32): warp w of the warpgroup holds rows
-/// 16w + lane/4 (+8); acc[4j + 2h + e] is column 8j + 2 (lane % 4) + e of row + 8h.
+/// Writes one consumer's 64 x kTileQ accumulators, scaled (int8) and adding the bias,
+/// in Out. Fragment layout of wgmma m64nN (fp32 or int32): warp w of the warpgroup
+/// holds rows 16w + lane/4 (+8); acc[4j + 2h + e] is column 8j + 2 (lane % 4) + e of
+/// row + 8h.
 template <typename Config, typename Out>
 __device__ __forceinline__ void store_tile(const Params& params,
-                                           const float (&acc)[Config::kAccumulators], int row_base,
-                                           int col_base) {
+                                           const typename Config::Acc (&acc)[Config::kAccumulators],
+                                           int row_base, int col_base) {
   Out* out = static_cast<Out*>(params.out);
   const Out* bias = static_cast<const Out*>(params.bias);
   const int lane = threadIdx.x % 32;
@@ -111,15 +162,20 @@ __device__ __forceinline__ void store_tile(const Params& params,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      const float x = acc[4 * j + 2 * h];
-      const float y = acc[4 * j + 2 * h + 1];
+      const auto x = acc[4 * j + 2 * h];
+      const auto y = acc[4 * j + 2 * h + 1];
       if constexpr (Config::kSwapAB) {
         // C = out^T: row indexes out's columns (N), col its rows (M, not a multiple of 8).
         if (row >= params.rows_p) continue;
         const float b = bias ? to_float(bias[row]) : 0.0f;
-        if (col < params.rows_q) out[col * params.out_row_stride + row] = from_float<Out>(x + b);
+        const float s = col_scale<Config>(params, row);
+        if (col < params.rows_q) {
+          out[col * params.out_row_stride + row] =
+              from_float<Out>(dequantize(x, row_scale<Config>(params, col), s) + b);
+        }
         if (col + 1 < params.rows_q) {
-          out[(col + 1) * params.out_row_stride + row] = from_float<Out>(y + b);
+          out[(col + 1) * params.out_row_stride + row] =
+              from_float<Out>(dequantize(y, row_scale<Config>(params, col + 1), s) + b);
         }
       } else {
         // N is a multiple of 8, so a pair is in bounds whole or not at all.
@@ -129,29 +185,38 @@ __device__ __forceinline__ void store_tile(const Params& params,
           bx = to_float(bias[col]);
           by = to_float(bias[col + 1]);
         }
-        store_pair(out + row * params.out_row_stride + col, x + bx, y + by);
+        const float s = row_scale<Config>(params, row);
+        store_pair(out + row * params.out_row_stride + col,
+                   dequantize(x, s, col_scale<Config>(params, col)) + bx,
+                   dequantize(y, s, col_scale<Config>(params, col + 1)) + by);
       }
     }
   }
 }
 
-/// Writes one consumer's 64 x kTileQ accumulators (bias added, cast to Out) through
-/// its two 8 KB shared-memory buffers: each 64 x (128 bytes) chunk is stored with the
-/// 128-byte swizzle (conflict-free: the 8 rows a warp writes at once fall in 8
-/// different 16-byte columns) and leaves by one TMA store, which clips the matrix
-/// edges. `chunk` counts this consumer's chunks across tiles, to alternate buffers.
+/// Writes one consumer's 64 x kTileQ accumulators (scaled for int8, bias added, cast
+/// to Out) through its two 8 KB shared-memory buffers: each 64 x (128 bytes) chunk is
+/// stored with the 128-byte swizzle (conflict-free: the 8 rows a warp writes at once
+/// fall in 8 different 16-byte columns) and leaves by one TMA store, which clips the
+/// matrix edges. `chunk` counts this consumer's chunks across tiles, to alternate
+/// buffers.
 template <typename Config, typename Out>
-__device__ __forceinline__ void store_tile_tma(const Params& params,
-                                               const float (&acc)[Config::kAccumulators],
-                                               int row_base, int col_base, uint8_t* buffers,
-                                               const CUtensorMap* map_out, int barrier_id,
-                                               int& chunk) {
+__device__ __forceinline__ void store_tile_tma(
+    const Params& params, const typename Config::Acc (&acc)[Config::kAccumulators], int row_base,
+    int col_base, uint8_t* buffers, const CUtensorMap* map_out, int barrier_id, int& chunk) {
   constexpr int kChunkCols = 128 / sizeof(Out);
   constexpr int kPairBytes = 2 * sizeof(Out);
   const Out* bias = static_cast<const Out*>(params.bias);
   const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
   const int lane = thread % 32;
   const int row0 = thread / 32 * 16 + lane / 4;  // within the consumer's 64 rows
+  // Rows past the matrix are clipped by the TMA store; their scale is never read.
+  float row_scales[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_base + row0 + 8 * h;
+    row_scales[h] = row < params.rows_p ? row_scale<Config>(params, row) : 0.0f;
+  }
 #pragma unroll
   for (int c = 0; c < Config::kTileQ / kChunkCols; ++c, ++chunk) {
     uint8_t* buffer = buffers + (chunk % 2) * Config::kStoreChunkBytes;
@@ -161,10 +226,16 @@ __device__ __forceinline__ void store_tile_tma(const Params& params,
     for (int jj = 0; jj < kChunkCols / 8; ++jj) {
       const int j = c * (kChunkCols / 8) + jj;
       const int col = 8 * jj + 2 * (lane % 4);  // within the chunk
-      float bx = 0.0f, by = 0.0f;
-      if (bias && col_base + c * kChunkCols + col < params.rows_q) {
-        bx = to_float(bias[col_base + c * kChunkCols + col]);
-        by = to_float(bias[col_base + c * kChunkCols + col + 1]);
+      const int out_col = col_base + c * kChunkCols + col;
+      const bool in_matrix = out_col < params.rows_q;  // N is even: the pair is too
+      float bx = 0.0f, by = 0.0f, sx = 0.0f, sy = 0.0f;
+      if (bias && in_matrix) {
+        bx = to_float(bias[out_col]);
+        by = to_float(bias[out_col + 1]);
+      }
+      if (in_matrix) {
+        sx = col_scale<Config>(params, out_col);
+        sy = col_scale<Config>(params, out_col + 1);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -172,8 +243,8 @@ __device__ __forceinline__ void store_tile_tma(const Params& params,
         const int byte = col * static_cast<int>(sizeof(Out));
         const int swizzled = (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
         Vec<Out, 2> v;
-        v[0] = from_float<Out>(acc[4 * j + 2 * h] + bx);
-        v[1] = from_float<Out>(acc[4 * j + 2 * h + 1] + by);
+        v[0] = from_float<Out>(dequantize(acc[4 * j + 2 * h], row_scales[h], sx) + bx);
+        v[1] = from_float<Out>(dequantize(acc[4 * j + 2 * h + 1], row_scales[h], sy) + by);
         static_assert(sizeof(v) == kPairBytes);
         *reinterpret_cast<Vec<Out, 2>*>(buffer + row * 128 + swizzled) = v;
       }
@@ -204,7 +275,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
   uint8_t* store_buffers = shared + kStages * Config::kStageBytes;
   MBarrier* full = reinterpret_cast<MBarrier*>(store_buffers + Config::kStoreBytes);
   MBarrier* empty = full + kStages;
-  auto* partials = reinterpret_cast<float4*>(empty + kStages);
+  auto* partials = reinterpret_cast<typename Config::Acc4*>(empty + kStages);
 
   // A cluster either shares Q tiles (multicast) or splits K: each CTA then sums its
   // share of the k-blocks of the cluster's tiles.
@@ -290,9 +361,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
     int chunk = 0;  // output chunks this consumer has stored (store_tile_tma)
     for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
       const TileCoord at = params.order(tile);
-      float acc[Config::kAccumulators];
+      typename Config::Acc acc[Config::kAccumulators];
 #pragma unroll
-      for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0;
 
       // Keep one k-block of wgmma in flight: release a stage once the group after it
       // has been issued and it has completed.
@@ -303,8 +374,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
         const T* q = tiles_q + state.stage * Config::kTileQ * kTileK;
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kTileK / 16; ++k) {
-          wgmma_m64k16<T, Config::kTileQ>(acc, smem_desc_k_major_sw128(p, k),
+        for (int k = 0; k < Config::kKSteps; ++k) {
+          wgmma_k_step<T, Config::kTileQ>(acc, smem_desc_k_major_sw128(p, k),
                                           smem_desc_k_major_sw128(q, k));
         }
         wgmma_commit_group();
@@ -321,12 +392,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
         // Partners add their sums into rank 0's registers through its shared memory.
         constexpr int kVectors = Config::kAccumulators / 4;
         if (rank != 0) {
-          float4* slot =
+          auto* slot =
               cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
 #pragma unroll
           for (int v = 0; v < kVectors; ++v) {
             slot[v * Config::kConsumerThreads + thread] =
-                make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+                typename Config::Acc4{acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]};
           }
         }
         cluster_sync();
@@ -334,8 +405,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
           for (int partner = 0; partner < split - 1; ++partner) {
 #pragma unroll
             for (int v = 0; v < kVectors; ++v) {
-              const float4 s =
-                  partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
+              const auto s = partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
               acc[4 * v] += s.x;
               acc[4 * v + 1] += s.y;
               acc[4 * v + 2] += s.z;
@@ -349,18 +419,19 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
         const int row_base = tile_row * Config::kTileP + consumer * 64;
         const int col_base = at.col * Config::kTileQ;
         uint8_t* buffers = store_buffers + consumer * 2 * Config::kStoreChunkBytes;
-        if (Config::kTmaStore && params.tma_store) {
-          if (params.out_fp32) {
-            store_tile_tma<Config, float>(params, acc, row_base, col_base, buffers, &map_out,
-                                          1 + consumer, chunk);
+        auto store = [&](auto out_type) {
+          using Out = decltype(out_type);
+          if (Config::kTmaStore && params.tma_store) {
+            store_tile_tma<Config, Out>(params, acc, row_base, col_base, buffers, &map_out,
+                                        1 + consumer, chunk);
           } else {
-            store_tile_tma<Config, T>(params, acc, row_base, col_base, buffers, &map_out,
-                                      1 + consumer, chunk);
+            store_tile<Config, Out>(params, acc, row_base, col_base);
           }
-        } else if (params.out_fp32) {
-          store_tile<Config, float>(params, acc, row_base, col_base);
+        };
+        if constexpr (Config::kInt8) {
+          params.out_bf16 ? store(bf16_t{}) : store(fp16_t{});
         } else {
-          store_tile<Config, T>(params, acc, row_base, col_base);
+          params.out_fp32 ? store(float{}) : store(T{});
         }
       }
       if (split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
@@ -374,16 +445,18 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
 #endif
 }
 
-/// A 16-bit matrix's tensor map with boxes of `box_rows` x 64 elements.
+/// An operand's tensor map: boxes of `box_rows` rows x 128 bytes (64 16-bit or 128
+/// int8 elements), swizzled as wgmma reads them.
 template <typename T>
 CUtensorMap matrix_map(const TensorView& m, int box_rows) {
-  static_assert(sizeof(T) == 2);
-  const CUtensorMapDataType type = is_dtype<bf16_t>(m.dtype()) ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  constexpr uint32_t kBytes = sizeof(T);
+  const CUtensorMapDataType type = std::is_same_v<T, int8_t>     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : is_dtype<bf16_t>(m.dtype()) ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return tma_map_2d(TmaMatrix{
       data_ptr<const T>(m), static_cast<uint64_t>(m.size(0)), static_cast<uint64_t>(m.size(1)),
-      static_cast<uint64_t>(m.stride(0)) * 2, static_cast<uint32_t>(box_rows),
-      static_cast<uint32_t>(kSwizzle128Elements), type, 2});
+      static_cast<uint64_t>(m.stride(0)) * kBytes, static_cast<uint32_t>(box_rows),
+      static_cast<uint32_t>(kSwizzle128Bytes / kBytes), type, kBytes});
 }
 
 /// The output's tensor map for TMA stores: boxes of 64 rows x 128 bytes.
@@ -401,18 +474,88 @@ inline CUtensorMap output_map(const TensorView& out) {
 }
 
 /// TMA reads rows at 16-byte boundaries: the start and the row pitch must be multiples of 16 bytes.
-inline void check_tma_rows(const TensorView& m, const char* arg) {
-  ValueCheck(m.size(0) <= 1 || m.stride(0) % 8 == 0, "argument '", arg,
-             "': the row stride must be a multiple of 8 elements (16 bytes) for TMA, got ",
-             m.stride(0), "; call .contiguous()");
+template <typename T>
+void check_tma_rows(const TensorView& m, const char* arg) {
+  constexpr int64_t kElements = 16 / sizeof(T);
+  ValueCheck(m.size(0) <= 1 || m.stride(0) % kElements == 0, "argument '", arg,
+             "': the row stride must be a multiple of ", kElements,
+             " elements (16 bytes) for TMA, got ", m.stride(0), "; call .contiguous()");
   ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(m)) % 16 == 0, "argument '", arg,
              "': the data must start on a 16-byte boundary; call .contiguous()");
+}
+
+/// Runs `Config`'s kernel on checked operands (a [M, K], b [N, K], out [M, N]); `params`
+/// comes with the epilogue's inputs (bias, scales, output type) filled in.
+template <typename Config>
+void run_gemm(const TensorView& out, const TensorView& a, const TensorView& b, Params params,
+              const char* a_name, const char* b_name, int64_t split, int64_t group_rows,
+              DLDevice dev) {
+  using T = typename Config::Element;
+  constexpr int kMulticast = Config::kMulticast;
+  ValueCheck(split >= 1 && split <= 8, "split must be in [1, 8], got ", split);
+  ValueCheck(group_rows >= 1, "group_rows must be at least 1, got ", group_rows);
+  ValueCheck(kMulticast == 1 || split == 1, "multicast tiles do not split K, got split ", split);
+  const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
+  ValueCheck(out.size(0) <= 1 || out.stride(0) % 2 == 0,
+             "argument 'out': the row stride must be even, got ", out.stride(0),
+             "; call .contiguous()");
+  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % (out_fp32 ? 8 : 4) == 0,
+             "argument 'out': the data must be aligned to two elements");
+  if (out.size(0) == 0 || out.size(1) == 0) return;
+  // K == 0 runs with no k-blocks (the output is the bias, or zeros) and no copies, so
+  // the tensor maps, which cannot describe empty rows, are never built or read.
+  const bool empty_k = a.size(1) == 0;
+  if (!empty_k) {
+    check_tma_rows<T>(a, a_name);
+    check_tma_rows<T>(b, b_name);
+  }
+
+  const TensorView& p = Config::kSwapAB ? b : a;
+  const TensorView& q = Config::kSwapAB ? a : b;
+  params.out = data_ptr<void>(out);
+  params.out_row_stride = out.stride(0);
+  params.rows_p = static_cast<int>(p.size(0));
+  params.rows_q = static_cast<int>(q.size(0));
+  params.k_blocks = static_cast<int>(div_ceil<int64_t>(a.size(1), Config::kTileK));
+  // Tiles of the walk: a cluster's kMulticast neighbouring tile-rows count as one.
+  params.order = GroupedTileOrder{
+      static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP * kMulticast)),
+      static_cast<int>(div_ceil<int64_t>(params.rows_q, Config::kTileQ)),
+      static_cast<int>(group_rows)};
+  params.out_fp32 = out_fp32;
+  const CUtensorMap map_p = empty_k ? CUtensorMap{} : matrix_map<T>(p, Config::kTileP);
+  const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ / kMulticast);
+
+  const std::size_t out_element = out_fp32 ? 4 : 2;
+  params.tma_store = Config::kTmaStore && !empty_k &&
+                     reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % 16 == 0 &&
+                     out.stride(0) * out_element % 16 == 0;
+  const CUtensorMap map_out = params.tma_store ? output_map(out) : CUtensorMap{};
+
+  const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
+  RuntimeCheck(shared <= max_shared_memory_per_block(dev), "gemm: a split of ", split, " needs ",
+               shared, " bytes of shared memory, more than the device's ",
+               max_shared_memory_per_block(dev));
+  auto* kernel = gemm_kernel<T, Config>;
+  const int cluster = kMulticast > 1 ? kMulticast : static_cast<int>(split);
+  const int tiles = params.order.num_tiles();
+  int clusters = tiles;
+  if (split == 1) {  // persistent: as many clusters as run at once, each walking tiles
+    static int resident[64] = {};
+    int& fit = resident[dev.device_id % 64];
+    if (fit == 0) fit = max_active_clusters(kernel, cluster, Config::kThreads, shared, dev);
+    RuntimeCheck(fit > 0, "gemm: the kernel does not fit on the device");
+    clusters = tiles < fit ? tiles : fit;
+  }
+  KernelLauncher(dim3(static_cast<unsigned>(clusters * cluster)), dim3(Config::kThreads), dev,
+                 shared)
+      .cluster(static_cast<unsigned>(cluster))(kernel, map_p, map_q, map_out, params);
 }
 
 template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB, int kMulticast>
 void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<TensorView> bias,
           int64_t split, int64_t group_rows) {
-  using Config = TileConfig<kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
+  using Config = TileConfig<T, kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
   SymbolicSize m{"M"}, n{"N"}, k{"K"};
   SymbolicDevice device;
   TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
@@ -439,71 +582,83 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
              ") must be a multiple of 8 (16-byte rows for TMA)");
   ValueCheck(n.value() % 8 == 0, "argument 'b': N (", n.value(),
              ") must be a multiple of 8 (16-byte rows for TMA)");
-  ValueCheck(split >= 1 && split <= 8, "split must be in [1, 8], got ", split);
-  ValueCheck(group_rows >= 1, "group_rows must be at least 1, got ", group_rows);
-  ValueCheck(kMulticast == 1 || split == 1, "multicast tiles do not split K, got split ", split);
-  const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
-  ValueCheck(out.size(0) <= 1 || out.stride(0) % 2 == 0,
-             "argument 'out': the row stride must be even, got ", out.stride(0),
-             "; call .contiguous()");
-  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % (out_fp32 ? 8 : 4) == 0,
-             "argument 'out': the data must be aligned to two elements");
-  if (m.value() == 0 || n.value() == 0) return;
-  // K == 0 runs with no k-blocks (the output is the bias, or zeros) and no copies, so
-  // the tensor maps, which cannot describe empty rows, are never built or read.
-  const bool empty_k = k.value() == 0;
-  if (!empty_k) {
-    check_tma_rows(a, "a");
-    check_tma_rows(b, "b");
-  }
-
-  const TensorView& p = kSwapAB ? b : a;
-  const TensorView& q = kSwapAB ? a : b;
   Params params{};
-  params.out = data_ptr<void>(out);
   params.bias = bias.has_value() ? data_ptr<const void>(*bias) : nullptr;
-  params.out_row_stride = out.stride(0);
-  params.rows_p = static_cast<int>(p.size(0));
-  params.rows_q = static_cast<int>(q.size(0));
-  params.k_blocks = static_cast<int>(div_ceil<int64_t>(k.value(), Config::kTileK));
-  // Tiles of the walk: a cluster's kMulticast neighbouring tile-rows count as one.
-  params.order = GroupedTileOrder{
-      static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP * kMulticast)),
-      static_cast<int>(div_ceil<int64_t>(params.rows_q, Config::kTileQ)),
-      static_cast<int>(group_rows)};
-  params.out_fp32 = out_fp32;
-  const CUtensorMap map_p = empty_k ? CUtensorMap{} : matrix_map<T>(p, Config::kTileP);
-  const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ / kMulticast);
+  run_gemm<Config>(out, a, b, params, "a", "b", split, group_rows, device.value());
+}
 
-  const std::size_t out_element = out_fp32 ? 4 : 2;
-  params.tma_store = Config::kTmaStore && !empty_k &&
-                     reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % 16 == 0 &&
-                     out.stride(0) * out_element % 16 == 0;
-  const CUtensorMap map_out = params.tma_store ? output_map(out) : CUtensorMap{};
+/// A scale vector of `rows` entries (`what` says which), or one entry for all; returns
+/// the step between the entries of neighbouring rows (1, or 0 for one scale).
+inline int check_scales(const TensorView& scales, int64_t rows, const char* arg, const char* what,
+                        SymbolicDevice& device) {
+  SymbolicSize count{"count"};
+  TensorMatcher({count}).dtype<fp32_t>().device(kDLCUDA, device).contiguous().verify(scales, arg);
+  ValueCheck(count.value() == rows || count.value() == 1, "argument '", arg, "': expected ", rows,
+             " scales (", what, ") or 1 but got ", count.value());
+  return count.value() == 1 ? 0 : 1;
+}
 
-  const DLDevice dev = device.value();
-  const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
-  RuntimeCheck(shared <= max_shared_memory_per_block(dev), "gemm: a split of ", split, " needs ",
-               shared, " bytes of shared memory, more than the device's ",
-               max_shared_memory_per_block(dev));
-  auto* kernel = gemm_kernel<T, Config>;
-  const int cluster = kMulticast > 1 ? kMulticast : static_cast<int>(split);
-  const int tiles = params.order.num_tiles();
-  int clusters = tiles;
-  if (split == 1) {  // persistent: as many clusters as run at once, each walking tiles
-    static int resident[64] = {};
-    int& fit = resident[dev.device_id % 64];
-    if (fit == 0) fit = max_active_clusters(kernel, cluster, Config::kThreads, shared, dev);
-    RuntimeCheck(fit > 0, "gemm: the kernel does not fit on the device");
-    clusters = tiles < fit ? tiles : fit;
+/// out[M, N] = (mat_a[M, K] @ mat_b[N, K]^T) * scales_a[M] * scales_b[N] (+ bias[N]),
+/// int8 operands, int32 accumulation, out bf16 or fp16. `mat_b` is the [N, K] view of
+/// the caller's column-major [K, N] weights.
+template <int kConsumers, int kTileQ, int kStages, bool kSwapAB, int kMulticast>
+void int8_scaled_mm(TensorView out, TensorView mat_a, TensorView mat_b, TensorView scales_a,
+                    TensorView scales_b, ::tvm::ffi::Optional<TensorView> bias, int64_t split,
+                    int64_t group_rows) {
+  using Config = TileConfig<int8_t, kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
+  SymbolicSize m{"M"}, n{"N"}, k{"K"};
+  SymbolicDevice device;
+  TensorMatcher({m, k})
+      .dtype<int8_t>()
+      .device(kDLCUDA, device)
+      .last_dim_contiguous()
+      .verify(mat_a, "mat_a");
+  TensorMatcher({n, k})
+      .dtype<int8_t>()
+      .device(kDLCUDA, device)
+      .last_dim_contiguous()
+      .verify(mat_b, "mat_b");
+  TensorMatcher({m, n})
+      .dtype<bf16_t, fp16_t>()
+      .device(kDLCUDA, device)
+      .last_dim_contiguous()
+      .verify(out, "out");
+  Params params{};
+  params.row_scale_step =
+      check_scales(scales_a, m.value(), "scales_a", "M: one per row of mat_a", device);
+  params.col_scale_step =
+      check_scales(scales_b, n.value(), "scales_b", "N: one per column of mat_b", device);
+  params.row_scales = data_ptr<const float>(scales_a);
+  params.col_scales = data_ptr<const float>(scales_b);
+  params.out_bf16 = is_dtype<bf16_t>(out.dtype());
+  if (bias.has_value()) {
+    TensorMatcher({n})
+        .dtype(out.dtype())
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*bias, "bias");
+    params.bias = data_ptr<const void>(*bias);
+    verify_output(out, "out",
+                  {{mat_a, "mat_a"},
+                   {mat_b, "mat_b"},
+                   {scales_a, "scales_a"},
+                   {scales_b, "scales_b"},
+                   {*bias, "bias"}});
+  } else {
+    verify_output(
+        out, "out",
+        {{mat_a, "mat_a"}, {mat_b, "mat_b"}, {scales_a, "scales_a"}, {scales_b, "scales_b"}});
   }
-  KernelLauncher(dim3(static_cast<unsigned>(clusters * cluster)), dim3(Config::kThreads), dev,
-                 shared)
-      .cluster(static_cast<unsigned>(cluster))(kernel, map_p, map_q, map_out, params);
+  ValueCheck(k.value() % 16 == 0, "argument 'mat_a': K (", k.value(),
+             ") must be a multiple of 16 (16-byte int8 rows for TMA)");
+  ValueCheck(n.value() % 8 == 0, "argument 'mat_b': N (", n.value(),
+             ") must be a multiple of 8 (16-byte output rows)");
+  run_gemm<Config>(out, mat_a, mat_b, params, "mat_a", "mat_b", split, group_rows, device.value());
 }
 
 }  // namespace hopper_gemm
 
 using hopper_gemm::gemm;
+using hopper_gemm::int8_scaled_mm;
 
 }  // namespace mllm_kernel::cuda

@@ -5,7 +5,8 @@ Importing this package neither needs a GPU nor initialises CUDA; each op builds
 
 The original mllm-kernel's module paths (``mllm_kernel.cuda.jit.store_cache``,
 ``.create_kv_indices``, ``.rms_norm_gated``, ``.add_constant``, ``.gptq_marlin``,
-``.gptq_marlin_repack``, ``.awq_marlin_repack``) are modules too. They
+``.gptq_marlin_repack``, ``.awq_marlin_repack``, ``.int8_scaled_mm_cutlass``) are
+modules too. They
 are imported below, before the function of the same name is bound here: importing a
 submodule for the first time sets the package attribute to the module, and that must
 not replace the function later.
@@ -18,6 +19,7 @@ from mllm_kernel.cuda.jit.create_kv_indices import create_kv_indices
 from mllm_kernel.cuda.jit.gemm import gemm
 from mllm_kernel.cuda.jit.gptq_marlin import gptq_marlin_gemm
 from mllm_kernel.cuda.jit.gptq_marlin_repack import gptq_marlin_repack
+from mllm_kernel.cuda.jit.int8_gemm import int8_scaled_mm
 from mllm_kernel.cuda.jit.marlin_format import (
     awq_to_marlin_zero_points,
     marlin_make_workspace,
@@ -25,6 +27,7 @@ from mllm_kernel.cuda.jit.marlin_format import (
     marlin_zero_points,
 )
 from mllm_kernel.cuda.jit.norm import fused_add_rmsnorm, rmsnorm
+from mllm_kernel.cuda.jit.per_token_quant import per_token_quant_int8
 from mllm_kernel.cuda.jit.rms_norm_gated import rms_norm_gated
 from mllm_kernel.cuda.jit.rope import apply_rope_with_cos_sin_cache_inplace
 from mllm_kernel.cuda.jit.softmax import softmax, softmax_backward
@@ -45,9 +48,11 @@ __all__ = [
     "gemm",
     "gptq_marlin_gemm",
     "gptq_marlin_repack",
+    "int8_scaled_mm",
     "marlin_make_workspace",
     "marlin_permute_scales",
     "marlin_zero_points",
+    "per_token_quant_int8",
     "rms_norm_gated",
     "rmsnorm",
     "scalar_types",

@@ -61,8 +61,13 @@ class TileConfig:
         """Output columns per tile."""
         return 64 * self.consumers if self.swap_ab else self.tile_q
 
+    @property
+    def shape_args(self) -> tuple[int, int, int, bool, int]:
+        """The template arguments after the element type (``int8_scaled_mm`` has none)."""
+        return (self.consumers, self.tile_q, self.stages, self.swap_ab, self.multicast)
+
     def template_args(self, dtype: torch.dtype) -> tuple[Any, ...]:
-        return (dtype, self.consumers, self.tile_q, self.stages, self.swap_ab, self.multicast)
+        return (dtype, *self.shape_args)
 
 
 TILES = (
@@ -96,17 +101,25 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
-    """The tile configuration for an ``m x n x k`` problem on ``num_sms`` SMs.
+def choose_tile(
+    m: int, n: int, k: int, num_sms: int = _H100_SMS, element_bytes: int = 2
+) -> TileChoice:
+    """The tile configuration for an ``m x n x k`` problem on ``num_sms`` SMs, with
+    operands of ``element_bytes`` (2: bf16/fp16; 1: int8, whose k-blocks of 128 bytes
+    hold 128 elements).
 
     - ``m <= 128`` (decode and small batches) reads far more weight bytes than it
       does arithmetic: the swapped kernels put 64 weight rows on wgmma's fixed
       64-row side and the ``m`` tokens, rounded up to 16/32/64/128, on its narrow
       side. K is split over a cluster while there is at most one CTA per SM, keeping
-      at least 8 k-blocks (512 columns) per CTA: on an H100 more and shorter CTAs lost
+      at least 8 k-blocks (1 KB of each row) per CTA: on an H100 more and shorter CTAs lost
       bandwidth to pipeline fill and the reduction (M = 1, N = K = 4096: 74% of a
       copy with splits 1 and 2, 57% with 4, 49% with 8; N = 4096, K = 14336: 86, 92,
-      80 and 78%).
+      80 and 78%). int8 k-blocks go by twice as fast (k32 wgmma at twice the rate),
+      and a split needs 32 of them (4 KB of each row) per CTA to pay: H100, N = 4096,
+      M = 1 / 16 / 64, K = 4096: 9.8 / 9.9 / 12.5 us unsplit, 10.8 / 10.7 / 13.1 us
+      with split 2; K = 14336: 25.4 / 26.1 / 31.4 us unsplit, 24.6 / 25.2 / 28.6 us
+      with split 2, 30.1 / 30.4 / 44.5 us with 4 (bench_int8_gemm.py --sweep).
     - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
       unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids);
       both in clusters of 2 CTAs on neighbouring tile-rows that multicast B.
@@ -114,12 +127,13 @@ def choose_tile(m: int, n: int, k: int, num_sms: int = _H100_SMS) -> TileChoice:
     if m <= 128:
         tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
         tiles = _ceil_div(n, tile.tile_n) * _ceil_div(m, tile.tile_m)
-        k_blocks = _ceil_div(k, 64)
+        k_blocks = _ceil_div(k * element_bytes, 128)
+        min_blocks = 8 if element_bytes == 2 else 32
         split = 1
         while (
             split * 2 <= tile.max_split
             and tiles * split * 2 <= num_sms
-            and k_blocks // (split * 2) >= 8
+            and k_blocks // (split * 2) >= min_blocks
         ):
             split *= 2
         return TileChoice(tile, split)
@@ -163,20 +177,21 @@ _choices: dict[tuple[int, int, int, int], TileChoice] = {}
 _lock = threading.Lock()
 
 
-def _hopper_sms(index: int) -> int:
-    """The SM count of GPU ``index``; NotImplementedError unless it is sm_90 built as sm_90a."""
+def _hopper_sms(index: int, op: str = "gemm") -> int:
+    """The SM count of GPU ``index``; NotImplementedError (naming ``op``) unless it is
+    sm_90 built as sm_90a."""
     count = _sm_counts.get(index)
     if count is not None:
         return count
     major, minor = torch.cuda.get_device_capability(index)
     if (major, minor) != (9, 0):
         raise NotImplementedError(
-            f"gemm needs a GPU of compute capability 9.0 (Hopper: H100, H200; it uses TMA "
+            f"{op} needs a GPU of compute capability 9.0 (Hopper: H100, H200; it uses TMA "
             f"and wgmma); cuda:{index} has compute capability {major}.{minor}"
         )
     if CudaArch(9, 0, "a") not in resolve_cuda_archs(index):
         raise NotImplementedError(
-            "gemm needs code built for sm_90a (wgmma exists only there): include 9.0a in "
+            f"{op} needs code built for sm_90a (wgmma exists only there): include 9.0a in "
             "MLLM_KERNEL_CUDA_ARCH_LIST / TORCH_CUDA_ARCH_LIST, or unset them"
         )
     count = torch.cuda.get_device_properties(index).multi_processor_count
