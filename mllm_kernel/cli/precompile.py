@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from mllm_kernel.cli.output import paint
-from mllm_kernel.jit_utils import precompile
+from mllm_kernel.jit_utils import cache_wheel, precompile
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 from mllm_kernel.logging_setup import LOGGER_NAME
 
@@ -34,8 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cache, -j at a time. With --arch, CUDA kernels are built for that arch without a "
         "GPU (compiled and installed, not loaded). With --output, every build is also "
         "written into DIR as a self-contained prebuilt cache, to be named in "
-        "MLLM_KERNEL_CACHE_PATH where it runs (no compiler needed there). Exits 1 listing "
-        "each failure.",
+        "MLLM_KERNEL_CACHE_PATH where it runs (no compiler needed there); --wheel also packs "
+        "DIR into a wheel whose install makes it a cache found without any setting. "
+        "Exits 1 listing each failure.",
     )
     parser.add_argument(
         "--device",
@@ -55,6 +56,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         type=Path,
         help="also write the builds into DIR as a prebuilt read-only cache",
+    )
+    parser.add_argument(
+        "--wheel",
+        metavar="WHEEL_DIR",
+        nargs="?",
+        type=Path,
+        const=True,
+        help="with --output: also pack DIR into an installable wheel "
+        "(mllm-kernel-cache-<arch>), written into WHEEL_DIR (default: DIR's parent)",
     )
     parser.add_argument(
         "--kernel",
@@ -114,7 +124,11 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs :func:`mllm_kernel.jit_utils.precompile.precompile` with progress and a summary."""
+    """Runs :func:`mllm_kernel.jit_utils.precompile.precompile` with progress and a summary
+    (and :func:`mllm_kernel.jit_utils.cache_wheel.pack` for ``--wheel``)."""
+    if args.wheel is not None and args.output is None:
+        print("mllm_kernel precompile: error: --wheel needs --output DIR", file=sys.stderr)
+        return 2
     started = time.monotonic()
     progress = _Progress()
     logger = logging.getLogger(LOGGER_NAME)
@@ -147,10 +161,23 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         print(f"prebuilt cache: {args.output.absolute()} (use it with MLLM_KERNEL_CACHE_PATH)")
     if not report.failures:
-        return 0
+        return _pack_wheel(args) if args.wheel is not None else 0
     print(paint(f"{len(report.failures)} build(s) failed:", "red"), file=sys.stderr)
     for failure in report.failures:
         print(f"  {failure.job.describe()}: {failure.error}", file=sys.stderr)
         if failure.log_path:
             print(f"    full log: {failure.log_path}", file=sys.stderr)
+    if args.wheel is not None:
+        print("no wheel written: fix the failed builds first", file=sys.stderr)
     return 1
+
+
+def _pack_wheel(args: argparse.Namespace) -> int:
+    wheel_dir = args.output.absolute().parent if args.wheel is True else args.wheel
+    try:
+        wheel = cache_wheel.pack(args.output, wheel_dir)
+    except (OSError, ValueError) as exc:
+        print(f"mllm_kernel precompile: error: cannot write the wheel: {exc}", file=sys.stderr)
+        return 1
+    print(f"wheel: {wheel} (pip install it where the kernels run; no setting needed)")
+    return 0

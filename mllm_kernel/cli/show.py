@@ -161,8 +161,10 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
             name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
             exports = ", ".join(kernel.exports) or "-"
             for status in kernel.variants:
-                if status.status in ("cached", "prebuilt"):
+                if status.status == "cached":
                     where = str(status.path)
+                elif status.status == "prebuilt":
+                    where = f"{status.path} (from {status.detail})"
                 elif status.status == "unknown" and status.detail == arch_error:
                     unknown_arch = True
                     where = 'no CUDA arch (see "CUDA arch" above)'

@@ -147,9 +147,11 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
 
 
 def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus | None:
-    """``prebuilt`` with the entry and its read-only cache when one of
-    ``MLLM_KERNEL_CACHE_PATH`` serves ``variant`` (the loader looks there first)."""
-    if not env.cache_path():
+    """``prebuilt`` with the entry and the read-only cache that serves ``variant``
+    (``MLLM_KERNEL_CACHE_PATH`` or an installed cache package: the loader looks there
+    first), or None."""
+    origins = {c.root: c.origin for c in prebuilt.read_only_caches()}
+    if not origins:
         return None
     try:
         spec = entry.plan(variant)
@@ -165,7 +167,7 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
         "prebuilt",
         path=found.artifact.parent,
         size_bytes=found.artifact.stat().st_size,
-        detail=f"read-only cache {found.artifact.parent.parent}",
+        detail=origins[found.artifact.parent.parent],  # which setting or package named it
     )
 
 

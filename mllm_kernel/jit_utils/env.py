@@ -5,8 +5,9 @@
                                another user could write is not used (see
                                :mod:`.trust`): builds go to the default instead
 ``MLLM_KERNEL_CACHE_PATH``     read-only prebuilt caches, ``dir1:dir2``, searched in
-                               order before the cache root (``precompile --output``
-                               writes one); nothing is ever written there
+                               order before the installed cache packages and the
+                               cache root (``precompile --output`` writes one);
+                               nothing is ever written there
 ``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
 ``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
 ``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset

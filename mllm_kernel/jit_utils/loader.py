@@ -188,7 +188,7 @@ def load_cuda_jit(
 
 
 def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> Any:
-    """Loads ``spec``'s module: from a prebuilt read-only cache (``MLLM_KERNEL_CACHE_PATH``,
+    """Loads ``spec``'s module: from a read-only cache (``MLLM_KERNEL_CACHE_PATH``, a cache package;
     no toolchain needed) or the writable cache if valid there, else builds it first.
     With ``build_directory``, that directory is the module's cache (no prebuilt lookup)."""
     registry.intercept(spec)  # show-config / precompile plan builds without running them

@@ -1,7 +1,10 @@
 """Prebuilt read-only caches: built once (in CI), loaded where no compiler exists.
 
-``MLLM_KERNEL_CACHE_PATH=dir1:dir2`` names read-only caches, searched in order
-before the writable cache. An entry there is found by its
+The read-only caches, searched in order before the writable cache, are the
+directories of ``MLLM_KERNEL_CACHE_PATH=dir1:dir2``, then the caches installed as
+packages (``precompile --wheel`` makes one: a wheel that declares its cache
+directory in the :data:`ENTRY_POINT_GROUP` entry point group; see
+:mod:`.cache_wheel`), by distribution name. An entry there is found by its
 :func:`~.cache_key.relocatable_key` (computed without any toolchain), validated
 like any entry (manifest schema, the artifact's size and sha256, the sha256 of
 every source and header it was built from) under the read-only trust rule (any
@@ -19,9 +22,13 @@ package, the toolchain's fingerprints dropped).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import stat
+import sys
 import uuid
 from pathlib import Path
 
@@ -35,12 +42,62 @@ _logger = get_logger()
 # but its owner.
 _DIR_MODE = 0o755
 _FILE_MODE = 0o644
+# Installed cache packages name their top-level module in this group; the cache is the
+# module's ``cache/`` directory.
+ENTRY_POINT_GROUP = "mllm_kernel.caches"
+CACHE_SUBDIR = "cache"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOnlyCache:
+    """One read-only cache: its ``root`` and where it was named (``origin``, for
+    show-config: ``$MLLM_KERNEL_CACHE_PATH`` or the installed distribution)."""
+
+    root: Path
+    origin: str
+
+
+def read_only_caches() -> list[ReadOnlyCache]:
+    """Every read-only cache, in search order: ``MLLM_KERNEL_CACHE_PATH``, then the
+    installed cache packages (found on the current ``sys.path``)."""
+    named = [ReadOnlyCache(root, "$MLLM_KERNEL_CACHE_PATH") for root in env.cache_path()]
+    return named + list(_installed_caches(tuple(sys.path)))
+
+
+@functools.cache  # scanning every installed distribution takes milliseconds
+def _installed_caches(search_path: tuple[str, ...]) -> tuple[ReadOnlyCache, ...]:
+    found: dict[str, ReadOnlyCache] = {}
+    for dist in importlib.metadata.distributions(path=list(search_path)):
+        name = dist.metadata["Name"]
+        for entry_point in dist.entry_points.select(group=ENTRY_POINT_GROUP):
+            if name in found:  # the first on the path wins, as for imports
+                continue
+            root = _package_dir(entry_point.value)
+            if root is None:
+                _logger.warning(
+                    "installed cache %s names package %r, which cannot be found; reinstall it",
+                    name,
+                    entry_point.value,
+                )
+                continue
+            found[name] = ReadOnlyCache(root / CACHE_SUBDIR, f"package {name} {dist.version}")
+    return tuple(found[name] for name in sorted(found))
+
+
+def _package_dir(module: str) -> Path | None:
+    """Where the top-level package ``module`` is, found without running its code."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or ()) if spec else []
+    return Path(locations[0]) if locations else None
 
 
 def find(spec: BuildSpec) -> cache.Lookup | None:
     """The first valid entry of ``spec`` in the read-only caches (a ``hit`` Lookup), or
     None. Reads only; says at WARNING why an entry found there is not used."""
-    roots = env.cache_path()
+    roots = [c.root for c in read_only_caches()]
     if not roots:
         return None
     key = relocatable_key(spec, roots[0])
