@@ -10,6 +10,7 @@ from mllm_kernel import env_info
 from mllm_kernel.cli.output import paint, print_json, table
 from mllm_kernel.jit_utils import cache_admin, cuda_arch
 from mllm_kernel.jit_utils.errors import CudaArchError
+from mllm_kernel.jit_utils.spec import DEVICES
 
 _STATUS_COLOUR = {
     "cached": "green",
@@ -43,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="compute CUDA statuses for these archs (e.g. 9.0a or '8.0;9.0a') instead of the GPU's",
     )
-    show_config.add_argument("--device", choices=("cpu", "cuda"), help="only this device")
+    show_config.add_argument("--device", choices=DEVICES, help="only this device")
     show_config.add_argument("--json", action="store_true", help="print one JSON object")
     show_config.set_defaults(func=run_show_config)
 
@@ -146,7 +147,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
     out = [_summary(info, arch)]
     footnotes: list[str] = []  # an unknown status's reason, printed once per distinct reason
     unknown_arch = False
-    for device in ("cpu", "cuda"):
+    for device in DEVICES:
         kernels = [k for k in report.kernels if k.device == device]
         out.append("")
         out.append(paint(f"{device.upper()} kernels", "bold"))

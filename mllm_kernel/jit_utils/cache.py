@@ -1,6 +1,6 @@
 """The on-disk cache: manifests, validation, the build lock and atomic installs.
 
-Layout under the cache root::
+Layout under the cache root (the names are made by :mod:`.cache_names`)::
 
     <dirname>/                  one module: <name>.so + manifest.json
     .staging/<dirname>.<pid>.*  builds in progress (never loaded from here by others)
@@ -25,15 +25,25 @@ import socket
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mllm_kernel.jit_utils import env, include_search, paths, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.cache_names import (
+    LOCKS_DIR,
+    LOGS_DIR,
+    STAGING_DIR,
+    entry_of,
+    lock_name,
+    log_name,
+    owner_name,
+    replaced_dirname,
+    staging_dirname,
+)
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
-from mllm_kernel.jit_utils.spec import CACHE_FORMAT
+from mllm_kernel.jit_utils.spec import CACHE_FORMAT, DEVICES
 from mllm_kernel.logging_setup import get_logger
 
 MANIFEST = "manifest.json"
@@ -103,7 +113,7 @@ def _is_plain_file_name(value: object) -> bool:
 # The manifest schema: field -> (check, what it must be). One place, used by read().
 _SCHEMA = {
     "name": (lambda v: isinstance(v, str), "a string"),
-    "device": (lambda v: v in ("cpu", "cuda"), '"cpu" or "cuda"'),
+    "device": (lambda v: v in DEVICES, f"one of {DEVICES}"),
     "template_args": (_is_str_list, "a list of strings"),
     "key_hash": (lambda v: isinstance(v, str), "a string"),
     "artifact": (_is_plain_file_name, "a file name inside the entry"),
@@ -348,7 +358,7 @@ class _FileLock:
 
 
 def _locks_dir(root: Path) -> Path:
-    return trust.private_dir(root / ".locks")
+    return trust.private_dir(root / LOCKS_DIR)
 
 
 def _owner_text(owner_file: Path) -> str:
@@ -368,7 +378,7 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     """Holds the build lock of ``key``; while waiting, logs who holds it."""
     timeout = env.lock_timeout() if timeout is None else timeout
     trust.private_dir(key.root, follow=True)
-    owner_file = _locks_dir(key.root) / f"{key.dirname}.owner"
+    owner_file = _locks_dir(key.root) / owner_name(key.dirname)
     with _thread_locks_guard:
         thread_lock = _thread_locks.setdefault(key.dirname, threading.Lock())
     deadline = time.monotonic() + timeout  # inf stays inf: wait forever
@@ -377,7 +387,7 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     if not thread_lock.acquire(timeout=thread_timeout):
         raise CacheLockTimeout(f"waited {timeout:.0f}s for another thread building {key.dirname}")
     try:
-        lock = _FileLock(owner_file.with_suffix(".lock"))
+        lock = _FileLock(owner_file.with_name(lock_name(key.dirname)))
         next_report = 0.0
         while not lock.acquire(timeout=min(2.0, max(deadline - time.monotonic(), 0))):
             now = time.monotonic()
@@ -411,7 +421,7 @@ def try_module_lock(key: ModuleKey, purpose: str) -> contextlib.AbstractContextM
     """The lock of ``key`` if it is free right now, else None (a build is running, or its
     lock file cannot be trusted)."""
     del purpose  # only a held module_lock writes an owner note
-    lock_file = key.root / ".locks" / f"{key.dirname}.lock"
+    lock_file = key.root / LOCKS_DIR / lock_name(key.dirname)
     if not lock_file.exists():
         return contextlib.nullcontext()
     lock = _FileLock(lock_file)
@@ -445,12 +455,13 @@ def _remove(path: Path) -> None:
 
 def new_staging_dir(key: ModuleKey) -> Path:
     """A fresh, empty, private staging directory for ``key``, after clearing dead ones."""
-    staging_root = trust.private_dir(key.root / ".staging")
+    staging_root = trust.private_dir(key.root / STAGING_DIR)
     # We hold the lock, so any other staging dir of this key was left by a killed build.
-    for leftover in staging_root.glob(f"{key.dirname}.*"):
-        _logger.info("removing an interrupted build: %s", leftover)
-        _remove(leftover)
-    path = staging_root / f"{key.dirname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    for leftover in staging_root.iterdir():
+        if entry_of(leftover.name) == key.dirname:
+            _logger.info("removing an interrupted build: %s", leftover)
+            _remove(leftover)
+    path = staging_root / staging_dirname(key.dirname)
     path.mkdir(mode=trust.PRIVATE_DIR_MODE)
     return path
 
@@ -461,7 +472,7 @@ def install(staging: Path, key: ModuleKey) -> Path:
     trust.drop_group_other_write(staging)
     final = key.path
     if os.path.lexists(final):
-        trash = key.root / ".staging" / f"{key.dirname}.old.{uuid.uuid4().hex[:8]}"
+        trash = key.root / STAGING_DIR / replaced_dirname(key.dirname)
         os.replace(final, trash)
         os.replace(staging, final)
         _remove(trash)
@@ -473,7 +484,7 @@ def install(staging: Path, key: ModuleKey) -> Path:
 def failure_log_path(key: ModuleKey) -> Path:
     """Where the log of a failed build of ``key`` goes, in the private ``.logs``; whatever
     was at that path (an old log, a symlink) is removed first, so the log is a new file."""
-    log = trust.private_dir(key.root / ".logs") / f"{key.dirname}.log"
+    log = trust.private_dir(key.root / LOGS_DIR) / log_name(key.dirname)
     with contextlib.suppress(FileNotFoundError):
         log.unlink()
     return log

@@ -29,10 +29,9 @@ import os
 import shutil
 import stat
 import sys
-import uuid
 from pathlib import Path
 
-from mllm_kernel.jit_utils import cache, env, paths, trust
+from mllm_kernel.jit_utils import cache, cache_names, env, paths, trust
 from mllm_kernel.jit_utils.cache_key import relocatable_key
 from mllm_kernel.jit_utils.spec import BuildSpec
 from mllm_kernel.logging_setup import get_logger
@@ -133,7 +132,8 @@ def export(spec: BuildSpec, built: Path, output: Path) -> Path:
     )
     output.mkdir(parents=True, exist_ok=True)
     os.chmod(output, _DIR_MODE)
-    staging = output / f".{key.dirname}.{uuid.uuid4().hex[:8]}"
+    # Hidden (dot) names: the cache's readers skip them.
+    staging = output / f".{cache_names.staging_dirname(key.dirname)}"
     staging.mkdir(mode=_DIR_MODE)
     try:
         os.chmod(staging, _DIR_MODE)
@@ -145,7 +145,7 @@ def export(spec: BuildSpec, built: Path, output: Path) -> Path:
             os.chmod(item, _FILE_MODE)
         final = key.path
         if os.path.lexists(final):
-            old = output / f".{key.dirname}.old.{uuid.uuid4().hex[:8]}"
+            old = output / f".{cache_names.replaced_dirname(key.dirname)}"
             os.replace(final, old)
             os.replace(staging, final)
             shutil.rmtree(old, ignore_errors=True)
