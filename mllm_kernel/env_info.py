@@ -32,7 +32,6 @@ NOT_FOUND = "not found"
 _ISA_FLAG = re.compile(
     r"^(avx|avx2|fma|f16c|avx512.*|avx_vnni.*|amx.*|neon|asimd.*|sve.*|sme(?!p$).*)$"
 )
-_NVCC_RELEASE = re.compile(r"release ([\d.]+), (V[\d.]+)")
 _NVIDIA_SMI_CUDA = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
@@ -145,16 +144,6 @@ def nvidia_smi_capabilities() -> list[tuple[int, int]]:
     return capabilities
 
 
-def nvcc_version(nvcc: Path | str) -> tuple[str, str | None]:
-    """``("13.0, V13.0.88", "13.0")`` from ``nvcc --version``; the text falls back to
-    the tool's last line, the release to None."""
-    out = _run([str(nvcc), "--version"])
-    match = _NVCC_RELEASE.search(out or "")
-    if match:
-        return f"{match.group(1)}, {match.group(2)}", match.group(1)
-    return toolchain.run_version(nvcc), None
-
-
 def cuda_info() -> dict[str, Any]:
     """The CUDA toolkit the loader would use (``nvcc``, its real path behind any wrapper
     script, its version), ``CUDA_HOME``/``CUDA_PATH``, and nvidia-smi's view."""
@@ -182,8 +171,8 @@ def cuda_info() -> dict[str, Any]:
         info["toolkit"] = str(cuda.home)
         info["nvcc"] = str(cuda.nvcc.path)
         info["nvcc_real_path"] = str(cuda.nvcc.real_path)
-        info["nvcc_version"], release = nvcc_version(cuda.nvcc.path)
-        info["toolkit_version"] = cuda.version or release
+        info["nvcc_version"] = cuda.nvcc_version().text
+        info["toolkit_version"] = cuda.release()
     info["nvidia_smi"] = nvidia_smi_info()
     return info
 
@@ -274,8 +263,8 @@ def _dist_version(name: str) -> str | None:
 
 
 def tool_versions() -> dict[str, Any]:
-    """Versions of mllm-kernel, apache-tvm-ffi, torch-c-dlpack-ext, the C++ compiler
-    and ninja (``None`` where one is not installed)."""
+    """Versions of mllm-kernel, apache-tvm-ffi, torch-c-dlpack-ext and the C++ compiler
+    (``None`` where one is not installed). No build uses ninja, so it is not asked."""
     from mllm_kernel import __version__
 
     try:
@@ -291,8 +280,6 @@ def tool_versions() -> dict[str, Any]:
         "cxx": None,
         "cxx_version": None,
         "cxx_error": None,
-        "ninja": shutil.which("ninja"),
-        "ninja_version": None,
     }
     try:
         cxx = toolchain.find_cxx()
@@ -301,8 +288,6 @@ def tool_versions() -> dict[str, Any]:
     else:
         versions["cxx"] = str(cxx.path)
         versions["cxx_version"] = cxx.version()
-    if versions["ninja"]:
-        versions["ninja_version"] = toolchain.run_version(versions["ninja"])
     return versions
 
 
@@ -410,11 +395,6 @@ def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
             "Versions",
             "C++ compiler",
             f"{ver['cxx']} ({ver['cxx_version']})" if ver["cxx"] else NOT_FOUND,
-        ),
-        (
-            "Versions",
-            "ninja",
-            f"{ver['ninja']} ({ver['ninja_version']})" if ver["ninja"] else NOT_FOUND,
         ),
         ("Cache", "root", info["cache_root"]),
     ]

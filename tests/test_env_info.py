@@ -24,7 +24,7 @@ def _script(path: Path, body: str) -> Path:
 
 @pytest.fixture
 def bare_path(tmp_path, monkeypatch):
-    """PATH with nothing on it (no compiler, nvcc, nvidia-smi, ninja); CUDA_HOME nowhere."""
+    """PATH with nothing on it (no compiler, nvcc, nvidia-smi); CUDA_HOME nowhere."""
     empty = tmp_path / "empty_bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -56,7 +56,6 @@ def test_nothing_installed_says_not_found(bare_path):
     assert "CUDA toolkit not found" in cuda["toolkit_error"]
     assert cuda["nvidia_smi"] == {"path": None, "driver_version": None, "cuda_version": None}
     assert versions["cxx"] is None and "No C++ compiler found" in versions["cxx_error"]
-    assert versions["ninja"] is None
     rows = {(section, field): value for section, field, value in env_info.env_rows(info)}
     assert rows[("CUDA", "nvcc")] == "not found"
     assert rows[("CUDA", "nvcc on PATH")] == "not found"
@@ -64,7 +63,31 @@ def test_nothing_installed_says_not_found(bare_path):
     assert rows[("CUDA", "toolkit")].startswith("not found")
     assert rows[("CUDA", "CUDA_HOME")].endswith("($CUDA_HOME)")
     assert rows[("Versions", "C++ compiler")] == "not found"
-    assert rows[("Versions", "ninja")] == "not found"
+
+
+def test_show_env_does_not_ask_ninja(bare_path, tmp_path):
+    # No build uses ninja: show-env neither runs it nor reports it.
+    ran = tmp_path / "ninja-ran"
+    _script(bare_path / "ninja", f"touch {ran}; echo 1.11.1")
+    info = env_info.collect()
+    assert not any("ninja" in name for name in info["versions"]) and not ran.exists()
+    assert not any("ninja" in field for _, field, _ in env_info.env_rows(info))
+
+
+def test_nvcc_version_worded_otherwise_is_shown_as_said(tmp_path, monkeypatch, bare_path):
+    home = tmp_path / "cuda-odd"
+    _script(home / "bin" / "nvcc", "echo 'nvcc: NVIDIA (R) Cuda compiler'; echo 'build 7'")
+    (home / "lib64").mkdir()
+    (home / "lib64" / "libcudart.so").write_bytes(b"")
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    toolchain.reset()
+    cuda = toolchain.find_cuda()
+    assert cuda.nvcc_version() == toolchain.NvccVersion("build 7", None)
+    assert cuda.release() is None
+    (home / "version.json").write_text('{"cuda": {"name": "CUDA SDK", "version": "12.9.1"}}')
+    assert cuda.release() == "12.9.1"  # version.json first, and no nvcc run for it
+    info = env_info.cuda_info()
+    assert (info["nvcc_version"], info["toolkit_version"]) == ("build 7", "12.9.1")
 
 
 def test_nvcc_found_through_a_wrapper_script(tmp_path, monkeypatch, bare_path):

@@ -207,7 +207,7 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
         depfile.unlink()
     tools = {"cxx": toolchain.find_cxx().version()}
     if spec.device == "cuda":
-        tools["nvcc"] = toolchain.find_cuda().nvcc.version()
+        tools["nvcc"] = toolchain.find_cuda().nvcc_version().text
     return BuildResult(artifact, deps, toolchain_deps, searches, time.monotonic() - started, tools)
 
 
