@@ -237,3 +237,20 @@ def test_table_aligns_columns_ignoring_colour():
     text = table(("a", "bb"), [("\033[31mlong\033[0m", "1"), ("x", "22")])
     lines = [line.replace("\033[31m", "").replace("\033[0m", "") for line in text.splitlines()]
     assert lines == ["  a     bb", "  long  1", "  x     22"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["precompile", "-j", "0"], "expected a positive integer, got '0'"),
+        (["precompile", "-j", "1.5"], "expected a positive integer, got '1.5'"),
+        (["clear-cache", "--older-than", "-1"], "expected a number of days >= 0, got '-1'"),
+        (["clear-cache", "--older-than", "nan"], "expected a number of days >= 0, got 'nan'"),
+        (["clear-cache", "--older-than", "week"], "expected a number of days >= 0, got 'week'"),
+    ],
+)
+def test_bad_numbers_exit_2_saying_what_was_expected(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err

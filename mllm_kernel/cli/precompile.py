@@ -9,20 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from mllm_kernel.cli.arguments import number_at_least
 from mllm_kernel.cli.output import paint
 from mllm_kernel.jit_utils import cache_wheel, precompile
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 from mllm_kernel.logging_setup import LOGGER_NAME
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="only this kernel (repeat for several)",
     )
     parser.add_argument(
-        "-j", "--jobs", type=_positive, metavar="N", help="parallel builds (default: CPU count)"
+        "-j",
+        "--jobs",
+        type=number_at_least(1, "a positive integer", integer=True),
+        metavar="N",
+        help="parallel builds (default: CPU count)",
     )
     parser.set_defaults(func=run)
 

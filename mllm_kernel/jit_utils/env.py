@@ -106,22 +106,23 @@ def include_path_variables() -> dict[str, str]:
     return {name: os.environ[name] for name in INCLUDE_PATH_VARIABLES if os.environ.get(name)}
 
 
-def cuda_arch_list() -> tuple[str, str] | None:
-    """``(value, variable name)`` of the arch list the user set, if any."""
-    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+def _first_set(*names: str) -> tuple[str, str] | None:
+    """``(value, name)`` of the first of ``names`` set to something other than blanks."""
+    for name in names:
         value = os.environ.get(name, "").strip()
         if value:
             return value, name
     return None
+
+
+def cuda_arch_list() -> tuple[str, str] | None:
+    """``(value, variable name)`` of the arch list the user set, if any."""
+    return _first_set("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST")
 
 
 def cuda_home() -> tuple[str, str] | None:
     """``(path, variable name)`` from ``CUDA_HOME`` or ``CUDA_PATH``, if set."""
-    for name in ("CUDA_HOME", "CUDA_PATH"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return value, name
-    return None
+    return _first_set("CUDA_HOME", "CUDA_PATH")
 
 
 def cxx() -> str | None:
