@@ -329,3 +329,12 @@ def test_planning_returns_the_spec_without_building(fresh_cache):
     assert status.status == "not built"
     assert status.path is not None and status.path.parent == fresh_cache
     assert not fresh_cache.exists() or not any(fresh_cache.iterdir())
+
+
+def test_logging_set_up_lives_in_jit_utils_not_at_the_package_top():
+    import importlib.util
+
+    from mllm_kernel.jit_utils import logging_setup, use_application_logging
+
+    assert importlib.util.find_spec("mllm_kernel.logging_setup") is None
+    assert use_application_logging is logging_setup.use_application_logging

@@ -13,7 +13,7 @@ from mllm_kernel.cli.arguments import number_at_least
 from mllm_kernel.cli.output import paint
 from mllm_kernel.jit_utils import cache_wheel, precompile
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
-from mllm_kernel.logging_setup import LOGGER_NAME
+from mllm_kernel.jit_utils.logging_setup import LOGGER_NAME
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -16,8 +16,8 @@ from mllm_kernel.jit_utils import env, include_search, paths, toolchain
 from mllm_kernel.jit_utils.cache import file_digest
 from mllm_kernel.jit_utils.cuda_arch import gencode_flags
 from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec
-from mllm_kernel.logging_setup import get_logger
 
 _logger = get_logger()
 

@@ -43,8 +43,8 @@ from mllm_kernel.jit_utils.cache_names import (
     staging_dirname,
 )
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, DEVICES
-from mllm_kernel.logging_setup import get_logger
 
 MANIFEST = "manifest.json"
 _logger = get_logger()

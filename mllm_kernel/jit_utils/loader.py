@@ -16,8 +16,8 @@ from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
 from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper, check_module_name, check_one_line
-from mllm_kernel.logging_setup import get_logger
 
 _logger = get_logger()
 

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from mllm_kernel.jit_utils import cache, cache_names, env, paths, trust
 from mllm_kernel.jit_utils.cache_key import relocatable_key
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec
-from mllm_kernel.logging_setup import get_logger
 
 _logger = get_logger()
 # A prebuilt cache is read by whichever user serves: readable by all, writable by none

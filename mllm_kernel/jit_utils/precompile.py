@@ -29,9 +29,9 @@ from mllm_kernel.jit_utils import cache, loader, prebuilt, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError, ToolchainError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.registry import KernelEntry
 from mllm_kernel.jit_utils.spec import DEVICES
-from mllm_kernel.logging_setup import get_logger
 
 DEVICE_CHOICES = (*DEVICES, "all")
 _logger = get_logger()

@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 
 from mllm_kernel.jit_utils import env
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.logging_setup import get_logger
 
 _logger = get_logger()
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH

@@ -28,8 +28,8 @@ from mllm_kernel.cuda.runtime.compiler import (
 )
 from mllm_kernel.jit_utils import cache, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, stable_hash
-from mllm_kernel.logging_setup import get_logger
 
 _logger = get_logger()
 _UNSAFE_IN_DIRNAME = re.compile(r"[^A-Za-z0-9_.+-]+")
