@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mllm_kernel import env_info
+from mllm_kernel.cli import output
 from mllm_kernel.jit_utils import toolchain
 
 
@@ -43,7 +44,7 @@ def test_collect_is_json_and_complete():
     assert info["cpu"]["logical_cores"] == os.cpu_count()
     assert info["versions"]["apache_tvm_ffi"]
     assert info["versions"]["torch_c_dlpack_ext"]
-    text = env_info.format_env(info)
+    text = output.format_env(info)
     for section in ("OS:", "Python:", "CPU:", "CUDA:", "PyTorch:", "Versions:", "Cache:"):
         assert section in text
     assert info["cache_root"] in text
@@ -56,7 +57,7 @@ def test_nothing_installed_says_not_found(bare_path):
     assert "CUDA toolkit not found" in cuda["toolkit_error"]
     assert cuda["nvidia_smi"] == {"path": None, "driver_version": None, "cuda_version": None}
     assert versions["cxx"] is None and "No C++ compiler found" in versions["cxx_error"]
-    rows = {(section, field): value for section, field, value in env_info.env_rows(info)}
+    rows = {(section, field): value for section, field, value in output.env_rows(info)}
     assert rows[("CUDA", "nvcc")] == "not found"
     assert rows[("CUDA", "nvcc on PATH")] == "not found"
     assert rows[("CUDA", "nvidia-smi")] == "not found"
@@ -71,7 +72,7 @@ def test_show_env_does_not_ask_ninja(bare_path, tmp_path):
     _script(bare_path / "ninja", f"touch {ran}; echo 1.11.1")
     info = env_info.collect()
     assert not any("ninja" in name for name in info["versions"]) and not ran.exists()
-    assert not any("ninja" in field for _, field, _ in env_info.env_rows(info))
+    assert not any("ninja" in field for _, field, _ in output.env_rows(info))
 
 
 def test_nvcc_version_worded_otherwise_is_shown_as_said(tmp_path, monkeypatch, bare_path):
@@ -137,7 +138,7 @@ def test_torch_without_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     info = env_info.torch_info()
     assert info["cuda_available"] is False and info["gpus"] == []
-    rows = dict(((s, f), v) for s, f, v in env_info.env_rows({**env_info.collect(), "torch": info}))
+    rows = dict(((s, f), v) for s, f, v in output.env_rows({**env_info.collect(), "torch": info}))
     assert rows[("PyTorch", "GPUs")] == "none visible"
 
 
@@ -162,7 +163,7 @@ def test_torch_gpus_are_listed(monkeypatch):
             "details": {"error": "stub 0"},
         }
     ]
-    text = env_info.format_env({**env_info.collect(), "torch": info})
+    text = output.format_env({**env_info.collect(), "torch": info})
     assert "GPU 0" in text and "sm_90a" in text and "80.0 GiB" in text
     assert re.search(r"GPU 0 details +unavailable \(stub 0\)", text)
 
@@ -183,10 +184,10 @@ def test_isa_flags_keep_what_kernels_use(monkeypatch, isa, expected):
 
 
 def test_format_bytes():
-    assert env_info.format_bytes(None) == "-"
-    assert env_info.format_bytes(512) == "512 B"
-    assert env_info.format_bytes(1536) == "1.5 KiB"
-    assert env_info.format_bytes(3 << 30) == "3.0 GiB"
+    assert output.format_bytes(None) == "-"
+    assert output.format_bytes(512) == "512 B"
+    assert output.format_bytes(1536) == "1.5 KiB"
+    assert output.format_bytes(3 << 30) == "3.0 GiB"
 
 
 def test_check_bounds_is_read_once_per_process(monkeypatch):
@@ -223,7 +224,7 @@ def test_gpu_details_rows():
         "memory_clock_khz": 2619000,
         "memory_bandwidth_gbps": 3352.3,
     }
-    rows = {f: v for _, f, v in env_info.gpu_detail_rows({"index": 1, "details": details})}
+    rows = {f: v for _, f, v in output.gpu_detail_rows({"index": 1, "details": details})}
     assert rows["GPU 1 compute"] == (
         "132 SMs, warp 32, 1024 threads/block, 2048 threads/SM, 65536 registers/SM, "
         "clusters yes, JIT arch sm_90a"
@@ -232,5 +233,5 @@ def test_gpu_details_rows():
     assert rows["GPU 1 memory"] == (
         "80.0 GiB, L2 50.0 MiB, 5120-bit at 2619 MHz: 3352 GB/s theoretical"
     )
-    unavailable = env_info.gpu_detail_rows({"index": 0, "details": {"error": "no nvcc"}})
+    unavailable = output.gpu_detail_rows({"index": 0, "details": {"error": "no nvcc"}})
     assert unavailable == [("PyTorch", "GPU 0 details", "unavailable (no nvcc)")]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mllm_kernel.cli.arguments import number_at_least
-from mllm_kernel.cli.output import paint
-from mllm_kernel.env_info import format_bytes
+from mllm_kernel.cli.output import format_bytes, paint
 from mllm_kernel.jit_utils import cache_admin
 
 

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from mllm_kernel import env_info
-from mllm_kernel.cli.output import paint, print_json, table
+from mllm_kernel.cli.output import NOT_FOUND, format_bytes, format_env, paint, print_json, table
 from mllm_kernel.jit_utils import cache_admin, cuda_arch
 from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.spec import DEVICES
@@ -55,7 +55,7 @@ def run_show_env(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
     else:
-        print(env_info.format_env(info))
+        print(format_env(info))
     return 0
 
 
@@ -119,17 +119,17 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
         gpus = ", ".join(f"{g['name']} ({g['arch']})" for g in torch_["gpus"])
     else:
         gpus = "none visible"
-    nvcc = f"{cuda['nvcc']} ({cuda['nvcc_version']})" if cuda["toolkit"] else env_info.NOT_FOUND
+    nvcc = f"{cuda['nvcc']} ({cuda['nvcc_version']})" if cuda["toolkit"] else NOT_FOUND
     if arch["archs"]:
         arch_text = f"{';'.join(arch['archs'])} (from {arch['source']})"
     else:
         arch_text = f"unknown: {arch['error']}"
     rows = [
         ("mllm-kernel", versions["mllm_kernel"]),
-        ("apache-tvm-ffi", versions["apache_tvm_ffi"] or env_info.NOT_FOUND),
-        ("torch", torch_.get("version") or env_info.NOT_FOUND),
+        ("apache-tvm-ffi", versions["apache_tvm_ffi"] or NOT_FOUND),
+        ("torch", torch_.get("version") or NOT_FOUND),
         ("GPUs", gpus),
-        ("C++ compiler", versions["cxx"] or env_info.NOT_FOUND),
+        ("C++ compiler", versions["cxx"] or NOT_FOUND),
         ("nvcc", nvcc),
         ("CUDA arch", arch_text),
         ("cache root", info["cache_root"]),
@@ -181,7 +181,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                         exports,
                         ", ".join(status.template_args) or "-",
                         paint(status.status, _STATUS_COLOUR.get(status.status, "dim")),
-                        env_info.format_bytes(status.size_bytes),
+                        format_bytes(status.size_bytes),
                         where,
                     )
                 )
@@ -200,7 +200,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                 m.name or "?",
                 m.device or "?",
                 ", ".join(m.manifest.template_args) if m.manifest else "-",
-                env_info.format_bytes(m.size_bytes),
+                format_bytes(m.size_bytes),
                 str(m.path) + (f" ({m.error})" if m.error else ""),
             )
             for m in report.unclaimed
