@@ -68,9 +68,9 @@ def verbose() -> bool:
 @functools.cache
 def check_bounds() -> bool:
     """``MLLM_KERNEL_CHECK_BOUNDS``, read once per process (``check_bounds.cache_clear()``
-    re-reads it): store_cache and create_kv_indices consult it on every call, where
-    os.environ.get of an unset variable (a KeyError inside) took 1.7 us on the 2-core dev
-    box, more than a third of a decode launch."""
+    re-reads it): store_cache and create_kv_indices consult it on every call, and reading
+    an unset variable (a KeyError inside os.environ) costs a large part of a decode launch
+    (benchmarks/RESULTS.md, "Host-side timings behind the code")."""
     return _flag("MLLM_KERNEL_CHECK_BOUNDS")
 
 
