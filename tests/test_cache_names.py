@@ -66,3 +66,11 @@ def test_belongs_to_matches_the_kernel_on_each_device_only():
 def test_a_spec_for_an_unknown_device_is_refused():
     with pytest.raises(ValueError, match=r"device must be one of \('cpu', 'cuda'\), got 'gpu'"):
         _spec(device="gpu")
+
+
+def test_binary_dirname_names_a_runtime_binary_like_an_entry():
+    name = cache_names.binary_dirname("cubin", "my kernel/v2", "sm_90a", HASH)
+    assert name == "cuda_cubin_my-kernel-v2_sm_90a_0123456789abcdef"
+    assert cache_names.entry_of(cache_names.staging_dirname(name)) == name
+    long_label = cache_names.binary_dirname("ptx", "k" * 100, "compute_90", HASH)
+    assert long_label == f"cuda_ptx_{'k' * 48}_compute_90_0123456789abcdef"

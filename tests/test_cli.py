@@ -160,6 +160,24 @@ def test_show_config_device_says_the_other_is_not_shown(device, other, no_cuda_a
     assert "add_constant" in _section(out, f"{device.upper()} kernels")
 
 
+def test_a_footnote_stands_under_its_own_device_table(no_cuda_arch, capsys):
+    # A user kernel loaded in this process (no builder): its status is unknown, and the
+    # reason is printed under the CPU table, not after the CUDA one.
+    from mllm_kernel.jit_utils import registry
+    from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+
+    spec = BuildSpec("footnoted", "cpu", ("1",), cpp_wrappers=(Wrapper("f", "ns::f<1>"),))
+    registry.record_loaded(spec)
+    try:
+        assert main(["show-config", "--device", "cpu"]) == 0
+    finally:
+        registry.unregister("footnoted", "cpu")
+    out = capsys.readouterr().out
+    cpu = _section(out, "CPU kernels")
+    assert "see [1] below" in cpu and "[1] loaded in this process, no registered builder" in cpu
+    assert _section(out, "CUDA kernels").strip() == "not shown (--device cpu)"
+
+
 def test_show_config_says_why_the_arch_is_unknown_once(no_cuda_arch, capsys):
     assert main(["show-config"]) == 0
     out = capsys.readouterr().out

@@ -338,3 +338,21 @@ def test_logging_set_up_lives_in_jit_utils_not_at_the_package_top():
 
     assert importlib.util.find_spec("mllm_kernel.logging_setup") is None
     assert use_application_logging is logging_setup.use_application_logging
+
+
+def test_the_loaders_return_a_typed_tvm_ffi_module(tmp_path):
+    import typing
+
+    import tvm_ffi
+
+    from mllm_kernel.jit_utils import load_cpu_jit, load_cuda_jit
+
+    for load in (load_cpu_jit, load_cuda_jit):
+        assert typing.get_type_hints(load)["return"] is tvm_ffi.Module
+    source = tmp_path / "seven.cpp"
+    source.write_text("namespace seven { int f() { return 7; } }\n")
+    try:
+        module = load_cpu_jit("seven", cpp_files=[str(source)], cpp_wrappers=[("f", "seven::f")])
+        assert isinstance(module, tvm_ffi.Module) and module.f() == 7
+    finally:
+        registry.unregister("seven", "cpu")  # later show-config tests must not see it

@@ -14,6 +14,7 @@ from mllm_kernel.cli.output import paint
 from mllm_kernel.jit_utils import cache_wheel, precompile
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 from mllm_kernel.jit_utils.logging_setup import LOGGER_NAME
+from mllm_kernel.jit_utils.status import BuildOutcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -150,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     total = len(report.results)
     print(
         f"precompiled {total} variant(s) in {time.monotonic() - started:.1f}s: "
-        f"{report.count('built')} built, {report.count('cached')} already cached, "
+        f"{report.count(BuildOutcome.BUILT)} built, "
+        f"{report.count(BuildOutcome.CACHED)} already cached, "
         f"{len(report.failures)} failed"
     )
     if args.output is not None:

@@ -11,13 +11,15 @@ from mllm_kernel.cli.output import NOT_FOUND, format_bytes, format_env, paint, p
 from mllm_kernel.jit_utils import cache_admin, cuda_arch
 from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.spec import DEVICES
+from mllm_kernel.jit_utils.status import VariantState
 
 _STATUS_COLOUR = {
-    "cached": "green",
-    "prebuilt": "green",
-    "not built": "yellow",
-    "stale": "yellow",
-    "corrupt": "red",
+    VariantState.CACHED: "green",
+    VariantState.PREBUILT: "green",
+    VariantState.NOT_BUILT: "yellow",
+    VariantState.STALE: "yellow",
+    VariantState.CORRUPT: "red",
+    VariantState.UNTRUSTED: "red",
 }
 
 
@@ -145,9 +147,10 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
     # unknown point there.
     arch_error = (arch.get("error") or "").split("\n")[0] or None
     out = [_summary(info, arch)]
-    footnotes: list[str] = []  # an unknown status's reason, printed once per distinct reason
     unknown_arch = False
     for device in DEVICES:
+        # An unknown status's reason, printed once per distinct reason under its table.
+        footnotes: list[str] = []
         kernels = [k for k in report.kernels if k.device == device]
         out.append("")
         out.append(paint(f"{device.upper()} kernels", "bold"))
@@ -162,14 +165,14 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
             name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
             exports = ", ".join(kernel.exports) or "-"
             for status in kernel.variants:
-                if status.status == "cached":
+                if status.status == VariantState.CACHED:
                     where = str(status.path)
-                elif status.status == "prebuilt":
+                elif status.status == VariantState.PREBUILT:
                     where = f"{status.path} (from {status.detail})"
-                elif status.status == "unknown" and status.detail == arch_error:
+                elif status.status == VariantState.UNKNOWN and status.detail == arch_error:
                     unknown_arch = True
                     where = 'no CUDA arch (see "CUDA arch" above)'
-                elif status.status == "unknown":
+                elif status.status == VariantState.UNKNOWN:
                     if status.detail not in footnotes:
                         footnotes.append(status.detail)
                     where = f"see [{footnotes.index(status.detail) + 1}] below"
@@ -188,8 +191,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
             if not kernel.variants:
                 rows.append((name, exports, "-", "no variants listed", "-", "-"))
         out.append(table(("kernel", "exports", "variant", "status", "size", "path / detail"), rows))
-    for number, detail in enumerate(footnotes, 1):
-        out.append(f"  [{number}] {detail}")
+        out += [f"  [{number}] {detail}" for number, detail in enumerate(footnotes, 1)]
     if unknown_arch and report.arch is None:
         out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
     out.append("")

@@ -45,6 +45,7 @@ from mllm_kernel.jit_utils.cache_names import (
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
 from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, DEVICES
+from mllm_kernel.jit_utils.status import CacheState
 
 MANIFEST = "manifest.json"
 _logger = get_logger()
@@ -189,13 +190,12 @@ class Manifest:
 class Lookup:
     """The state of a module in the cache.
 
-    ``status`` is ``hit`` (load ``artifact``), ``missing``, ``stale`` (a source or
-    header changed: rebuild quietly), ``corrupt`` (rebuild with a warning) or
-    ``untrusted`` (another user could have written it: never loaded; ``reason``
-    names the path, its owner and mode, and the fix).
+    ``status`` says what was found (:class:`.status.CacheState`): only a ``HIT`` has an
+    ``artifact`` to load. ``reason`` says why an entry is not a hit (for ``UNTRUSTED``:
+    the path, its owner and mode, and the fix).
     """
 
-    status: str
+    status: CacheState
     artifact: Path | None = None
     reason: str = ""
     manifest: Manifest | None = None
@@ -212,51 +212,55 @@ def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
     directory = key.path
     reason = trust.check_dir(key.root, any_owner=any_owner, follow=True)
     if reason is not None:
-        return Lookup("untrusted", reason=reason)
+        return Lookup(CacheState.UNTRUSTED, reason=reason)
     try:
         info = os.lstat(directory)
     except FileNotFoundError:
-        return Lookup("missing")
+        return Lookup(CacheState.MISSING)
     untrusted = trust.problem(info, any_owner=any_owner)
     if untrusted is not None:
-        return Lookup("untrusted", reason=trust.explain(directory, info, untrusted))
+        return Lookup(CacheState.UNTRUSTED, reason=trust.explain(directory, info, untrusted))
     if not stat.S_ISDIR(info.st_mode):
-        return Lookup("corrupt", reason=f"{directory} is not a directory")
+        return Lookup(CacheState.CORRUPT, reason=f"{directory} is not a directory")
     try:
         text, untrusted = _read_trusted(directory / MANIFEST, any_owner)
         if untrusted is not None:
-            return Lookup("untrusted", reason=untrusted)
+            return Lookup(CacheState.UNTRUSTED, reason=untrusted)
         manifest = Manifest.parse(text.decode())
     except FileNotFoundError:
-        return Lookup("corrupt", reason=f"{MANIFEST} is missing")
+        return Lookup(CacheState.CORRUPT, reason=f"{MANIFEST} is missing")
     except (OSError, ValueError) as exc:
-        return Lookup("corrupt", reason=f"unreadable manifest ({exc})")
+        return Lookup(CacheState.CORRUPT, reason=f"unreadable manifest ({exc})")
     if manifest.key_hash != key.hash:
-        return Lookup("corrupt", reason="manifest belongs to another key", manifest=manifest)
+        return Lookup(
+            CacheState.CORRUPT, reason="manifest belongs to another key", manifest=manifest
+        )
     artifact = directory / manifest.artifact
     try:
         fd = trust.open_nofollow(artifact, os.O_RDONLY)
     except trust.UntrustedPath as exc:
-        return Lookup("untrusted", reason=str(exc), manifest=manifest)
+        return Lookup(CacheState.UNTRUSTED, reason=str(exc), manifest=manifest)
     except OSError:
-        return Lookup("corrupt", reason=f"{artifact.name} is missing", manifest=manifest)
+        return Lookup(CacheState.CORRUPT, reason=f"{artifact.name} is missing", manifest=manifest)
     try:
         info = os.fstat(fd)
         untrusted = trust.problem(info, any_owner=any_owner)
         if untrusted is not None:
             return Lookup(
-                "untrusted", reason=trust.explain(artifact, info, untrusted), manifest=manifest
+                CacheState.UNTRUSTED,
+                reason=trust.explain(artifact, info, untrusted),
+                manifest=manifest,
             )
         if info.st_size != manifest.artifact_size:
             return Lookup(
-                "corrupt",
+                CacheState.CORRUPT,
                 reason=f"{artifact.name} is {info.st_size} bytes, not {manifest.artifact_size} "
                 "(truncated?)",
                 manifest=manifest,
             )
         if _digest(fd) != manifest.artifact_sha256:
             return Lookup(
-                "corrupt",
+                CacheState.CORRUPT,
                 reason=f"{artifact.name} content does not match its checksum",
                 manifest=manifest,
             )
@@ -264,8 +268,8 @@ def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
         os.close(fd)
     reason = _changed_input(manifest)
     if reason:
-        return Lookup("stale", reason=reason, manifest=manifest)
-    return Lookup("hit", artifact=artifact, manifest=manifest)
+        return Lookup(CacheState.STALE, reason=reason, manifest=manifest)
+    return Lookup(CacheState.HIT, artifact=artifact, manifest=manifest)
 
 
 def _read_trusted(path: Path, any_owner: bool) -> tuple[bytes, str | None]:

@@ -28,6 +28,7 @@ from mllm_kernel.jit_utils.cache_names import LOGS_DIR, STAGING_DIR, belongs_to,
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
 from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
+from mllm_kernel.jit_utils.status import VariantState
 
 _DAY = 86400.0
 # Any arch would do: it only lets a kernel be planned (to list its exports) without a GPU.
@@ -140,7 +141,7 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
             entry.name,
             entry.device,
             tuple(variant),
-            "unknown",
+            VariantState.UNKNOWN,
             detail="loaded in this process, no registered builder",
         )
     return _served_by_prebuilt(entry, variant) or registry.variant_status(entry, variant)
@@ -164,7 +165,7 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
         entry.name,
         entry.device,
         spec.template_args,
-        "prebuilt",
+        VariantState.PREBUILT,
         path=found.artifact.parent,
         size_bytes=found.artifact.stat().st_size,
         detail=origins[found.artifact.parent.parent],  # which setting or package named it

@@ -2,7 +2,8 @@
 
 ::
 
-    <entry>/                      entry_dirname(): <name>_<device>_<args>_<hash[:16]>
+    <entry>/                      entry_dirname(): <name>_<device>_<args>_<hash[:16]>,
+                                  or binary_dirname(): cuda_<kind>_<label>_<target>_<hash[:16]>
     .staging/<entry>.<pid>.<hex>  staging_dirname(): a build in progress
     .staging/<entry>.old.<hex>    replaced_dirname(): an entry moved aside to be replaced
     .locks/<entry>.lock           lock_name(): the cross-process build lock
@@ -34,6 +35,7 @@ LOGS_DIR = ".logs"
 _UNSAFE_IN_DIRNAME = re.compile(r"[^A-Za-z0-9_.+-]+")
 _HASH_CHARS = 16
 _MAX_ARGS_CHARS = 64
+_MAX_LABEL_CHARS = 48
 _FILE_SUFFIXES = (".lock", ".owner", ".log")
 
 
@@ -42,6 +44,13 @@ def entry_dirname(spec: BuildSpec, key_hash: str) -> str:
     args = _UNSAFE_IN_DIRNAME.sub("-", "_".join(spec.template_args)).strip("-_")
     parts = [spec.name, spec.device, *([args[:_MAX_ARGS_CHARS]] if args else [])]
     return "_".join([*parts, key_hash[:_HASH_CHARS]])
+
+
+def binary_dirname(kind: str, label: str, target: str, key_hash: str) -> str:
+    """The entry of one raw-runtime binary (:mod:`mllm_kernel.cuda.runtime`):
+    ``cuda_<kind>_<label>_<target>_<hash[:16]>``, e.g. ``cuda_cubin_add_sm_90a_0123...``."""
+    label = _UNSAFE_IN_DIRNAME.sub("-", label)[:_MAX_LABEL_CHARS]
+    return f"cuda_{kind}_{label}_{target}_{key_hash[:_HASH_CHARS]}"
 
 
 def belongs_to(entry: str, kernels: Iterable[str]) -> bool:

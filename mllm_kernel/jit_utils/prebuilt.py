@@ -35,6 +35,7 @@ from mllm_kernel.jit_utils import cache, cache_names, env, paths, trust
 from mllm_kernel.jit_utils.cache_key import relocatable_key
 from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec
+from mllm_kernel.jit_utils.status import CacheState
 
 _logger = get_logger()
 # A prebuilt cache is read by whichever user serves: readable by all, writable by none
@@ -102,11 +103,11 @@ def find(spec: BuildSpec) -> cache.Lookup | None:
     key = relocatable_key(spec, roots[0])
     for root in roots:
         found = cache.lookup(key.under(root), any_owner=True)
-        if found.status == "hit":
+        if found.status is CacheState.HIT:
             return found
-        if found.status == "untrusted":
+        if found.status is CacheState.UNTRUSTED:
             trust.warn_once(root, f"prebuilt cache entry not used: {found.reason}")
-        elif found.status in ("corrupt", "stale"):
+        elif found.status in (CacheState.CORRUPT, CacheState.STALE):
             trust.warn_once(
                 key.under(root).path,
                 f"prebuilt cache entry {key.under(root).path} not used ({found.status}: "
