@@ -12,6 +12,7 @@ fails records why instead of raising.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -23,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from mllm_kernel.jit_utils import env, toolchain
-from mllm_kernel.jit_utils.cuda_arch import arch_for_capability
-from mllm_kernel.jit_utils.errors import ToolchainError
+from mllm_kernel.jit_utils.cuda_arch import (
+    arch_for_capability,
+    choose_cuda_archs,
+    cuda_arch_override,
+)
+from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 
 # The ISA extensions kernels dispatch on (x86 and Arm spellings from /proc/cpuinfo).
 _ISA_FLAG = re.compile(
@@ -128,18 +133,6 @@ def nvidia_smi_info() -> dict[str, Any]:
     if match:
         info["cuda_version"] = match.group(1)
     return info
-
-
-def nvidia_smi_capabilities() -> list[tuple[int, int]]:
-    """Compute capabilities of the GPUs nvidia-smi lists (empty without nvidia-smi)."""
-    path = shutil.which("nvidia-smi")
-    out = _run([path, "--query-gpu=compute_cap", "--format=csv,noheader"]) if path else None
-    capabilities = []
-    for line in (out or "").splitlines():
-        match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", line)
-        if match:
-            capabilities.append((int(match.group(1)), int(match.group(2))))
-    return capabilities
 
 
 def cuda_info() -> dict[str, Any]:
@@ -254,6 +247,22 @@ def tool_versions() -> dict[str, Any]:
     return versions
 
 
+def jit_cuda_arch(arch: str | None = None) -> dict[str, Any]:
+    """The CUDA archs the loader builds for here (``archs``) and where that choice comes
+    from (``source``), by :func:`~mllm_kernel.jit_utils.cuda_arch.choose_cuda_archs`;
+    ``arch`` (e.g. ``"9.0a"``) as with ``--arch``. Where none can be chosen, ``archs`` is
+    None and ``error`` says what to set."""
+    override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
+    try:
+        with override:
+            archs, source = choose_cuda_archs()
+    except CudaArchError as exc:
+        return {"archs": None, "source": None, "error": str(exc)}
+    except Exception as exc:  # torch's own errors, e.g. a driver too old for this build
+        return {"archs": None, "source": None, "error": str(exc).splitlines()[0]}
+    return {"archs": [str(a) for a in archs], "source": source}
+
+
 def collect() -> dict[str, Any]:
     """Everything ``show-env`` reports, as one JSON-serialisable dict."""
     return {
@@ -261,6 +270,7 @@ def collect() -> dict[str, Any]:
         "python": python_info(),
         "cpu": cpu_info(),
         "cuda": cuda_info(),
+        "jit_cuda_arch": jit_cuda_arch(),
         "torch": torch_info(),
         "versions": tool_versions(),
         "cache_root": str(env.cache_root()),

@@ -40,7 +40,16 @@ def bare_path(tmp_path, monkeypatch):
 def test_collect_is_json_and_complete():
     info = env_info.collect()
     assert json.loads(json.dumps(info)) == info
-    assert set(info) == {"os", "python", "cpu", "cuda", "torch", "versions", "cache_root"}
+    assert set(info) == {
+        "os",
+        "python",
+        "cpu",
+        "cuda",
+        "jit_cuda_arch",
+        "torch",
+        "versions",
+        "cache_root",
+    }
     assert info["cpu"]["logical_cores"] == os.cpu_count()
     assert info["versions"]["apache_tvm_ffi"]
     assert info["versions"]["torch_c_dlpack_ext"]
@@ -112,7 +121,6 @@ def test_nvidia_smi_driver_and_capabilities(bare_path):
         bare_path / "nvidia-smi",
         'case "$1" in\n'
         "  --query-gpu=driver_version) echo 555.42.06; echo 555.42.06 ;;\n"
-        "  --query-gpu=compute_cap) echo 9.0; echo 8.0 ;;\n"
         '  *) echo "| NVIDIA-SMI 555.42.06  Driver Version: 555.42.06  CUDA Version: 12.5 |" ;;\n'
         "esac",
     )
@@ -122,14 +130,12 @@ def test_nvidia_smi_driver_and_capabilities(bare_path):
         "driver_version": "555.42.06",
         "cuda_version": "12.5",
     }
-    assert env_info.nvidia_smi_capabilities() == [(9, 0), (8, 0)]
 
 
 def test_broken_nvidia_smi_is_not_fatal(bare_path):
     _script(bare_path / "nvidia-smi", "echo 'NVIDIA-SMI has failed' >&2; exit 9")
     smi = env_info.nvidia_smi_info()
     assert smi["path"] and smi["driver_version"] is None and smi["cuda_version"] is None
-    assert env_info.nvidia_smi_capabilities() == []
 
 
 def test_torch_without_gpu(monkeypatch):
@@ -235,3 +241,28 @@ def test_gpu_details_rows():
     )
     unavailable = output.gpu_detail_rows({"index": 0, "details": {"error": "no nvcc"}})
     assert unavailable == [("PyTorch", "GPU 0 details", "unavailable (no nvcc)")]
+
+
+def test_jit_arch_is_the_loaders_choice(monkeypatch):
+    from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
+
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0;9.0a")
+    arch = env_info.jit_cuda_arch()
+    assert arch == {"archs": ["8.0", "9.0a"], "source": "$MLLM_KERNEL_CUDA_ARCH_LIST"}
+    assert arch["archs"] == [str(a) for a in resolve_cuda_archs()]
+    rows = {(s, f): v for s, f, v in output.env_rows(env_info.collect())}
+    assert rows[("CUDA", "JIT arch")] == "8.0;9.0a (from $MLLM_KERNEL_CUDA_ARCH_LIST)"
+    with cuda_arch_override("10.0a"):
+        assert env_info.jit_cuda_arch()["source"] == "override (--arch)"
+    assert env_info.jit_cuda_arch("10.0a") == {"archs": ["10.0a"], "source": "override (--arch)"}
+
+
+def test_no_jit_arch_says_what_to_set(monkeypatch):
+    import torch
+
+    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    arch = env_info.jit_cuda_arch()
+    assert arch["archs"] is None and "set MLLM_KERNEL_CUDA_ARCH_LIST" in arch["error"]
+    assert output.format_jit_arch(arch).startswith("unknown: No CUDA GPU is visible")

@@ -197,6 +197,20 @@ def test_arch_precedence(no_arch_env, monkeypatch):
     assert resolve_cuda_archs() == (CudaArch(8, 9),)
 
 
+def test_choose_cuda_archs_says_where_the_archs_came_from(no_arch_env, monkeypatch):
+    from mllm_kernel.jit_utils.cuda_arch import choose_cuda_archs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 6))
+    assert choose_cuda_archs() == ((CudaArch(8, 6),), "GPU 1 (compute capability 8.6)")
+    assert choose_cuda_archs(0) == ((CudaArch(8, 6),), "GPU 0 (compute capability 8.6)")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert choose_cuda_archs() == ((CudaArch(9, 0, "a"),), "$TORCH_CUDA_ARCH_LIST")
+    with cuda_arch_override("8.0"):
+        assert choose_cuda_archs() == ((CudaArch(8, 0),), "override (--arch)")
+
+
 def test_no_gpu_and_no_arch_is_a_clear_error_not_a_default(no_arch_env, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(CudaArchError, match="MLLM_KERNEL_CUDA_ARCH_LIST"):

@@ -65,6 +65,14 @@ def format_bytes(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def format_jit_arch(arch: dict[str, Any]) -> str:
+    """:func:`mllm_kernel.env_info.jit_cuda_arch` as ``9.0a (from $MLLM_KERNEL_CUDA_ARCH_LIST)``,
+    or ``unknown: <what to set>``."""
+    if arch["archs"]:
+        return f"{';'.join(arch['archs'])} (from {arch['source']})"
+    return f"unknown: {arch['error']}"
+
+
 def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(section, field, value)`` rows of :func:`mllm_kernel.env_info.collect`'s dict,
     missing values spelled out."""
@@ -106,6 +114,7 @@ def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
     else:
         toolkit = f"{NOT_FOUND}: {(cuda['toolkit_error'] or '').split(':', 1)[-1].strip()}"
     rows.append(("CUDA", "toolkit", toolkit))
+    rows.append(("CUDA", "JIT arch", format_jit_arch(info["jit_cuda_arch"])))
     smi = cuda["nvidia_smi"]
     rows.append(("CUDA", "nvidia-smi", _or_missing(smi["path"])))
     rows.append(("CUDA", "driver", _or_missing(smi["driver_version"], "-")))

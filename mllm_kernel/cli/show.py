@@ -7,8 +7,16 @@ import dataclasses
 from typing import Any
 
 from mllm_kernel import env_info
-from mllm_kernel.cli.output import NOT_FOUND, format_bytes, format_env, paint, print_json, table
-from mllm_kernel.jit_utils import cache_admin, cuda_arch
+from mllm_kernel.cli.output import (
+    NOT_FOUND,
+    format_bytes,
+    format_env,
+    format_jit_arch,
+    paint,
+    print_json,
+    table,
+)
+from mllm_kernel.jit_utils import cache_admin
 from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.spec import DEVICES
 from mllm_kernel.jit_utils.status import VariantState
@@ -61,20 +69,6 @@ def run_show_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _arch_summary(arch: str | None) -> dict[str, Any]:
-    override = cuda_arch.cuda_arch_override(arch) if arch else None
-    try:
-        if override is not None:
-            with override as archs:
-                return {"archs": [str(a) for a in archs], "source": "--arch"}
-        return {
-            "archs": [str(a) for a in cuda_arch.resolve_cuda_archs()],
-            "source": cuda_arch.describe_source(),
-        }
-    except CudaArchError as exc:
-        return {"archs": None, "source": None, "error": str(exc)}
-
-
 def _status_json(status: Any) -> dict[str, Any]:
     data = dataclasses.asdict(status)
     data["path"] = str(status.path) if status.path else None
@@ -86,7 +80,7 @@ def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[
     """The JSON object ``show-config --json`` prints."""
     return {
         "env": info,
-        "cuda_arch": _arch_summary(report.arch),
+        "cuda_arch": env_info.jit_cuda_arch(report.arch),
         "kernels": [
             {
                 "name": k.name,
@@ -122,10 +116,6 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
     else:
         gpus = "none visible"
     nvcc = f"{cuda['nvcc']} ({cuda['nvcc_version']})" if cuda["toolkit"] else NOT_FOUND
-    if arch["archs"]:
-        arch_text = f"{';'.join(arch['archs'])} (from {arch['source']})"
-    else:
-        arch_text = f"unknown: {arch['error']}"
     rows = [
         ("mllm-kernel", versions["mllm_kernel"]),
         ("apache-tvm-ffi", versions["apache_tvm_ffi"] or NOT_FOUND),
@@ -133,7 +123,7 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
         ("GPUs", gpus),
         ("C++ compiler", versions["cxx"] or NOT_FOUND),
         ("nvcc", nvcc),
-        ("CUDA arch", arch_text),
+        ("CUDA arch", format_jit_arch(arch)),
         ("cache root", info["cache_root"]),
     ]
     width = max(len(name) for name, _ in rows)
@@ -142,7 +132,7 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
 
 def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str:
     """``show-config``'s text: the summary, kernel tables by device, unclaimed modules."""
-    arch = _arch_summary(report.arch)
+    arch = env_info.jit_cuda_arch(report.arch)
     # Why the CUDA arch is unknown is said once, in the summary; variants it leaves
     # unknown point there.
     arch_error = (arch.get("error") or "").split("\n")[0] or None
