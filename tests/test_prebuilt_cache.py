@@ -420,9 +420,7 @@ def test_a_cpu_cache_packs_into_a_wheel_with_a_valid_record(cpu_prebuilt, tmp_pa
         for item in entry.iterdir():
             packed = files[f"mllm_kernel_cache_cpu/cache/{entry.name}/{item.name}"]
             assert packed == item.read_bytes()
-    assert files[f"{dist_info}/entry_points.txt"].decode() == (
-        "[mllm_kernel.caches]\nmllm-kernel-cache-cpu = mllm_kernel_cache_cpu\n"
-    )
+    assert b"CACHE_DIR" in files["mllm_kernel_cache_cpu/__init__.py"]
     metadata = files[f"{dist_info}/METADATA"].decode()
     assert "Name: mllm-kernel-cache-cpu\n" in metadata
     assert f"Requires-Dist: mllm-kernel=={version}\n" in metadata
@@ -511,20 +509,30 @@ def test_show_config_names_the_installed_cache_package(installed_cpu_wheel, monk
     assert capsys.readouterr().out.count(f"(from {origin})") == len(statuses)
 
 
-def test_an_installed_cache_whose_package_is_gone_is_skipped_with_a_warning(
+def test_installed_caches_are_found_by_package_name_first_on_the_path_wins(
     tmp_path, monkeypatch, warnings_logged
 ):
-    dist_info = tmp_path / "mllm_kernel_cache_gone-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: mllm-kernel-cache-gone\n")
-    (dist_info / "entry_points.txt").write_text(
-        "[mllm_kernel.caches]\nmllm-kernel-cache-gone = mllm_kernel_cache_gone\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert prebuilt.read_only_caches() == []
+    first, second = tmp_path / "first", tmp_path / "second"
+    for site in (first, second):
+        (site / "mllm_kernel_cache_sm90a" / "cache").mkdir(parents=True)
+    (first / "mllm_kernel_cache_sm90a-0.1.0.dist-info").mkdir()
+    (second / "mllm_kernel_cache_cpu" / "cache").mkdir(parents=True)
+    (second / "mllm_kernel_cache_broken").mkdir()  # no cache/: said, then skipped
+    (second / "mllm_kernel_cache_notes.txt").write_text("not a package")
+    monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH", raising=False)
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    assert prebuilt.read_only_caches() == [
+        prebuilt.ReadOnlyCache(
+            second / "mllm_kernel_cache_cpu" / "cache", "package mllm-kernel-cache-cpu"
+        ),
+        prebuilt.ReadOnlyCache(
+            first / "mllm_kernel_cache_sm90a" / "cache", "package mllm-kernel-cache-sm90a 0.1.0"
+        ),
+    ]
     assert warnings_logged == [
-        "installed cache mllm-kernel-cache-gone names package 'mllm_kernel_cache_gone', which "
-        "cannot be found; reinstall it"
+        f"installed cache package {second / 'mllm_kernel_cache_broken'} has no cache/ "
+        "directory; reinstall it"
     ]
 
 

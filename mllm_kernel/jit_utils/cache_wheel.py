@@ -2,10 +2,10 @@
 
 ``precompile --output DIR --wheel`` calls :func:`pack`: the wheel
 ``mllm_kernel_cache_<tag>-<version>-py3-none-<platform>.whl`` holds the package
-``mllm_kernel_cache_<tag>`` with DIR's entries under ``cache/``, and declares that
-package in the ``mllm_kernel.caches`` entry point group, where
-:func:`.prebuilt.read_only_caches` looks. ``<tag>`` names the CUDA archs the cache
-holds (``sm90a``, ``sm90a-sm100a``), or ``cpu`` when it holds only CPU builds.
+``mllm_kernel_cache_<tag>`` with DIR's entries under ``cache/``: installed anywhere
+on ``sys.path``, it is where :func:`.prebuilt.read_only_caches` looks. ``<tag>``
+names the CUDA archs the cache holds (``sm90a``, ``sm90a-sm100a``), or ``cpu`` when
+it holds only CPU builds.
 
 The wheel requires the mllm-kernel and apache-tvm-ffi versions it was built with:
 an entry is only ever found by a key that holds both, so with any other version it
@@ -32,18 +32,17 @@ import tvm_ffi
 from mllm_kernel import __version__
 from mllm_kernel.jit_utils import cache
 from mllm_kernel.jit_utils.cuda_arch import parse_arch_list
-from mllm_kernel.jit_utils.prebuilt import CACHE_SUBDIR, ENTRY_POINT_GROUP
+from mllm_kernel.jit_utils.prebuilt import CACHE_PACKAGE_PREFIX, CACHE_SUBDIR
 
-DIST_PREFIX = "mllm-kernel-cache"
 # Fixed timestamps and modes: the same cache packs into the same bytes.
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _FILE_ATTR = (stat.S_IFREG | 0o644) << 16
 
 _PACKAGE_INIT = '''"""A prebuilt mllm-kernel cache ({tag}).
 
-Made by ``python -m mllm_kernel precompile --wheel``. mllm-kernel finds it
-through the ``{group}`` entry point and loads the kernels in
-``CACHE_DIR`` without compiling; nothing needs to import this module.
+Made by ``python -m mllm_kernel precompile --wheel``. mllm-kernel finds this
+package by its name on ``sys.path`` and loads the kernels in ``CACHE_DIR``
+without compiling; nothing needs to import it.
 """
 
 from pathlib import Path
@@ -117,14 +116,14 @@ def pack(cache_dir: Path, wheel_dir: Path) -> Path:
     missing) and returns its path. An older wheel of the same name is replaced."""
     entries = cache_entries(cache_dir)
     tag = cache_tag(entries)
-    dist_name = f"{DIST_PREFIX}-{tag}"
-    module = re.sub(r"[-.]+", "_", dist_name)
+    module = CACHE_PACKAGE_PREFIX + tag.replace("-", "_")
+    dist_name = module.replace("_", "-")
     platform = platform_tag()
     dist_info = f"{module}-{__version__}.dist-info"
     files: list[tuple[str, bytes]] = [
         (
             f"{module}/__init__.py",
-            _PACKAGE_INIT.format(tag=tag, group=ENTRY_POINT_GROUP, subdir=CACHE_SUBDIR).encode(),
+            _PACKAGE_INIT.format(tag=tag, subdir=CACHE_SUBDIR).encode(),
         )
     ]
     for entry in entries:
@@ -136,10 +135,6 @@ def pack(cache_dir: Path, wheel_dir: Path) -> Path:
     files += [
         (f"{dist_info}/METADATA", _metadata(dist_name, tag).encode()),
         (f"{dist_info}/WHEEL", _wheel_file(platform).encode()),
-        (
-            f"{dist_info}/entry_points.txt",
-            f"[{ENTRY_POINT_GROUP}]\n{dist_name} = {module}\n".encode(),
-        ),
     ]
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files)
     files.append((f"{dist_info}/RECORD", f"{record}{dist_info}/RECORD,,\n".encode()))

@@ -2,9 +2,11 @@
 
 The read-only caches, searched in order before the writable cache, are the
 directories of ``MLLM_KERNEL_CACHE_PATH=dir1:dir2``, then the caches installed as
-packages (``precompile --wheel`` makes one: a wheel that declares its cache
-directory in the :data:`ENTRY_POINT_GROUP` entry point group; see
-:mod:`.cache_wheel`), by distribution name. An entry there is found by its
+packages: a top-level package ``mllm_kernel_cache_<tag>`` on ``sys.path`` holding a
+``cache/`` directory (``precompile --wheel`` makes one; see :mod:`.cache_wheel`), by
+name. They are found by listing the ``sys.path`` directories, not through
+``importlib.metadata``: scanning every installed distribution took 67 ms, a cold start
+of its own. An entry there is found by its
 :func:`~.cache_key.relocatable_key` (computed without any toolchain), validated
 like any entry (manifest schema, the artifact's size and sha256, the sha256 of
 every source and header it was built from) under the read-only trust rule (any
@@ -23,8 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
-import importlib.util
 import os
 import shutil
 import stat
@@ -42,9 +42,8 @@ _logger = get_logger()
 # but its owner.
 _DIR_MODE = 0o755
 _FILE_MODE = 0o644
-# Installed cache packages name their top-level module in this group; the cache is the
-# module's ``cache/`` directory.
-ENTRY_POINT_GROUP = "mllm_kernel.caches"
+# An installed cache is the package <CACHE_PACKAGE_PREFIX><tag>, its entries in CACHE_SUBDIR.
+CACHE_PACKAGE_PREFIX = "mllm_kernel_cache_"
 CACHE_SUBDIR = "cache"
 
 
@@ -64,34 +63,39 @@ def read_only_caches() -> list[ReadOnlyCache]:
     return named + list(_installed_caches(tuple(sys.path)))
 
 
-@functools.cache  # scanning every installed distribution takes milliseconds
+@functools.cache  # sys.path keys it: a listing per directory, once per process
 def _installed_caches(search_path: tuple[str, ...]) -> tuple[ReadOnlyCache, ...]:
     found: dict[str, ReadOnlyCache] = {}
-    for dist in importlib.metadata.distributions(path=list(search_path)):
-        name = dist.metadata["Name"]
-        for entry_point in dist.entry_points.select(group=ENTRY_POINT_GROUP):
+    for entry in search_path:
+        directory = Path(entry or ".").absolute()
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:  # a missing directory or a zip file on sys.path
+            continue
+        versions = {  # mllm_kernel_cache_cpu-0.1.0.dist-info: what pip installed
+            package: version
+            for package, _, version in (
+                name.removesuffix(".dist-info").partition("-")
+                for name in names
+                if name.startswith(CACHE_PACKAGE_PREFIX) and name.endswith(".dist-info")
+            )
+        }
+        for name in names:
+            if not name.startswith(CACHE_PACKAGE_PREFIX) or not name.isidentifier():
+                continue
             if name in found:  # the first on the path wins, as for imports
                 continue
-            root = _package_dir(entry_point.value)
-            if root is None:
-                _logger.warning(
-                    "installed cache %s names package %r, which cannot be found; reinstall it",
-                    name,
-                    entry_point.value,
+            root = directory / name / CACHE_SUBDIR
+            if not root.is_dir():
+                trust.warn_once(
+                    root,
+                    f"installed cache package {directory / name} has no {CACHE_SUBDIR}/ "
+                    "directory; reinstall it",
                 )
                 continue
-            found[name] = ReadOnlyCache(root / CACHE_SUBDIR, f"package {name} {dist.version}")
+            origin = f"package {name.replace('_', '-')} {versions.get(name, '')}".rstrip()
+            found[name] = ReadOnlyCache(root, origin)
     return tuple(found[name] for name in sorted(found))
-
-
-def _package_dir(module: str) -> Path | None:
-    """Where the top-level package ``module`` is, found without running its code."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or ()) if spec else []
-    return Path(locations[0]) if locations else None
 
 
 def find(spec: BuildSpec) -> cache.Lookup | None:
