@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mllm_kernel.jit_utils import env, paths, toolchain
-from mllm_kernel.jit_utils.cuda_arch import arch_for_capability, parse_arch_list
+from mllm_kernel.jit_utils import paths, toolchain
+from mllm_kernel.jit_utils.cuda_arch import choose_cuda_archs, parse_arch_list
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 
 DEFAULT_CUDA_ARCH = "sm_90a"
@@ -35,30 +35,14 @@ class ClangdConfig:
 
 
 def detect_cuda_arch() -> tuple[str, str]:
-    """``(sm_XX, where it came from)``: nvidia-smi, else torch, else
-    ``MLLM_KERNEL_CUDA_ARCH_LIST`` / ``TORCH_CUDA_ARCH_LIST`` (the newest arch
-    listed), else :data:`DEFAULT_CUDA_ARCH`."""
-    from mllm_kernel.env_info import nvidia_smi_capabilities
-
-    capabilities = nvidia_smi_capabilities()
-    if capabilities:
-        return f"sm_{arch_for_capability(*max(capabilities)).number}", "nvidia-smi"
+    """``(sm_XX, where it came from)``: the newest arch that
+    :func:`~mllm_kernel.jit_utils.cuda_arch.choose_cuda_archs` picks (the loader's own
+    order), else :data:`DEFAULT_CUDA_ARCH`: clangd needs some arch to parse CUDA."""
     try:
-        import torch
-
-        if torch.cuda.is_available():
-            capability = torch.cuda.get_device_capability()
-            return f"sm_{arch_for_capability(*capability).number}", "torch"
-    except Exception:  # no torch / a broken driver: fall through to the next source
-        pass
-    from_env = env.cuda_arch_list()
-    if from_env:
-        try:
-            newest = max(parse_arch_list(from_env[0]))
-            return f"sm_{newest.number}", f"${from_env[1]}"
-        except CudaArchError:
-            pass
-    return DEFAULT_CUDA_ARCH, "default (no GPU, nvidia-smi or arch list found)"
+        archs, source = choose_cuda_archs()
+    except CudaArchError:
+        return DEFAULT_CUDA_ARCH, "default (no GPU or arch list found)"
+    return f"sm_{max(archs).number}", source
 
 
 def _yaml_list(items: list[str], indent: str = "    ") -> str:

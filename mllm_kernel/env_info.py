@@ -1,9 +1,9 @@
 """What this machine offers mllm-kernel: OS, CPU, CUDA, PyTorch, tool versions.
 
 :func:`collect` gathers it as one JSON-ready dict (``show-env --json`` prints
-it as is); :func:`format_env` renders it as aligned text. Nothing here needs a
-GPU, nvcc or nvidia-smi: a missing tool is ``None`` in the dict and
-``not found`` in the text, and a probe that fails records why instead of raising.
+it as is; :func:`mllm_kernel.cli.output.format_env` renders it as text). Nothing
+here needs a GPU, nvcc or nvidia-smi: a missing tool is ``None``, and a probe that
+fails records why instead of raising.
 
 >>> info = collect()
 >>> sorted(info)[:3]
@@ -12,6 +12,7 @@ GPU, nvcc or nvidia-smi: a missing tool is ``None`` in the dict and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -23,16 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from mllm_kernel.jit_utils import env, toolchain
-from mllm_kernel.jit_utils.cuda_arch import arch_for_capability
-from mllm_kernel.jit_utils.errors import ToolchainError
-
-NOT_FOUND = "not found"
+from mllm_kernel.jit_utils.cuda_arch import (
+    arch_for_capability,
+    choose_cuda_archs,
+    cuda_arch_override,
+)
+from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 
 # The ISA extensions kernels dispatch on (x86 and Arm spellings from /proc/cpuinfo).
 _ISA_FLAG = re.compile(
     r"^(avx|avx2|fma|f16c|avx512.*|avx_vnni.*|amx.*|neon|asimd.*|sve.*|sme(?!p$).*)$"
 )
-_NVCC_RELEASE = re.compile(r"release ([\d.]+), (V[\d.]+)")
 _NVIDIA_SMI_CUDA = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
@@ -133,28 +135,6 @@ def nvidia_smi_info() -> dict[str, Any]:
     return info
 
 
-def nvidia_smi_capabilities() -> list[tuple[int, int]]:
-    """Compute capabilities of the GPUs nvidia-smi lists (empty without nvidia-smi)."""
-    path = shutil.which("nvidia-smi")
-    out = _run([path, "--query-gpu=compute_cap", "--format=csv,noheader"]) if path else None
-    capabilities = []
-    for line in (out or "").splitlines():
-        match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", line)
-        if match:
-            capabilities.append((int(match.group(1)), int(match.group(2))))
-    return capabilities
-
-
-def nvcc_version(nvcc: Path | str) -> tuple[str, str | None]:
-    """``("13.0, V13.0.88", "13.0")`` from ``nvcc --version``; the text falls back to
-    the tool's last line, the release to None."""
-    out = _run([str(nvcc), "--version"])
-    match = _NVCC_RELEASE.search(out or "")
-    if match:
-        return f"{match.group(1)}, {match.group(2)}", match.group(1)
-    return toolchain.run_version(nvcc), None
-
-
 def cuda_info() -> dict[str, Any]:
     """The CUDA toolkit the loader would use (``nvcc``, its real path behind any wrapper
     script, its version), ``CUDA_HOME``/``CUDA_PATH``, and nvidia-smi's view."""
@@ -182,8 +162,8 @@ def cuda_info() -> dict[str, Any]:
         info["toolkit"] = str(cuda.home)
         info["nvcc"] = str(cuda.nvcc.path)
         info["nvcc_real_path"] = str(cuda.nvcc.real_path)
-        info["nvcc_version"], release = nvcc_version(cuda.nvcc.path)
-        info["toolkit_version"] = cuda.version or release
+        info["nvcc_version"] = cuda.nvcc_version().text
+        info["toolkit_version"] = cuda.release()
     info["nvidia_smi"] = nvidia_smi_info()
     return info
 
@@ -231,41 +211,6 @@ def gpu_details(index: int) -> dict[str, Any]:
         return {"error": str(exc).splitlines()[0]}
 
 
-def gpu_detail_rows(gpu: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """show-env rows of one GPU's :func:`gpu_details`."""
-    name, details = f"GPU {gpu['index']}", gpu.get("details") or {}
-    if "error" in details or not details:
-        return [("PyTorch", f"{name} details", f"unavailable ({details.get('error', '?')})")]
-    clusters = "yes" if details["cluster_launch"] else "no"
-    return [
-        (
-            "PyTorch",
-            f"{name} compute",
-            f"{details['sm_count']} SMs, warp {details['warp_size']}, "
-            f"{details['max_threads_per_block']} threads/block, "
-            f"{details['max_threads_per_sm']} threads/SM, "
-            f"{details['registers_per_sm']} registers/SM, clusters {clusters}, "
-            f"JIT arch {details['jit_arch']}",
-        ),
-        (
-            "PyTorch",
-            f"{name} shared memory",
-            f"{format_bytes(details['shared_memory_per_block'])}/block "
-            f"({format_bytes(details['shared_memory_per_block_optin'])} opt-in), "
-            f"{format_bytes(details['shared_memory_per_sm'])}/SM",
-        ),
-        (
-            "PyTorch",
-            f"{name} memory",
-            f"{format_bytes(details['total_memory_bytes'])}, "
-            f"L2 {format_bytes(details['l2_cache_bytes'])}, "
-            f"{details['memory_bus_width_bits']}-bit at "
-            f"{details['memory_clock_khz'] / 1000:.0f} MHz: "
-            f"{details['memory_bandwidth_gbps']:.0f} GB/s theoretical",
-        ),
-    ]
-
-
 def _dist_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -274,8 +219,8 @@ def _dist_version(name: str) -> str | None:
 
 
 def tool_versions() -> dict[str, Any]:
-    """Versions of mllm-kernel, apache-tvm-ffi, torch-c-dlpack-ext, the C++ compiler
-    and ninja (``None`` where one is not installed)."""
+    """Versions of mllm-kernel, apache-tvm-ffi, torch-c-dlpack-ext and the C++ compiler
+    (``None`` where one is not installed). No build uses ninja, so it is not asked."""
     from mllm_kernel import __version__
 
     try:
@@ -291,8 +236,6 @@ def tool_versions() -> dict[str, Any]:
         "cxx": None,
         "cxx_version": None,
         "cxx_error": None,
-        "ninja": shutil.which("ninja"),
-        "ninja_version": None,
     }
     try:
         cxx = toolchain.find_cxx()
@@ -301,9 +244,23 @@ def tool_versions() -> dict[str, Any]:
     else:
         versions["cxx"] = str(cxx.path)
         versions["cxx_version"] = cxx.version()
-    if versions["ninja"]:
-        versions["ninja_version"] = toolchain.run_version(versions["ninja"])
     return versions
+
+
+def jit_cuda_arch(arch: str | None = None) -> dict[str, Any]:
+    """The CUDA archs the loader builds for here (``archs``) and where that choice comes
+    from (``source``), by :func:`~mllm_kernel.jit_utils.cuda_arch.choose_cuda_archs`;
+    ``arch`` (e.g. ``"9.0a"``) as with ``--arch``. Where none can be chosen, ``archs`` is
+    None and ``error`` says what to set."""
+    override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
+    try:
+        with override:
+            archs, source = choose_cuda_archs()
+    except CudaArchError as exc:
+        return {"archs": None, "source": None, "error": str(exc)}
+    except Exception as exc:  # torch's own errors, e.g. a driver too old for this build
+        return {"archs": None, "source": None, "error": str(exc).splitlines()[0]}
+    return {"archs": [str(a) for a in archs], "source": source}
 
 
 def collect() -> dict[str, Any]:
@@ -313,122 +270,8 @@ def collect() -> dict[str, Any]:
         "python": python_info(),
         "cpu": cpu_info(),
         "cuda": cuda_info(),
+        "jit_cuda_arch": jit_cuda_arch(),
         "torch": torch_info(),
         "versions": tool_versions(),
         "cache_root": str(env.cache_root()),
     }
-
-
-def _or_missing(value: Any, missing: str = NOT_FOUND) -> str:
-    return missing if value is None or value == "" else str(value)
-
-
-def format_bytes(size: int | None) -> str:
-    """``1536`` -> ``1.5 KiB``; None -> ``-``."""
-    if size is None:
-        return "-"
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """``(section, field, value)`` rows of :func:`collect`'s dict, missing values spelled out."""
-    rows: list[tuple[str, str, str]] = []
-    os_, py, cpu, cuda, torch_, ver = (
-        info["os"],
-        info["python"],
-        info["cpu"],
-        info["cuda"],
-        info["torch"],
-        info["versions"],
-    )
-    rows += [
-        ("OS", "system", f"{os_['system']} {os_['release']} ({os_['machine']})"),
-        ("Python", "version", py["version"]),
-        ("Python", "executable", py["executable"]),
-        ("CPU", "model", _or_missing(cpu["model"], "unknown")),
-        (
-            "CPU",
-            "cores",
-            f"{_or_missing(cpu['logical_cores'], '?')} logical, "
-            f"{_or_missing(cpu['physical_cores'], '?')} physical",
-        ),
-        ("CPU", "ISA", " ".join(cpu["isa_flags"]) or "none of avx2/avx512/amx/neon"),
-    ]
-    home = cuda["cuda_home"]
-    rows.append(
-        ("CUDA", "CUDA_HOME", f"{home['value']} (${home['variable']})" if home else "not set")
-    )
-    for field, path, real in (
-        ("nvcc on PATH", cuda["nvcc_on_path"], cuda["nvcc_on_path_real"]),
-        ("nvcc", cuda["nvcc"], cuda["nvcc_real_path"]),
-    ):
-        shown = f"{path} -> {real}" if path and real and real != path else path
-        rows.append(("CUDA", field, _or_missing(shown)))
-    rows.append(("CUDA", "nvcc version", _or_missing(cuda["nvcc_version"], "-")))
-    if cuda["toolkit"]:
-        toolkit = f"{cuda['toolkit']} (CUDA {_or_missing(cuda['toolkit_version'], '?')})"
-    else:
-        toolkit = f"{NOT_FOUND}: {(cuda['toolkit_error'] or '').split(':', 1)[-1].strip()}"
-    rows.append(("CUDA", "toolkit", toolkit))
-    smi = cuda["nvidia_smi"]
-    rows.append(("CUDA", "nvidia-smi", _or_missing(smi["path"])))
-    rows.append(("CUDA", "driver", _or_missing(smi["driver_version"], "-")))
-    rows.append(("CUDA", "driver CUDA", _or_missing(smi["cuda_version"], "-")))
-    if torch_.get("version") is None:
-        rows.append(("PyTorch", "version", f"{NOT_FOUND} ({torch_.get('error', '')})"))
-    else:
-        rows.append(("PyTorch", "version", torch_["version"]))
-        rows.append(
-            ("PyTorch", "CUDA build", _or_missing(torch_["cuda_build"], "none (CPU build)"))
-        )
-        available = "yes" if torch_["cuda_available"] else "no"
-        if torch_.get("error"):
-            available += f" ({torch_['error']})"
-        rows.append(("PyTorch", "CUDA available", available))
-        for gpu in torch_["gpus"]:
-            rows.append(
-                (
-                    "PyTorch",
-                    f"GPU {gpu['index']}",
-                    f"{gpu['name']}, capability {gpu['compute_capability']} ({gpu['arch']}), "
-                    f"{format_bytes(gpu['memory_bytes'])}",
-                )
-            )
-            rows += gpu_detail_rows(gpu)
-        if not torch_["gpus"]:
-            rows.append(("PyTorch", "GPUs", "none visible"))
-    rows += [
-        ("Versions", "mllm-kernel", ver["mllm_kernel"]),
-        ("Versions", "apache-tvm-ffi", _or_missing(ver["apache_tvm_ffi"])),
-        ("Versions", "torch-c-dlpack-ext", _or_missing(ver["torch_c_dlpack_ext"])),
-        (
-            "Versions",
-            "C++ compiler",
-            f"{ver['cxx']} ({ver['cxx_version']})" if ver["cxx"] else NOT_FOUND,
-        ),
-        (
-            "Versions",
-            "ninja",
-            f"{ver['ninja']} ({ver['ninja_version']})" if ver["ninja"] else NOT_FOUND,
-        ),
-        ("Cache", "root", info["cache_root"]),
-    ]
-    return rows
-
-
-def format_env(info: dict[str, Any]) -> str:
-    """:func:`collect`'s dict as aligned ``Section  field  value`` text."""
-    rows = env_rows(info)
-    field_width = max(len(field) for _, field, _ in rows)
-    lines, section = [], None
-    for name, field, value in rows:
-        if name != section:
-            lines.append(f"{name}:")
-            section = name
-        lines.append(f"  {field:<{field_width}}  {value}")
-    return "\n".join(lines)

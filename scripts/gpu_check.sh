@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with an NVIDIA GPU (the lent H100/H200 or your own):
-# installs what the image lacks from wheels in .whl/ (made by
-# ../shared/tools/device-wheels.sh), runs the cuda-marked tests and the
-# benchmarks, and writes a results table.
+# installs what the image lacks from wheels in .whl/ (fetch them first, on a
+# machine with a network, with scripts/device_wheels.sh), runs the cuda-marked
+# tests and the benchmarks, and writes a results table.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default: gpu_results/
 #   GPU_CHECK_TESTS=0 / GPU_CHECK_BENCH=0      # skip a part

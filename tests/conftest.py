@@ -71,7 +71,7 @@ def fresh_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def warnings_logged():
     """The mllm_kernel logger's WARNING records during the test, as text."""
-    from mllm_kernel.logging_setup import get_logger
+    from mllm_kernel.jit_utils.logging_setup import get_logger
 
     records: list[str] = []
 

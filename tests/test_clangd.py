@@ -67,20 +67,30 @@ def test_arch_from_the_arch_list(no_gpu, monkeypatch):
     assert clangd.detect_cuda_arch() == ("sm_90a", "$MLLM_KERNEL_CUDA_ARCH_LIST")
 
 
-def test_arch_from_nvidia_smi(no_gpu, monkeypatch):
+def test_arch_order_is_the_loaders(no_gpu, monkeypatch):
+    # The arch list wins over the GPU, as in the loader; nvidia-smi is not asked.
+    import torch
+
     smi = no_gpu / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 8.6\n")
+    smi.write_text(f"#!/bin/sh\ntouch {no_gpu / 'smi-ran'}\necho 8.6\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0a")  # nvidia-smi wins
-    assert clangd.detect_cuda_arch() == ("sm_86", "nvidia-smi")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert clangd.detect_cuda_arch() == ("sm_90a", "$TORCH_CUDA_ARCH_LIST")
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    assert clangd.detect_cuda_arch() == ("sm_89", "GPU 0 (compute capability 8.9)")
+    assert not (no_gpu / "smi-ran").exists()
 
 
 def test_arch_from_torch(no_gpu, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    assert clangd.detect_cuda_arch() == ("sm_90a", "torch")
+    assert clangd.detect_cuda_arch() == ("sm_90a", "GPU 0 (compute capability 9.0)")
 
 
 def test_without_a_toolkit_cuda_path_is_left_out(no_gpu, monkeypatch, tmp_path):

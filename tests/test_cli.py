@@ -95,7 +95,7 @@ def test_show_env_without_any_tool(tmp_path, monkeypatch, capsys):
     finally:
         toolchain.reset()
     out = capsys.readouterr().out
-    for field in ("nvcc", "nvidia-smi", "C++ compiler", "ninja"):
+    for field in ("nvcc", "nvidia-smi", "C++ compiler"):
         assert any(
             line.split() and field in line and "not found" in line for line in out.splitlines()
         )
@@ -158,6 +158,24 @@ def test_show_config_device_says_the_other_is_not_shown(device, other, no_cuda_a
     out = capsys.readouterr().out
     assert _section(out, f"{other.upper()} kernels").strip() == f"not shown (--device {device})"
     assert "add_constant" in _section(out, f"{device.upper()} kernels")
+
+
+def test_a_footnote_stands_under_its_own_device_table(no_cuda_arch, capsys):
+    # A user kernel loaded in this process (no builder): its status is unknown, and the
+    # reason is printed under the CPU table, not after the CUDA one.
+    from mllm_kernel.jit_utils import registry
+    from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+
+    spec = BuildSpec("footnoted", "cpu", ("1",), cpp_wrappers=(Wrapper("f", "ns::f<1>"),))
+    registry.record_loaded(spec)
+    try:
+        assert main(["show-config", "--device", "cpu"]) == 0
+    finally:
+        registry.unregister("footnoted", "cpu")
+    out = capsys.readouterr().out
+    cpu = _section(out, "CPU kernels")
+    assert "see [1] below" in cpu and "[1] loaded in this process, no registered builder" in cpu
+    assert _section(out, "CUDA kernels").strip() == "not shown (--device cpu)"
 
 
 def test_show_config_says_why_the_arch_is_unknown_once(no_cuda_arch, capsys):
@@ -237,3 +255,20 @@ def test_table_aligns_columns_ignoring_colour():
     text = table(("a", "bb"), [("\033[31mlong\033[0m", "1"), ("x", "22")])
     lines = [line.replace("\033[31m", "").replace("\033[0m", "") for line in text.splitlines()]
     assert lines == ["  a     bb", "  long  1", "  x     22"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["precompile", "-j", "0"], "expected a positive integer, got '0'"),
+        (["precompile", "-j", "1.5"], "expected a positive integer, got '1.5'"),
+        (["clear-cache", "--older-than", "-1"], "expected a number of days >= 0, got '-1'"),
+        (["clear-cache", "--older-than", "nan"], "expected a number of days >= 0, got 'nan'"),
+        (["clear-cache", "--older-than", "week"], "expected a number of days >= 0, got 'week'"),
+    ],
+)
+def test_bad_numbers_exit_2_saying_what_was_expected(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err

@@ -324,9 +324,10 @@ def test_device_info_against_torch():
 
 def test_show_env_lists_every_gpu():
     from mllm_kernel import env_info
+    from mllm_kernel.cli import output
 
     info = env_info.collect()
-    rows = {(s, f): v for s, f, v in env_info.env_rows(info)}
+    rows = {(s, f): v for s, f, v in output.env_rows(info)}
     for index in range(torch.cuda.device_count()):
         details = info["torch"]["gpus"][index]["details"]
         assert details == device_info(index)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mllm_kernel import env_info
+from mllm_kernel.cli import output
 from mllm_kernel.jit_utils import toolchain
 
 
@@ -24,7 +25,7 @@ def _script(path: Path, body: str) -> Path:
 
 @pytest.fixture
 def bare_path(tmp_path, monkeypatch):
-    """PATH with nothing on it (no compiler, nvcc, nvidia-smi, ninja); CUDA_HOME nowhere."""
+    """PATH with nothing on it (no compiler, nvcc, nvidia-smi); CUDA_HOME nowhere."""
     empty = tmp_path / "empty_bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -39,11 +40,20 @@ def bare_path(tmp_path, monkeypatch):
 def test_collect_is_json_and_complete():
     info = env_info.collect()
     assert json.loads(json.dumps(info)) == info
-    assert set(info) == {"os", "python", "cpu", "cuda", "torch", "versions", "cache_root"}
+    assert set(info) == {
+        "os",
+        "python",
+        "cpu",
+        "cuda",
+        "jit_cuda_arch",
+        "torch",
+        "versions",
+        "cache_root",
+    }
     assert info["cpu"]["logical_cores"] == os.cpu_count()
     assert info["versions"]["apache_tvm_ffi"]
     assert info["versions"]["torch_c_dlpack_ext"]
-    text = env_info.format_env(info)
+    text = output.format_env(info)
     for section in ("OS:", "Python:", "CPU:", "CUDA:", "PyTorch:", "Versions:", "Cache:"):
         assert section in text
     assert info["cache_root"] in text
@@ -56,15 +66,38 @@ def test_nothing_installed_says_not_found(bare_path):
     assert "CUDA toolkit not found" in cuda["toolkit_error"]
     assert cuda["nvidia_smi"] == {"path": None, "driver_version": None, "cuda_version": None}
     assert versions["cxx"] is None and "No C++ compiler found" in versions["cxx_error"]
-    assert versions["ninja"] is None
-    rows = {(section, field): value for section, field, value in env_info.env_rows(info)}
+    rows = {(section, field): value for section, field, value in output.env_rows(info)}
     assert rows[("CUDA", "nvcc")] == "not found"
     assert rows[("CUDA", "nvcc on PATH")] == "not found"
     assert rows[("CUDA", "nvidia-smi")] == "not found"
     assert rows[("CUDA", "toolkit")].startswith("not found")
     assert rows[("CUDA", "CUDA_HOME")].endswith("($CUDA_HOME)")
     assert rows[("Versions", "C++ compiler")] == "not found"
-    assert rows[("Versions", "ninja")] == "not found"
+
+
+def test_show_env_does_not_ask_ninja(bare_path, tmp_path):
+    # No build uses ninja: show-env neither runs it nor reports it.
+    ran = tmp_path / "ninja-ran"
+    _script(bare_path / "ninja", f"touch {ran}; echo 1.11.1")
+    info = env_info.collect()
+    assert not any("ninja" in name for name in info["versions"]) and not ran.exists()
+    assert not any("ninja" in field for _, field, _ in output.env_rows(info))
+
+
+def test_nvcc_version_worded_otherwise_is_shown_as_said(tmp_path, monkeypatch, bare_path):
+    home = tmp_path / "cuda-odd"
+    _script(home / "bin" / "nvcc", "echo 'nvcc: NVIDIA (R) Cuda compiler'; echo 'build 7'")
+    (home / "lib64").mkdir()
+    (home / "lib64" / "libcudart.so").write_bytes(b"")
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    toolchain.reset()
+    cuda = toolchain.find_cuda()
+    assert cuda.nvcc_version() == toolchain.NvccVersion("build 7", None)
+    assert cuda.release() is None
+    (home / "version.json").write_text('{"cuda": {"name": "CUDA SDK", "version": "12.9.1"}}')
+    assert cuda.release() == "12.9.1"  # version.json first, and no nvcc run for it
+    info = env_info.cuda_info()
+    assert (info["nvcc_version"], info["toolkit_version"]) == ("build 7", "12.9.1")
 
 
 def test_nvcc_found_through_a_wrapper_script(tmp_path, monkeypatch, bare_path):
@@ -88,7 +121,6 @@ def test_nvidia_smi_driver_and_capabilities(bare_path):
         bare_path / "nvidia-smi",
         'case "$1" in\n'
         "  --query-gpu=driver_version) echo 555.42.06; echo 555.42.06 ;;\n"
-        "  --query-gpu=compute_cap) echo 9.0; echo 8.0 ;;\n"
         '  *) echo "| NVIDIA-SMI 555.42.06  Driver Version: 555.42.06  CUDA Version: 12.5 |" ;;\n'
         "esac",
     )
@@ -98,14 +130,12 @@ def test_nvidia_smi_driver_and_capabilities(bare_path):
         "driver_version": "555.42.06",
         "cuda_version": "12.5",
     }
-    assert env_info.nvidia_smi_capabilities() == [(9, 0), (8, 0)]
 
 
 def test_broken_nvidia_smi_is_not_fatal(bare_path):
     _script(bare_path / "nvidia-smi", "echo 'NVIDIA-SMI has failed' >&2; exit 9")
     smi = env_info.nvidia_smi_info()
     assert smi["path"] and smi["driver_version"] is None and smi["cuda_version"] is None
-    assert env_info.nvidia_smi_capabilities() == []
 
 
 def test_torch_without_gpu(monkeypatch):
@@ -114,7 +144,7 @@ def test_torch_without_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     info = env_info.torch_info()
     assert info["cuda_available"] is False and info["gpus"] == []
-    rows = dict(((s, f), v) for s, f, v in env_info.env_rows({**env_info.collect(), "torch": info}))
+    rows = dict(((s, f), v) for s, f, v in output.env_rows({**env_info.collect(), "torch": info}))
     assert rows[("PyTorch", "GPUs")] == "none visible"
 
 
@@ -139,7 +169,7 @@ def test_torch_gpus_are_listed(monkeypatch):
             "details": {"error": "stub 0"},
         }
     ]
-    text = env_info.format_env({**env_info.collect(), "torch": info})
+    text = output.format_env({**env_info.collect(), "torch": info})
     assert "GPU 0" in text and "sm_90a" in text and "80.0 GiB" in text
     assert re.search(r"GPU 0 details +unavailable \(stub 0\)", text)
 
@@ -160,10 +190,10 @@ def test_isa_flags_keep_what_kernels_use(monkeypatch, isa, expected):
 
 
 def test_format_bytes():
-    assert env_info.format_bytes(None) == "-"
-    assert env_info.format_bytes(512) == "512 B"
-    assert env_info.format_bytes(1536) == "1.5 KiB"
-    assert env_info.format_bytes(3 << 30) == "3.0 GiB"
+    assert output.format_bytes(None) == "-"
+    assert output.format_bytes(512) == "512 B"
+    assert output.format_bytes(1536) == "1.5 KiB"
+    assert output.format_bytes(3 << 30) == "3.0 GiB"
 
 
 def test_check_bounds_is_read_once_per_process(monkeypatch):
@@ -200,7 +230,7 @@ def test_gpu_details_rows():
         "memory_clock_khz": 2619000,
         "memory_bandwidth_gbps": 3352.3,
     }
-    rows = {f: v for _, f, v in env_info.gpu_detail_rows({"index": 1, "details": details})}
+    rows = {f: v for _, f, v in output.gpu_detail_rows({"index": 1, "details": details})}
     assert rows["GPU 1 compute"] == (
         "132 SMs, warp 32, 1024 threads/block, 2048 threads/SM, 65536 registers/SM, "
         "clusters yes, JIT arch sm_90a"
@@ -209,5 +239,30 @@ def test_gpu_details_rows():
     assert rows["GPU 1 memory"] == (
         "80.0 GiB, L2 50.0 MiB, 5120-bit at 2619 MHz: 3352 GB/s theoretical"
     )
-    unavailable = env_info.gpu_detail_rows({"index": 0, "details": {"error": "no nvcc"}})
+    unavailable = output.gpu_detail_rows({"index": 0, "details": {"error": "no nvcc"}})
     assert unavailable == [("PyTorch", "GPU 0 details", "unavailable (no nvcc)")]
+
+
+def test_jit_arch_is_the_loaders_choice(monkeypatch):
+    from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
+
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0;9.0a")
+    arch = env_info.jit_cuda_arch()
+    assert arch == {"archs": ["8.0", "9.0a"], "source": "$MLLM_KERNEL_CUDA_ARCH_LIST"}
+    assert arch["archs"] == [str(a) for a in resolve_cuda_archs()]
+    rows = {(s, f): v for s, f, v in output.env_rows(env_info.collect())}
+    assert rows[("CUDA", "JIT arch")] == "8.0;9.0a (from $MLLM_KERNEL_CUDA_ARCH_LIST)"
+    with cuda_arch_override("10.0a"):
+        assert env_info.jit_cuda_arch()["source"] == "override (--arch)"
+    assert env_info.jit_cuda_arch("10.0a") == {"archs": ["10.0a"], "source": "override (--arch)"}
+
+
+def test_no_jit_arch_says_what_to_set(monkeypatch):
+    import torch
+
+    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    arch = env_info.jit_cuda_arch()
+    assert arch["archs"] is None and "set MLLM_KERNEL_CUDA_ARCH_LIST" in arch["error"]
+    assert output.format_jit_arch(arch).startswith("unknown: No CUDA GPU is visible")

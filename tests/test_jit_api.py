@@ -197,6 +197,20 @@ def test_arch_precedence(no_arch_env, monkeypatch):
     assert resolve_cuda_archs() == (CudaArch(8, 9),)
 
 
+def test_choose_cuda_archs_says_where_the_archs_came_from(no_arch_env, monkeypatch):
+    from mllm_kernel.jit_utils.cuda_arch import choose_cuda_archs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 6))
+    assert choose_cuda_archs() == ((CudaArch(8, 6),), "GPU 1 (compute capability 8.6)")
+    assert choose_cuda_archs(0) == ((CudaArch(8, 6),), "GPU 0 (compute capability 8.6)")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert choose_cuda_archs() == ((CudaArch(9, 0, "a"),), "$TORCH_CUDA_ARCH_LIST")
+    with cuda_arch_override("8.0"):
+        assert choose_cuda_archs() == ((CudaArch(8, 0),), "override (--arch)")
+
+
 def test_no_gpu_and_no_arch_is_a_clear_error_not_a_default(no_arch_env, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(CudaArchError, match="MLLM_KERNEL_CUDA_ARCH_LIST"):
@@ -329,3 +343,30 @@ def test_planning_returns_the_spec_without_building(fresh_cache):
     assert status.status == "not built"
     assert status.path is not None and status.path.parent == fresh_cache
     assert not fresh_cache.exists() or not any(fresh_cache.iterdir())
+
+
+def test_logging_set_up_lives_in_jit_utils_not_at_the_package_top():
+    import importlib.util
+
+    from mllm_kernel.jit_utils import logging_setup, use_application_logging
+
+    assert importlib.util.find_spec("mllm_kernel.logging_setup") is None
+    assert use_application_logging is logging_setup.use_application_logging
+
+
+def test_the_loaders_return_a_typed_tvm_ffi_module(tmp_path):
+    import typing
+
+    import tvm_ffi
+
+    from mllm_kernel.jit_utils import load_cpu_jit, load_cuda_jit
+
+    for load in (load_cpu_jit, load_cuda_jit):
+        assert typing.get_type_hints(load)["return"] is tvm_ffi.Module
+    source = tmp_path / "seven.cpp"
+    source.write_text("namespace seven { int f() { return 7; } }\n")
+    try:
+        module = load_cpu_jit("seven", cpp_files=[str(source)], cpp_wrappers=[("f", "seven::f")])
+        assert isinstance(module, tvm_ffi.Module) and module.f() == 7
+    finally:
+        registry.unregister("seven", "cpu")  # later show-config tests must not see it

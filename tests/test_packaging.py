@@ -4,6 +4,7 @@ kernel compiled from an installed copy with no source tree in reach."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import site as sitelib
 import subprocess
@@ -246,3 +247,14 @@ def test_cmake_dir_of_an_editable_install(tmp_path, monkeypatch):
     config_dir.mkdir(parents=True)
     (config_dir / "MllmKernelConfig.cmake").write_text("# installed by CMake\n")
     assert paths.cmake_dir() == config_dir
+
+
+def test_scripts_point_at_nothing_outside_the_repository():
+    scripts = sorted((REPO / "scripts").glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        assert "../" not in text, f"{script.name} refers to a path outside the repository"
+        for named in re.findall(r"scripts/[\w.-]+\.sh", text):
+            assert (REPO / named).is_file(), f"{script.name} names {named}, which is missing"
+    assert "scripts/device_wheels.sh" in (REPO / "scripts" / "gpu_check.sh").read_text()

@@ -4,21 +4,32 @@ without a compiler, without writing there, and only under the read-only trust ru
 
 from __future__ import annotations
 
-import logging
+import base64
+import hashlib
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
+import tvm_ffi
 
 import mllm_kernel
-from mllm_kernel.jit_utils import cache, load_cpu_jit, paths, prebuilt, precompile, registry
+from mllm_kernel.jit_utils import (
+    cache,
+    cache_wheel,
+    load_cpu_jit,
+    paths,
+    prebuilt,
+    precompile,
+    registry,
+)
 from mllm_kernel.jit_utils.cache_key import module_key, relocatable_key, relocatable_key_material
 from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
-from mllm_kernel.logging_setup import get_logger
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 # The child imports this package first, then whatever the caller's PYTHONPATH holds
@@ -144,21 +155,6 @@ def test_prebuilt_entries_name_the_package_files_by_anchor(cpu_prebuilt):
         assert manifest.toolchain_deps == {} and manifest.include_search == []
         assert manifest.toolchain["cxx"]  # who built it is recorded, not required
         assert not entry.stat().st_mode & 0o022 and entry.stat().st_mode & 0o005 == 0o005
-
-
-@pytest.fixture
-def warnings_logged():
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                records.append(record.getMessage())
-
-    handler = Collect()
-    get_logger().addHandler(handler)
-    yield records
-    get_logger().removeHandler(handler)
 
 
 def _spec(source: Path, k: int = 3) -> BuildSpec:
@@ -361,6 +357,8 @@ def test_cuda_entries_are_found_in_a_prebuilt_cache_without_a_toolchain(tmp_path
         device="cuda", kernels=["add_constant"], arch="9.0a", output=output
     )
     assert report.results and not report.failures, report.failures
+    wheel = cache_wheel.pack(output, tmp_path / "dist")
+    assert wheel.name.startswith(f"mllm_kernel_cache_sm90a-{mllm_kernel.__version__}-")
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CXX")}
     env.update(
         PATH=str(tmp_path / "empty-bin"),
@@ -396,3 +394,163 @@ def test_show_config_says_which_cache_serves_each_variant(cpu_prebuilt, monkeypa
     monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH")
     report = cache_admin.config_report(device="cpu")
     assert not any(s.status == "prebuilt" for k in report.kernels for s in k.variants)
+
+
+# ---------------------------------------------------------------------------
+# precompile --wheel: the prebuilt cache as an installable wheel, found with no setting
+# ---------------------------------------------------------------------------
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_a_cpu_cache_packs_into_a_wheel_with_a_valid_record(cpu_prebuilt, tmp_path):
+    wheel = cache_wheel.pack(cpu_prebuilt, tmp_path / "dist")
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    version = mllm_kernel.__version__
+    assert wheel.name == f"mllm_kernel_cache_cpu-{version}-py3-none-{platform}.whl"
+    dist_info = f"mllm_kernel_cache_cpu-{version}.dist-info"
+    with zipfile.ZipFile(wheel) as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    rows = [line.split(",") for line in files.pop(f"{dist_info}/RECORD").decode().splitlines()]
+    assert [f"{dist_info}/RECORD", "", ""] in rows
+    recorded = {name: (digest, size) for name, digest, size in rows if digest}
+    assert recorded == {name: (_record_hash(data), str(len(data))) for name, data in files.items()}
+    entries = [p for p in cpu_prebuilt.iterdir() if not p.name.startswith(".")]
+    for entry in entries:
+        for item in entry.iterdir():
+            packed = files[f"mllm_kernel_cache_cpu/cache/{entry.name}/{item.name}"]
+            assert packed == item.read_bytes()
+    assert b"CACHE_DIR" in files["mllm_kernel_cache_cpu/__init__.py"]
+    metadata = files[f"{dist_info}/METADATA"].decode()
+    assert "Name: mllm-kernel-cache-cpu\n" in metadata
+    assert f"Requires-Dist: mllm-kernel=={version}\n" in metadata
+    assert f"Requires-Dist: apache-tvm-ffi=={tvm_ffi.__version__}\n" in metadata
+    assert f"Tag: py3-none-{platform}\n" in files[f"{dist_info}/WHEEL"].decode()
+    assert cache_wheel.pack(cpu_prebuilt, tmp_path / "again").read_bytes() == wheel.read_bytes()
+
+
+def test_packing_a_directory_without_entries_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no cache entries to pack; fill it with"):
+        cache_wheel.pack(tmp_path, tmp_path / "dist")
+
+
+PIP_INSTALL = (sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile")
+
+
+@pytest.fixture(scope="module")
+def installed_cpu_wheel(cpu_prebuilt, tmp_path_factory) -> Path:
+    """The CPU cache's wheel, installed by pip into a directory of its own (as in an image)."""
+    base = tmp_path_factory.mktemp("wheel")
+    wheel = cache_wheel.pack(cpu_prebuilt, base / "dist")
+    target = base / "site"
+    run = subprocess.run(
+        [*PIP_INSTALL, "--target", str(target), str(wheel)],
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(0o022),  # what an image build has; 002 would be refused
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return target
+
+
+def test_an_installed_cache_wheel_serves_every_cpu_op_without_a_toolchain(
+    installed_cpu_wheel, tmp_path
+):
+    before = _tree(installed_cpu_wheel)
+    writable = tmp_path / "writable"
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key
+        not in (
+            "CUDA_HOME",
+            "CUDA_PATH",
+            "CXX",
+            "MLLM_KERNEL_CUDA_ARCH_LIST",
+            "MLLM_KERNEL_CACHE_PATH",
+        )
+    }
+    env.update(
+        PATH=str(tmp_path / "empty-bin"),
+        PYTHONPATH=os.pathsep.join((PACKAGE_PARENT, str(installed_cpu_wheel), CHILD_PYTHONPATH)),
+        MLLM_KERNEL_CACHE_DIR=str(writable),
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", NO_TOOLCHAIN_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    variants = sum(len(e.variants) for e in mllm_kernel.jit_utils.registry.kernels("cpu"))
+    assert int(run.stdout.strip()) == variants > 0
+    assert "WARNING" not in run.stderr and "compiling" not in run.stderr, run.stderr
+    assert _tree(installed_cpu_wheel) == before  # nothing written beside the package
+    assert not writable.exists()  # and nothing built
+
+
+def test_show_config_names_the_installed_cache_package(installed_cpu_wheel, monkeypatch, capsys):
+    from mllm_kernel.__main__ import main
+    from mllm_kernel.jit_utils import cache_admin
+
+    monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH", raising=False)
+    monkeypatch.syspath_prepend(str(installed_cpu_wheel))
+    origin = f"package mllm-kernel-cache-cpu {mllm_kernel.__version__}"
+    assert prebuilt.read_only_caches() == [
+        prebuilt.ReadOnlyCache(installed_cpu_wheel / "mllm_kernel_cache_cpu" / "cache", origin)
+    ]
+    report = cache_admin.config_report(device="cpu")
+    statuses = [s for k in report.kernels if k.builtin for s in k.variants]
+    assert statuses and all(s.status == "prebuilt" and s.detail == origin for s in statuses)
+    assert main(["show-config", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.count(f"(from {origin})") == len(statuses)
+
+
+def test_installed_caches_are_found_by_package_name_first_on_the_path_wins(
+    tmp_path, monkeypatch, warnings_logged
+):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for site in (first, second):
+        (site / "mllm_kernel_cache_sm90a" / "cache").mkdir(parents=True)
+    (first / "mllm_kernel_cache_sm90a-0.1.0.dist-info").mkdir()
+    (second / "mllm_kernel_cache_cpu" / "cache").mkdir(parents=True)
+    (second / "mllm_kernel_cache_broken").mkdir()  # no cache/: said, then skipped
+    (second / "mllm_kernel_cache_notes.txt").write_text("not a package")
+    monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH", raising=False)
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    assert prebuilt.read_only_caches() == [
+        prebuilt.ReadOnlyCache(
+            second / "mllm_kernel_cache_cpu" / "cache", "package mllm-kernel-cache-cpu"
+        ),
+        prebuilt.ReadOnlyCache(
+            first / "mllm_kernel_cache_sm90a" / "cache", "package mllm-kernel-cache-sm90a 0.1.0"
+        ),
+    ]
+    assert warnings_logged == [
+        f"installed cache package {second / 'mllm_kernel_cache_broken'} has no cache/ "
+        "directory; reinstall it"
+    ]
+
+
+def test_precompile_cli_wheel_writes_the_wheel_beside_the_output(tmp_path, capsys):
+    from mllm_kernel.__main__ import main
+
+    output = tmp_path / "out"
+    args = ["precompile", "--device", "cpu", "--kernel", "add_constant", "--output", str(output)]
+    assert main([*args, "--wheel"]) == 0
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name.startswith(f"mllm_kernel_cache_cpu-{mllm_kernel.__version__}-py3-none-")
+    assert f"wheel: {wheel}" in capsys.readouterr().out
+    assert main([*args, "--wheel", str(tmp_path / "dist")]) == 0
+    assert (tmp_path / "dist" / wheel.name).read_bytes() == wheel.read_bytes()
+
+
+def test_precompile_cli_wheel_needs_an_output(capsys):
+    from mllm_kernel.__main__ import main
+
+    assert main(["precompile", "--device", "cpu", "--wheel"]) == 2
+    assert "--wheel needs --output DIR" in capsys.readouterr().err

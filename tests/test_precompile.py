@@ -262,7 +262,7 @@ def test_precompile_cuda_for_an_arch_without_a_gpu(
     (kernel,) = [k for k in data["kernels"] if k["name"] == "pc_tiny_cuda"]
     assert kernel["variants"][0]["status"] == "cached"
     assert kernel["variants"][0]["path"] == str(module)
-    assert data["cuda_arch"] == {"archs": ["9.0a"], "source": "--arch"}
+    assert data["cuda_arch"] == {"archs": ["9.0a"], "source": "override (--arch)"}
 
 
 def test_device_all_skips_cuda_without_an_arch(

@@ -28,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cuda-arch",
         metavar="ARCH",
-        help="the GPU arch for CUDA files (sm_80, 9.0a...); default: nvidia-smi, torch, "
-        f"MLLM_KERNEL_CUDA_ARCH_LIST, else {clangd.DEFAULT_CUDA_ARCH}",
+        help="the GPU arch for CUDA files (sm_80, 9.0a...); default: the loader's "
+        "(MLLM_KERNEL_CUDA_ARCH_LIST, TORCH_CUDA_ARCH_LIST, the GPU), else "
+        f"{clangd.DEFAULT_CUDA_ARCH}",
     )
     parser.set_defaults(func=run)
 

@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from mllm_kernel.cli.output import paint
-from mllm_kernel.env_info import format_bytes
+from mllm_kernel.cli.arguments import number_at_least
+from mllm_kernel.cli.output import format_bytes, paint
 from mllm_kernel.jit_utils import cache_admin
-
-
-def _days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number of days, got {text}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="only this kernel's builds (repeat for several)",
     )
     parser.add_argument(
-        "--older-than", metavar="DAYS", type=_days, help="only builds older than DAYS (e.g. 7, 0.5)"
+        "--older-than",
+        metavar="DAYS",
+        type=number_at_least(0, "a number of days >= 0"),
+        help="only builds older than DAYS (e.g. 7, 0.5)",
     )
     parser.add_argument("--dry-run", action="store_true", help="show what would be removed")
     parser.set_defaults(func=run)

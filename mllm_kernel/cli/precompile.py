@@ -9,20 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+from mllm_kernel.cli.arguments import number_at_least
 from mllm_kernel.cli.output import paint
-from mllm_kernel.jit_utils import precompile
+from mllm_kernel.jit_utils import cache_wheel, precompile
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
-from mllm_kernel.logging_setup import LOGGER_NAME
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+from mllm_kernel.jit_utils.logging_setup import LOGGER_NAME
+from mllm_kernel.jit_utils.status import BuildOutcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cache, -j at a time. With --arch, CUDA kernels are built for that arch without a "
         "GPU (compiled and installed, not loaded). With --output, every build is also "
         "written into DIR as a self-contained prebuilt cache, to be named in "
-        "MLLM_KERNEL_CACHE_PATH where it runs (no compiler needed there). Exits 1 listing "
-        "each failure.",
+        "MLLM_KERNEL_CACHE_PATH where it runs (no compiler needed there); --wheel also packs "
+        "DIR into a wheel whose install makes it a cache found without any setting. "
+        "Exits 1 listing each failure.",
     )
     parser.add_argument(
         "--device",
@@ -57,13 +50,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also write the builds into DIR as a prebuilt read-only cache",
     )
     parser.add_argument(
+        "--wheel",
+        metavar="WHEEL_DIR",
+        nargs="?",
+        type=Path,
+        const=True,
+        help="with --output: also pack DIR into an installable wheel "
+        "(mllm-kernel-cache-<arch>), written into WHEEL_DIR (default: DIR's parent)",
+    )
+    parser.add_argument(
         "--kernel",
         metavar="NAME",
         action="append",
         help="only this kernel (repeat for several)",
     )
     parser.add_argument(
-        "-j", "--jobs", type=_positive, metavar="N", help="parallel builds (default: CPU count)"
+        "-j",
+        "--jobs",
+        type=number_at_least(1, "a positive integer", integer=True),
+        metavar="N",
+        help="parallel builds (default: CPU count)",
     )
     parser.set_defaults(func=run)
 
@@ -114,7 +120,11 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs :func:`mllm_kernel.jit_utils.precompile.precompile` with progress and a summary."""
+    """Runs :func:`mllm_kernel.jit_utils.precompile.precompile` with progress and a summary
+    (and :func:`mllm_kernel.jit_utils.cache_wheel.pack` for ``--wheel``)."""
+    if args.wheel is not None and args.output is None:
+        print("mllm_kernel precompile: error: --wheel needs --output DIR", file=sys.stderr)
+        return 2
     started = time.monotonic()
     progress = _Progress()
     logger = logging.getLogger(LOGGER_NAME)
@@ -141,16 +151,30 @@ def run(args: argparse.Namespace) -> int:
     total = len(report.results)
     print(
         f"precompiled {total} variant(s) in {time.monotonic() - started:.1f}s: "
-        f"{report.count('built')} built, {report.count('cached')} already cached, "
+        f"{report.count(BuildOutcome.BUILT)} built, "
+        f"{report.count(BuildOutcome.CACHED)} already cached, "
         f"{len(report.failures)} failed"
     )
     if args.output is not None:
         print(f"prebuilt cache: {args.output.absolute()} (use it with MLLM_KERNEL_CACHE_PATH)")
     if not report.failures:
-        return 0
+        return _pack_wheel(args) if args.wheel is not None else 0
     print(paint(f"{len(report.failures)} build(s) failed:", "red"), file=sys.stderr)
     for failure in report.failures:
         print(f"  {failure.job.describe()}: {failure.error}", file=sys.stderr)
         if failure.log_path:
             print(f"    full log: {failure.log_path}", file=sys.stderr)
+    if args.wheel is not None:
+        print("no wheel written: fix the failed builds first", file=sys.stderr)
     return 1
+
+
+def _pack_wheel(args: argparse.Namespace) -> int:
+    wheel_dir = args.output.absolute().parent if args.wheel is True else args.wheel
+    try:
+        wheel = cache_wheel.pack(args.output, wheel_dir)
+    except (OSError, ValueError) as exc:
+        print(f"mllm_kernel precompile: error: cannot write the wheel: {exc}", file=sys.stderr)
+        return 1
+    print(f"wheel: {wheel} (pip install it where the kernels run; no setting needed)")
+    return 0

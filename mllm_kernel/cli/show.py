@@ -7,16 +7,27 @@ import dataclasses
 from typing import Any
 
 from mllm_kernel import env_info
-from mllm_kernel.cli.output import paint, print_json, table
-from mllm_kernel.jit_utils import cache_admin, cuda_arch
+from mllm_kernel.cli.output import (
+    NOT_FOUND,
+    format_bytes,
+    format_env,
+    format_jit_arch,
+    paint,
+    print_json,
+    table,
+)
+from mllm_kernel.jit_utils import cache_admin
 from mllm_kernel.jit_utils.errors import CudaArchError
+from mllm_kernel.jit_utils.spec import DEVICES
+from mllm_kernel.jit_utils.status import VariantState
 
 _STATUS_COLOUR = {
-    "cached": "green",
-    "prebuilt": "green",
-    "not built": "yellow",
-    "stale": "yellow",
-    "corrupt": "red",
+    VariantState.CACHED: "green",
+    VariantState.PREBUILT: "green",
+    VariantState.NOT_BUILT: "yellow",
+    VariantState.STALE: "yellow",
+    VariantState.CORRUPT: "red",
+    VariantState.UNTRUSTED: "red",
 }
 
 
@@ -43,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="compute CUDA statuses for these archs (e.g. 9.0a or '8.0;9.0a') instead of the GPU's",
     )
-    show_config.add_argument("--device", choices=("cpu", "cuda"), help="only this device")
+    show_config.add_argument("--device", choices=DEVICES, help="only this device")
     show_config.add_argument("--json", action="store_true", help="print one JSON object")
     show_config.set_defaults(func=run_show_config)
 
@@ -54,22 +65,8 @@ def run_show_env(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
     else:
-        print(env_info.format_env(info))
+        print(format_env(info))
     return 0
-
-
-def _arch_summary(arch: str | None) -> dict[str, Any]:
-    override = cuda_arch.cuda_arch_override(arch) if arch else None
-    try:
-        if override is not None:
-            with override as archs:
-                return {"archs": [str(a) for a in archs], "source": "--arch"}
-        return {
-            "archs": [str(a) for a in cuda_arch.resolve_cuda_archs()],
-            "source": cuda_arch.describe_source(),
-        }
-    except CudaArchError as exc:
-        return {"archs": None, "source": None, "error": str(exc)}
 
 
 def _status_json(status: Any) -> dict[str, Any]:
@@ -83,7 +80,7 @@ def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[
     """The JSON object ``show-config --json`` prints."""
     return {
         "env": info,
-        "cuda_arch": _arch_summary(report.arch),
+        "cuda_arch": env_info.jit_cuda_arch(report.arch),
         "kernels": [
             {
                 "name": k.name,
@@ -118,19 +115,15 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
         gpus = ", ".join(f"{g['name']} ({g['arch']})" for g in torch_["gpus"])
     else:
         gpus = "none visible"
-    nvcc = f"{cuda['nvcc']} ({cuda['nvcc_version']})" if cuda["toolkit"] else env_info.NOT_FOUND
-    if arch["archs"]:
-        arch_text = f"{';'.join(arch['archs'])} (from {arch['source']})"
-    else:
-        arch_text = f"unknown: {arch['error']}"
+    nvcc = f"{cuda['nvcc']} ({cuda['nvcc_version']})" if cuda["toolkit"] else NOT_FOUND
     rows = [
         ("mllm-kernel", versions["mllm_kernel"]),
-        ("apache-tvm-ffi", versions["apache_tvm_ffi"] or env_info.NOT_FOUND),
-        ("torch", torch_.get("version") or env_info.NOT_FOUND),
+        ("apache-tvm-ffi", versions["apache_tvm_ffi"] or NOT_FOUND),
+        ("torch", torch_.get("version") or NOT_FOUND),
         ("GPUs", gpus),
-        ("C++ compiler", versions["cxx"] or env_info.NOT_FOUND),
+        ("C++ compiler", versions["cxx"] or NOT_FOUND),
         ("nvcc", nvcc),
-        ("CUDA arch", arch_text),
+        ("CUDA arch", format_jit_arch(arch)),
         ("cache root", info["cache_root"]),
     ]
     width = max(len(name) for name, _ in rows)
@@ -139,14 +132,15 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
 
 def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str:
     """``show-config``'s text: the summary, kernel tables by device, unclaimed modules."""
-    arch = _arch_summary(report.arch)
+    arch = env_info.jit_cuda_arch(report.arch)
     # Why the CUDA arch is unknown is said once, in the summary; variants it leaves
     # unknown point there.
     arch_error = (arch.get("error") or "").split("\n")[0] or None
     out = [_summary(info, arch)]
-    footnotes: list[str] = []  # an unknown status's reason, printed once per distinct reason
     unknown_arch = False
-    for device in ("cpu", "cuda"):
+    for device in DEVICES:
+        # An unknown status's reason, printed once per distinct reason under its table.
+        footnotes: list[str] = []
         kernels = [k for k in report.kernels if k.device == device]
         out.append("")
         out.append(paint(f"{device.upper()} kernels", "bold"))
@@ -161,12 +155,14 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
             name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
             exports = ", ".join(kernel.exports) or "-"
             for status in kernel.variants:
-                if status.status in ("cached", "prebuilt"):
+                if status.status == VariantState.CACHED:
                     where = str(status.path)
-                elif status.status == "unknown" and status.detail == arch_error:
+                elif status.status == VariantState.PREBUILT:
+                    where = f"{status.path} (from {status.detail})"
+                elif status.status == VariantState.UNKNOWN and status.detail == arch_error:
                     unknown_arch = True
                     where = 'no CUDA arch (see "CUDA arch" above)'
-                elif status.status == "unknown":
+                elif status.status == VariantState.UNKNOWN:
                     if status.detail not in footnotes:
                         footnotes.append(status.detail)
                     where = f"see [{footnotes.index(status.detail) + 1}] below"
@@ -178,15 +174,14 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                         exports,
                         ", ".join(status.template_args) or "-",
                         paint(status.status, _STATUS_COLOUR.get(status.status, "dim")),
-                        env_info.format_bytes(status.size_bytes),
+                        format_bytes(status.size_bytes),
                         where,
                     )
                 )
             if not kernel.variants:
                 rows.append((name, exports, "-", "no variants listed", "-", "-"))
         out.append(table(("kernel", "exports", "variant", "status", "size", "path / detail"), rows))
-    for number, detail in enumerate(footnotes, 1):
-        out.append(f"  [{number}] {detail}")
+        out += [f"  [{number}] {detail}" for number, detail in enumerate(footnotes, 1)]
     if unknown_arch and report.arch is None:
         out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
     out.append("")
@@ -197,7 +192,7 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                 m.name or "?",
                 m.device or "?",
                 ", ".join(m.manifest.template_args) if m.manifest else "-",
-                env_info.format_bytes(m.size_bytes),
+                format_bytes(m.size_bytes),
                 str(m.path) + (f" ({m.error})" if m.error else ""),
             )
             for m in report.unclaimed

@@ -4,7 +4,8 @@
 
 See :func:`load_cpu_jit`, :func:`load_cuda_jit`, :func:`make_cpp_args`,
 :func:`cache_once` and :func:`register_kernel`; an op's Python wrapper checks its
-arguments with :mod:`mllm_kernel.jit_utils.op_inputs`.
+arguments with :mod:`mllm_kernel.jit_utils.op_inputs`. :func:`use_application_logging`
+routes the ``mllm_kernel`` logger into the application's logging.
 
 For code written against the original mllm-kernel: the :func:`jit` decorator, the
 registry functions :func:`register_jit_kernel`, :func:`get_jit_kernel_registry`,
@@ -23,6 +24,7 @@ from mllm_kernel.jit_utils.errors import (
 )
 from mllm_kernel.jit_utils.jit_decorator import jit
 from mllm_kernel.jit_utils.loader import load_cpu_jit, load_cuda_jit
+from mllm_kernel.jit_utils.logging_setup import use_application_logging
 from mllm_kernel.jit_utils.path_constants import (
     MLLM_KERNEL_ASCEND_CSRC_DIR,
     MLLM_KERNEL_ASCEND_INCLUDE_DIR,
@@ -70,4 +72,5 @@ __all__ = [
     "make_cpp_args",
     "register_jit_kernel",
     "register_kernel",
+    "use_application_logging",
 ]

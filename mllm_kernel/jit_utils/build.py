@@ -16,8 +16,8 @@ from mllm_kernel.jit_utils import env, include_search, paths, toolchain
 from mllm_kernel.jit_utils.cache import file_digest
 from mllm_kernel.jit_utils.cuda_arch import gencode_flags
 from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec
-from mllm_kernel.logging_setup import get_logger
 
 _logger = get_logger()
 
@@ -207,7 +207,7 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
         depfile.unlink()
     tools = {"cxx": toolchain.find_cxx().version()}
     if spec.device == "cuda":
-        tools["nvcc"] = toolchain.find_cuda().nvcc.version()
+        tools["nvcc"] = toolchain.find_cuda().nvcc_version().text
     return BuildResult(artifact, deps, toolchain_deps, searches, time.monotonic() - started, tools)
 
 

@@ -1,6 +1,6 @@
 """The on-disk cache: manifests, validation, the build lock and atomic installs.
 
-Layout under the cache root::
+Layout under the cache root (the names are made by :mod:`.cache_names`)::
 
     <dirname>/                  one module: <name>.so + manifest.json
     .staging/<dirname>.<pid>.*  builds in progress (never loaded from here by others)
@@ -25,16 +25,27 @@ import socket
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mllm_kernel.jit_utils import env, include_search, paths, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.cache_names import (
+    LOCKS_DIR,
+    LOGS_DIR,
+    STAGING_DIR,
+    entry_of,
+    lock_name,
+    log_name,
+    owner_name,
+    replaced_dirname,
+    staging_dirname,
+)
 from mllm_kernel.jit_utils.errors import CacheLockTimeout
-from mllm_kernel.jit_utils.spec import CACHE_FORMAT
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.logging_setup import get_logger
+from mllm_kernel.jit_utils.spec import CACHE_FORMAT, DEVICES
+from mllm_kernel.jit_utils.status import CacheState
 
 MANIFEST = "manifest.json"
 _logger = get_logger()
@@ -103,7 +114,7 @@ def _is_plain_file_name(value: object) -> bool:
 # The manifest schema: field -> (check, what it must be). One place, used by read().
 _SCHEMA = {
     "name": (lambda v: isinstance(v, str), "a string"),
-    "device": (lambda v: v in ("cpu", "cuda"), '"cpu" or "cuda"'),
+    "device": (lambda v: v in DEVICES, f"one of {DEVICES}"),
     "template_args": (_is_str_list, "a list of strings"),
     "key_hash": (lambda v: isinstance(v, str), "a string"),
     "artifact": (_is_plain_file_name, "a file name inside the entry"),
@@ -179,13 +190,12 @@ class Manifest:
 class Lookup:
     """The state of a module in the cache.
 
-    ``status`` is ``hit`` (load ``artifact``), ``missing``, ``stale`` (a source or
-    header changed: rebuild quietly), ``corrupt`` (rebuild with a warning) or
-    ``untrusted`` (another user could have written it: never loaded; ``reason``
-    names the path, its owner and mode, and the fix).
+    ``status`` says what was found (:class:`.status.CacheState`): only a ``HIT`` has an
+    ``artifact`` to load. ``reason`` says why an entry is not a hit (for ``UNTRUSTED``:
+    the path, its owner and mode, and the fix).
     """
 
-    status: str
+    status: CacheState
     artifact: Path | None = None
     reason: str = ""
     manifest: Manifest | None = None
@@ -202,51 +212,55 @@ def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
     directory = key.path
     reason = trust.check_dir(key.root, any_owner=any_owner, follow=True)
     if reason is not None:
-        return Lookup("untrusted", reason=reason)
+        return Lookup(CacheState.UNTRUSTED, reason=reason)
     try:
         info = os.lstat(directory)
     except FileNotFoundError:
-        return Lookup("missing")
+        return Lookup(CacheState.MISSING)
     untrusted = trust.problem(info, any_owner=any_owner)
     if untrusted is not None:
-        return Lookup("untrusted", reason=trust.explain(directory, info, untrusted))
+        return Lookup(CacheState.UNTRUSTED, reason=trust.explain(directory, info, untrusted))
     if not stat.S_ISDIR(info.st_mode):
-        return Lookup("corrupt", reason=f"{directory} is not a directory")
+        return Lookup(CacheState.CORRUPT, reason=f"{directory} is not a directory")
     try:
         text, untrusted = _read_trusted(directory / MANIFEST, any_owner)
         if untrusted is not None:
-            return Lookup("untrusted", reason=untrusted)
+            return Lookup(CacheState.UNTRUSTED, reason=untrusted)
         manifest = Manifest.parse(text.decode())
     except FileNotFoundError:
-        return Lookup("corrupt", reason=f"{MANIFEST} is missing")
+        return Lookup(CacheState.CORRUPT, reason=f"{MANIFEST} is missing")
     except (OSError, ValueError) as exc:
-        return Lookup("corrupt", reason=f"unreadable manifest ({exc})")
+        return Lookup(CacheState.CORRUPT, reason=f"unreadable manifest ({exc})")
     if manifest.key_hash != key.hash:
-        return Lookup("corrupt", reason="manifest belongs to another key", manifest=manifest)
+        return Lookup(
+            CacheState.CORRUPT, reason="manifest belongs to another key", manifest=manifest
+        )
     artifact = directory / manifest.artifact
     try:
         fd = trust.open_nofollow(artifact, os.O_RDONLY)
     except trust.UntrustedPath as exc:
-        return Lookup("untrusted", reason=str(exc), manifest=manifest)
+        return Lookup(CacheState.UNTRUSTED, reason=str(exc), manifest=manifest)
     except OSError:
-        return Lookup("corrupt", reason=f"{artifact.name} is missing", manifest=manifest)
+        return Lookup(CacheState.CORRUPT, reason=f"{artifact.name} is missing", manifest=manifest)
     try:
         info = os.fstat(fd)
         untrusted = trust.problem(info, any_owner=any_owner)
         if untrusted is not None:
             return Lookup(
-                "untrusted", reason=trust.explain(artifact, info, untrusted), manifest=manifest
+                CacheState.UNTRUSTED,
+                reason=trust.explain(artifact, info, untrusted),
+                manifest=manifest,
             )
         if info.st_size != manifest.artifact_size:
             return Lookup(
-                "corrupt",
+                CacheState.CORRUPT,
                 reason=f"{artifact.name} is {info.st_size} bytes, not {manifest.artifact_size} "
                 "(truncated?)",
                 manifest=manifest,
             )
         if _digest(fd) != manifest.artifact_sha256:
             return Lookup(
-                "corrupt",
+                CacheState.CORRUPT,
                 reason=f"{artifact.name} content does not match its checksum",
                 manifest=manifest,
             )
@@ -254,8 +268,8 @@ def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
         os.close(fd)
     reason = _changed_input(manifest)
     if reason:
-        return Lookup("stale", reason=reason, manifest=manifest)
-    return Lookup("hit", artifact=artifact, manifest=manifest)
+        return Lookup(CacheState.STALE, reason=reason, manifest=manifest)
+    return Lookup(CacheState.HIT, artifact=artifact, manifest=manifest)
 
 
 def _read_trusted(path: Path, any_owner: bool) -> tuple[bytes, str | None]:
@@ -348,7 +362,7 @@ class _FileLock:
 
 
 def _locks_dir(root: Path) -> Path:
-    return trust.private_dir(root / ".locks")
+    return trust.private_dir(root / LOCKS_DIR)
 
 
 def _owner_text(owner_file: Path) -> str:
@@ -368,7 +382,7 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     """Holds the build lock of ``key``; while waiting, logs who holds it."""
     timeout = env.lock_timeout() if timeout is None else timeout
     trust.private_dir(key.root, follow=True)
-    owner_file = _locks_dir(key.root) / f"{key.dirname}.owner"
+    owner_file = _locks_dir(key.root) / owner_name(key.dirname)
     with _thread_locks_guard:
         thread_lock = _thread_locks.setdefault(key.dirname, threading.Lock())
     deadline = time.monotonic() + timeout  # inf stays inf: wait forever
@@ -377,7 +391,7 @@ def module_lock(key: ModuleKey, purpose: str, timeout: float | None = None) -> I
     if not thread_lock.acquire(timeout=thread_timeout):
         raise CacheLockTimeout(f"waited {timeout:.0f}s for another thread building {key.dirname}")
     try:
-        lock = _FileLock(owner_file.with_suffix(".lock"))
+        lock = _FileLock(owner_file.with_name(lock_name(key.dirname)))
         next_report = 0.0
         while not lock.acquire(timeout=min(2.0, max(deadline - time.monotonic(), 0))):
             now = time.monotonic()
@@ -411,7 +425,7 @@ def try_module_lock(key: ModuleKey, purpose: str) -> contextlib.AbstractContextM
     """The lock of ``key`` if it is free right now, else None (a build is running, or its
     lock file cannot be trusted)."""
     del purpose  # only a held module_lock writes an owner note
-    lock_file = key.root / ".locks" / f"{key.dirname}.lock"
+    lock_file = key.root / LOCKS_DIR / lock_name(key.dirname)
     if not lock_file.exists():
         return contextlib.nullcontext()
     lock = _FileLock(lock_file)
@@ -445,12 +459,13 @@ def _remove(path: Path) -> None:
 
 def new_staging_dir(key: ModuleKey) -> Path:
     """A fresh, empty, private staging directory for ``key``, after clearing dead ones."""
-    staging_root = trust.private_dir(key.root / ".staging")
+    staging_root = trust.private_dir(key.root / STAGING_DIR)
     # We hold the lock, so any other staging dir of this key was left by a killed build.
-    for leftover in staging_root.glob(f"{key.dirname}.*"):
-        _logger.info("removing an interrupted build: %s", leftover)
-        _remove(leftover)
-    path = staging_root / f"{key.dirname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    for leftover in staging_root.iterdir():
+        if entry_of(leftover.name) == key.dirname:
+            _logger.info("removing an interrupted build: %s", leftover)
+            _remove(leftover)
+    path = staging_root / staging_dirname(key.dirname)
     path.mkdir(mode=trust.PRIVATE_DIR_MODE)
     return path
 
@@ -461,7 +476,7 @@ def install(staging: Path, key: ModuleKey) -> Path:
     trust.drop_group_other_write(staging)
     final = key.path
     if os.path.lexists(final):
-        trash = key.root / ".staging" / f"{key.dirname}.old.{uuid.uuid4().hex[:8]}"
+        trash = key.root / STAGING_DIR / replaced_dirname(key.dirname)
         os.replace(final, trash)
         os.replace(staging, final)
         _remove(trash)
@@ -473,7 +488,7 @@ def install(staging: Path, key: ModuleKey) -> Path:
 def failure_log_path(key: ModuleKey) -> Path:
     """Where the log of a failed build of ``key`` goes, in the private ``.logs``; whatever
     was at that path (an old log, a symlink) is removed first, so the log is a new file."""
-    log = trust.private_dir(key.root / ".logs") / f"{key.dirname}.log"
+    log = trust.private_dir(key.root / LOGS_DIR) / log_name(key.dirname)
     with contextlib.suppress(FileNotFoundError):
         log.unlink()
     return log

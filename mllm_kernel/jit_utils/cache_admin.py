@@ -24,12 +24,13 @@ from typing import Any
 
 from mllm_kernel.jit_utils import cache, env, prebuilt, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.cache_names import LOGS_DIR, STAGING_DIR, belongs_to, entry_of
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
 from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
+from mllm_kernel.jit_utils.status import VariantState
 
 _DAY = 86400.0
-_DEVICES = ("cpu", "cuda")
 # Any arch would do: it only lets a kernel be planned (to list its exports) without a GPU.
 _STAND_IN_ARCH = "9.0a"
 
@@ -140,16 +141,18 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
             entry.name,
             entry.device,
             tuple(variant),
-            "unknown",
+            VariantState.UNKNOWN,
             detail="loaded in this process, no registered builder",
         )
     return _served_by_prebuilt(entry, variant) or registry.variant_status(entry, variant)
 
 
 def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus | None:
-    """``prebuilt`` with the entry and its read-only cache when one of
-    ``MLLM_KERNEL_CACHE_PATH`` serves ``variant`` (the loader looks there first)."""
-    if not env.cache_path():
+    """``prebuilt`` with the entry and the read-only cache that serves ``variant``
+    (``MLLM_KERNEL_CACHE_PATH`` or an installed cache package: the loader looks there
+    first), or None."""
+    origins = {c.root: c.origin for c in prebuilt.read_only_caches()}
+    if not origins:
         return None
     try:
         spec = entry.plan(variant)
@@ -162,10 +165,10 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
         entry.name,
         entry.device,
         spec.template_args,
-        "prebuilt",
+        VariantState.PREBUILT,
         path=found.artifact.parent,
         size_bytes=found.artifact.stat().st_size,
-        detail=f"read-only cache {found.artifact.parent.parent}",
+        detail=origins[found.artifact.parent.parent],  # which setting or package named it
     )
 
 
@@ -247,12 +250,6 @@ class ClearReport:
         return sum(r.size_bytes for r in self.removed)
 
 
-def _staging_dirname(name: str) -> str:
-    # "<dirname>.<pid>.<hex>" (a build) or "<dirname>.old.<hex>" (a replaced module)
-    parts = name.rsplit(".", 2)
-    return parts[0] if len(parts) == 3 else name
-
-
 def _matches_kernel(
     dirname: str, kernels: frozenset[str] | None, manifest: cache.Manifest | None
 ) -> bool:
@@ -260,7 +257,7 @@ def _matches_kernel(
         return True
     if manifest is not None:
         return manifest.name in kernels
-    return any(dirname.startswith(f"{k}_{device}_") for k in kernels for device in _DEVICES)
+    return belongs_to(dirname, kernels)
 
 
 def _remove(path: Path) -> None:
@@ -318,22 +315,22 @@ def clear_cache(
             continue
         locked_remove("module", module.path, module.path.name)
 
-    staging = root / ".staging"
+    staging = root / STAGING_DIR
     if staging.is_dir() and not staging.is_symlink():
         for leftover in sorted(staging.iterdir()):
-            dirname = _staging_dirname(leftover.name)
+            dirname = entry_of(leftover.name)
             if leftover.is_symlink() or not _matches_kernel(dirname, kernels, None):
                 continue
             if cutoff is not None and leftover.lstat().st_mtime > cutoff:
                 continue
             locked_remove("staging", leftover, dirname)
 
-    logs = root / ".logs"
+    logs = root / LOGS_DIR
     if logs.is_dir() and not logs.is_symlink():
         for log in sorted(logs.iterdir()):
             if log.is_symlink() or not log.is_file():
                 continue
-            if not _matches_kernel(log.stem, kernels, None):
+            if not _matches_kernel(entry_of(log.name), kernels, None):
                 continue
             if cutoff is not None and log.stat().st_mtime > cutoff:
                 continue

@@ -43,6 +43,7 @@ import tvm_ffi
 
 from mllm_kernel import __version__
 from mllm_kernel.jit_utils import env, paths, toolchain, trust
+from mllm_kernel.jit_utils.cache_names import entry_dirname
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, BuildSpec, stable_hash
 
 
@@ -96,7 +97,7 @@ def key_material(spec: BuildSpec) -> dict:
 
 def module_key(spec: BuildSpec) -> ModuleKey:
     digest = stable_hash(key_material(spec))
-    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=trust.writable_root())
+    return ModuleKey(hash=digest, dirname=entry_dirname(spec, digest), root=trust.writable_root())
 
 
 def relocatable_key_material(spec: BuildSpec) -> dict:
@@ -121,4 +122,4 @@ def relocatable_key_material(spec: BuildSpec) -> dict:
 def relocatable_key(spec: BuildSpec, root: Path) -> ModuleKey:
     """Where ``spec``'s entry is in the prebuilt cache ``root``."""
     digest = stable_hash(relocatable_key_material(spec))
-    return ModuleKey(hash=digest, dirname=spec.dirname(digest), root=root)
+    return ModuleKey(hash=digest, dirname=entry_dirname(spec, digest), root=root)

@@ -1,9 +1,18 @@
-"""Choosing the CUDA architectures a module is compiled for.
+"""Choosing the CUDA architectures a module is compiled for: one order for every user.
 
-Order: an active :func:`cuda_arch_override` (``precompile --arch``), then
-``MLLM_KERNEL_CUDA_ARCH_LIST``, then ``TORCH_CUDA_ARCH_LIST``, then the
-compute capability of the GPU in use. Never a silent default: with no GPU and
-nothing set, :class:`CudaArchError` says what to set.
+The loader, precompile, show-config, show-env and the clangd config all ask
+:func:`choose_cuda_archs` (or :func:`resolve_cuda_archs`, its archs alone), which
+takes the first of:
+
+1. an active :func:`cuda_arch_override` (``precompile --arch``, ``show-config --arch``);
+2. ``MLLM_KERNEL_CUDA_ARCH_LIST``;
+3. ``TORCH_CUDA_ARCH_LIST``;
+4. the compute capability of the GPU in use (``device_index``, else torch's current
+   device), as torch sees it.
+
+Never a silent default: with no GPU and nothing set, :class:`CudaArchError` says
+what to set (only the clangd config, which needs some arch to parse CUDA files,
+falls back to one, and says so).
 
 Capability 9.0 and newer get the ``a`` suffix (``sm_90a``): Hopper's wgmma,
 TMA and setmaxnreg exist only in arch-specific code.
@@ -88,26 +97,18 @@ def cuda_arch_override(archs: str | tuple[CudaArch, ...]) -> Iterator[tuple[Cuda
         _override.reset(token)
 
 
-def describe_source() -> str:
-    """Where :func:`resolve_cuda_archs` would take the archs from (for show-config)."""
-    if _override.get() is not None:
-        return "override (--arch)"
-    from_env = env.cuda_arch_list()
-    if from_env:
-        return f"${from_env[1]}"
-    return "the current GPU"
-
-
-def resolve_cuda_archs(device_index: int | None = None) -> tuple[CudaArch, ...]:
-    """The archs to compile for now; see the module docstring for the order."""
+def choose_cuda_archs(device_index: int | None = None) -> tuple[tuple[CudaArch, ...], str]:
+    """``(archs, where they came from)``, in the order of the module docstring: the
+    source reads ``override (--arch)``, ``$MLLM_KERNEL_CUDA_ARCH_LIST``,
+    ``$TORCH_CUDA_ARCH_LIST`` or ``GPU 0 (compute capability 9.0)``."""
     overridden = _override.get()
     if overridden is not None:
-        return overridden
+        return overridden, "override (--arch)"
     from_env = env.cuda_arch_list()
     if from_env:
         value, name = from_env
         try:
-            return parse_arch_list(value)
+            return parse_arch_list(value), f"${name}"
         except CudaArchError as exc:
             raise CudaArchError(f"${name}: {exc}") from None
     import torch
@@ -118,7 +119,13 @@ def resolve_cuda_archs(device_index: int | None = None) -> tuple[CudaArch, ...]:
             "(for example 9.0a for H100/H200) to compile without a GPU."
         )
     index = torch.cuda.current_device() if device_index is None else device_index
-    return (arch_for_capability(*torch.cuda.get_device_capability(index)),)
+    major, minor = torch.cuda.get_device_capability(index)
+    return (arch_for_capability(major, minor),), f"GPU {index} (compute capability {major}.{minor})"
+
+
+def resolve_cuda_archs(device_index: int | None = None) -> tuple[CudaArch, ...]:
+    """The archs to compile for now (:func:`choose_cuda_archs` without the source)."""
+    return choose_cuda_archs(device_index)[0]
 
 
 def gencode_flags(archs: tuple[CudaArch, ...]) -> list[str]:

@@ -5,8 +5,9 @@
                                another user could write is not used (see
                                :mod:`.trust`): builds go to the default instead
 ``MLLM_KERNEL_CACHE_PATH``     read-only prebuilt caches, ``dir1:dir2``, searched in
-                               order before the cache root (``precompile --output``
-                               writes one); nothing is ever written there
+                               order before the installed cache packages and the
+                               cache root (``precompile --output`` writes one);
+                               nothing is ever written there
 ``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
 ``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
 ``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset
@@ -67,9 +68,9 @@ def verbose() -> bool:
 @functools.cache
 def check_bounds() -> bool:
     """``MLLM_KERNEL_CHECK_BOUNDS``, read once per process (``check_bounds.cache_clear()``
-    re-reads it): store_cache and create_kv_indices consult it on every call, where
-    os.environ.get of an unset variable (a KeyError inside) took 1.7 us on the 2-core dev
-    box, more than a third of a decode launch."""
+    re-reads it): store_cache and create_kv_indices consult it on every call, and reading
+    an unset variable (a KeyError inside os.environ) costs a large part of a decode launch
+    (benchmarks/RESULTS.md, "Host-side timings behind the code")."""
     return _flag("MLLM_KERNEL_CHECK_BOUNDS")
 
 
@@ -105,22 +106,23 @@ def include_path_variables() -> dict[str, str]:
     return {name: os.environ[name] for name in INCLUDE_PATH_VARIABLES if os.environ.get(name)}
 
 
-def cuda_arch_list() -> tuple[str, str] | None:
-    """``(value, variable name)`` of the arch list the user set, if any."""
-    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+def _first_set(*names: str) -> tuple[str, str] | None:
+    """``(value, name)`` of the first of ``names`` set to something other than blanks."""
+    for name in names:
         value = os.environ.get(name, "").strip()
         if value:
             return value, name
     return None
+
+
+def cuda_arch_list() -> tuple[str, str] | None:
+    """``(value, variable name)`` of the arch list the user set, if any."""
+    return _first_set("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST")
 
 
 def cuda_home() -> tuple[str, str] | None:
     """``(path, variable name)`` from ``CUDA_HOME`` or ``CUDA_PATH``, if set."""
-    for name in ("CUDA_HOME", "CUDA_PATH"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return value, name
-    return None
+    return _first_set("CUDA_HOME", "CUDA_PATH")
 
 
 def cxx() -> str | None:

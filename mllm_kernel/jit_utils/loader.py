@@ -16,8 +16,9 @@ from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
 from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper, check_module_name, check_one_line
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.status import BuildOutcome, CacheState
 
 _logger = get_logger()
 
@@ -103,8 +104,9 @@ def load_cpu_jit(
     extra_ld_flags: Sequence[str] | None = None,
     use_highway: bool = True,
     build_directory: str | Path | None = None,
-) -> Any:
-    """Builds (or loads from the cache) a CPU module and returns the tvm-ffi module.
+) -> tvm_ffi.Module:
+    """Builds (or loads from the cache) a CPU module and returns it, a
+    :class:`tvm_ffi.Module` whose exports are its attributes.
 
     Each ``(export_name, cpp_expression)`` in ``cpp_wrappers`` becomes
     ``module.export_name``. Template arguments are only recorded (for the cache
@@ -154,7 +156,7 @@ def load_cuda_jit(
     extra_cuda_cxx_flags: Sequence[str] | None = None,
     extra_ld_flags: Sequence[str] | None = None,
     build_directory: str | Path | None = None,
-) -> Any:
+) -> tvm_ffi.Module:
     """Builds (or loads from the cache) a CUDA module and returns the tvm-ffi module.
 
     Like :func:`load_cpu_jit`, with ``cuda_files`` compiled by nvcc and exported
@@ -187,8 +189,8 @@ def load_cuda_jit(
     return load_spec(spec, build_directory)
 
 
-def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> Any:
-    """Loads ``spec``'s module: from a prebuilt read-only cache (``MLLM_KERNEL_CACHE_PATH``,
+def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm_ffi.Module:
+    """Loads ``spec``'s module: from a read-only cache (``MLLM_KERNEL_CACHE_PATH``, a cache package;
     no toolchain needed) or the writable cache if valid there, else builds it first.
     With ``build_directory``, that directory is the module's cache (no prebuilt lookup)."""
     registry.intercept(spec)  # show-config / precompile plan builds without running them
@@ -196,7 +198,7 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> Any
         root = Path(build_directory).expanduser().absolute()
         key = dataclasses.replace(module_key(spec), root=root)
         found = cache.lookup(key)
-        module = _try_load(found.artifact, spec) if found.status == "hit" else None
+        module = _try_load(found.artifact, spec) if found.status is CacheState.HIT else None
         if module is not None:
             registry.record_loaded(spec)
             return module
@@ -209,7 +211,7 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> Any
             return module
     key = module_key(spec)
     found = cache.lookup(key)
-    if found.status == "hit":
+    if found.status is CacheState.HIT:
         module = _try_load(found.artifact, spec)
         if module is not None:
             registry.record_loaded(spec)
@@ -217,7 +219,7 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> Any
     return build_and_load(spec, key)
 
 
-def _try_load(artifact: Path, spec: BuildSpec) -> Any | None:
+def _try_load(artifact: Path, spec: BuildSpec) -> tvm_ffi.Module | None:
     try:
         module = tvm_ffi.load_module(str(artifact))
         for export in spec.exports:
@@ -228,17 +230,17 @@ def _try_load(artifact: Path, spec: BuildSpec) -> Any | None:
     return module
 
 
-def build_and_load(spec: BuildSpec, key: ModuleKey | None = None) -> Any:
+def build_and_load(spec: BuildSpec, key: ModuleKey | None = None) -> tvm_ffi.Module:
     """Builds ``spec`` under the cross-process lock (unless another process just
     did), installs it atomically and returns the loaded module."""
     _, module = _locked_build(spec, key or module_key(spec), load=True)
     return module
 
 
-def build_into_cache(spec: BuildSpec, key: ModuleKey | None = None) -> str:
+def build_into_cache(spec: BuildSpec, key: ModuleKey | None = None) -> BuildOutcome:
     """Like :func:`build_and_load` but never loads the module (for precompiling
     where it cannot load, e.g. a CUDA module without a driver). Returns
-    ``"cached"`` if a valid build was already there, else ``"built"``."""
+    ``CACHED`` if a valid build was already there, else ``BUILT``."""
     status, _ = _locked_build(spec, key or module_key(spec), load=False)
     return status
 
@@ -263,7 +265,7 @@ def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cac
     )
 
 
-def _load_checked(artifact: Path, spec: BuildSpec) -> Any:
+def _load_checked(artifact: Path, spec: BuildSpec) -> tvm_ffi.Module:
     module = tvm_ffi.load_module(str(artifact))
     missing = [e for e in spec.exports if not module.implements_function(e)]
     if missing:
@@ -277,8 +279,10 @@ def _load_checked(artifact: Path, spec: BuildSpec) -> Any:
     return module
 
 
-def _locked_build(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
-    """``("cached" | "built", module or None)``; the module only when ``load``."""
+def _locked_build(
+    spec: BuildSpec, key: ModuleKey, *, load: bool
+) -> tuple[BuildOutcome, tvm_ffi.Module | None]:
+    """``(CACHED or BUILT, module or None)``; the module only when ``load``."""
     try:
         return _locked_build_unchecked(spec, key, load=load)
     except OSError as exc:
@@ -288,20 +292,22 @@ def _locked_build(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, 
         raise error from exc
 
 
-def _locked_build_unchecked(spec: BuildSpec, key: ModuleKey, *, load: bool) -> tuple[str, Any]:
+def _locked_build_unchecked(
+    spec: BuildSpec, key: ModuleKey, *, load: bool
+) -> tuple[BuildOutcome, tvm_ffi.Module | None]:
     with cache.module_lock(key, purpose=f"building {spec.describe()}"):
         found = cache.lookup(key)
-        if found.status == "hit":
+        if found.status is CacheState.HIT:
             module = _try_load(found.artifact, spec) if load else None
             if module is not None or not load:
                 if load:
                     registry.record_loaded(spec)
-                return "cached", module
-        elif found.status == "corrupt":
+                return BuildOutcome.CACHED, module
+        elif found.status is CacheState.CORRUPT:
             _logger.warning("cache entry %s is corrupt (%s); rebuilding", key.path, found.reason)
-        elif found.status == "untrusted":
+        elif found.status is CacheState.UNTRUSTED:
             _logger.warning("cache entry not loaded: %s. Rebuilding it privately.", found.reason)
-        elif found.status == "stale":
+        elif found.status is CacheState.STALE:
             _logger.info("rebuilding %s: %s", spec.describe(), found.reason)
         _logger.info("compiling %s ...", spec.describe())
         staging = cache.new_staging_dir(key)
@@ -316,4 +322,4 @@ def _locked_build_unchecked(spec: BuildSpec, key: ModuleKey, *, load: bool) -> t
     _logger.info("built %s in %.1fs: %s", spec.describe(), result.seconds, key.path)
     if load:
         registry.record_loaded(spec)
-    return "built", module
+    return BuildOutcome.BUILT, module

@@ -23,10 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from mllm_kernel.jit_utils import paths
+from mllm_kernel.jit_utils.spec import DEVICES
 
 # Where a device's sources go in this layout: named like those of a device we have.
 _SOURCE_DIR_NAME = next(
-    (found.name for found in map(paths.kernel_source_dir, paths.DEVICES) if found),
+    (found.name for found in map(paths.kernel_source_dir, DEVICES) if found),
     "sources",
 )
 
@@ -39,7 +40,7 @@ def _include_dir() -> Path:
 
 
 def _source_dir(device: str) -> Path:
-    found = paths.kernel_source_dir(device) if device in paths.DEVICES else None
+    found = paths.kernel_source_dir(device) if device in DEVICES else None
     return found or paths.PACKAGE_DIR / device / _SOURCE_DIR_NAME
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from mllm_kernel.jit_utils.spec import DEVICES
+
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _CHECKOUT_DIR = PACKAGE_DIR.parent
-
-DEVICES = ("cpu", "cuda")
 
 
 def include_dir() -> Path:

@@ -29,10 +29,12 @@ from mllm_kernel.jit_utils import cache, loader, prebuilt, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError, ToolchainError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.registry import KernelEntry
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.spec import DEVICES
+from mllm_kernel.jit_utils.status import BuildOutcome, CacheState
 
-DEVICE_CHOICES = ("cpu", "cuda", "all")
+DEVICE_CHOICES = (*DEVICES, "all")
 _logger = get_logger()
 
 
@@ -51,13 +53,13 @@ class Job:
 
 @dataclass(frozen=True)
 class JobResult:
-    """How one job went: ``status`` is ``built``, ``cached`` (already valid) or ``failed``.
+    """How one job went (``status``: built, cached, i.e. already valid, or failed).
 
     A failure carries the first compiler error (``error``) and the full log's path.
     """
 
     job: Job
-    status: str
+    status: BuildOutcome
     seconds: float
     path: Path | None = None
     error: str = ""
@@ -65,7 +67,7 @@ class JobResult:
 
     @property
     def ok(self) -> bool:
-        return self.status != "failed"
+        return self.status is not BuildOutcome.FAILED
 
 
 @dataclass
@@ -79,7 +81,7 @@ class PrecompileReport:
     def failures(self) -> list[JobResult]:
         return [r for r in self.results if not r.ok]
 
-    def count(self, status: str) -> int:
+    def count(self, status: BuildOutcome) -> int:
         return sum(r.status == status for r in self.results)
 
 
@@ -135,22 +137,26 @@ def run_job(job: Job, load: bool | None = None, output: Path | None = None) -> J
     try:
         spec = job.entry.plan(job.variant)
         key = module_key(spec)
-        if cache.lookup(key).status == "hit":
-            status = "cached"
+        if cache.lookup(key).status is CacheState.HIT:
+            status = BuildOutcome.CACHED
         elif load:
             loader.build_and_load(spec, key)
-            status = "built"
+            status = BuildOutcome.BUILT
         else:
             status = loader.build_into_cache(spec, key)
         path = key.path if output is None else prebuilt.export(spec, key.path, output)
         return JobResult(job, status, time.monotonic() - started, path)
     except KernelBuildError as exc:
         return JobResult(
-            job, "failed", time.monotonic() - started, error=exc.first_error, log_path=exc.log_path
+            job,
+            BuildOutcome.FAILED,
+            time.monotonic() - started,
+            error=exc.first_error,
+            log_path=exc.log_path,
         )
     except Exception as exc:  # no toolchain, a missing source, a bad arch: report, go on
         first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return JobResult(job, "failed", time.monotonic() - started, error=first_line)
+        return JobResult(job, BuildOutcome.FAILED, time.monotonic() - started, error=first_line)
 
 
 def precompile(

@@ -217,6 +217,7 @@ class VariantStatus:
 def variant_status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
     from mllm_kernel.jit_utils import cache
     from mllm_kernel.jit_utils.cache_key import module_key
+    from mllm_kernel.jit_utils.status import variant_state
 
     try:
         spec = entry.plan(variant)
@@ -230,7 +231,7 @@ def variant_status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatu
             detail=str(exc).splitlines()[0],
         )
     found = cache.lookup(key)
-    status = {"hit": "cached", "missing": "not built"}.get(found.status, found.status)
+    status = variant_state(found.status)
     size = found.artifact.stat().st_size if found.artifact else None
     return VariantStatus(
         entry.name, entry.device, spec.template_args, status, key.path, size, found.reason

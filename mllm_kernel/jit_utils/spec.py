@@ -10,8 +10,10 @@ from pathlib import Path
 
 from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
+# The devices a module is built for: every list of devices in the package is this one.
+DEVICES = ("cpu", "cuda")
+
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
-_UNSAFE_IN_DIRNAME = re.compile(r"[^A-Za-z0-9_.+-]+")
 # Every character Python, C or C++ may treat as ending a line, and NUL: text that holds
 # one could end the generated line early and start a preprocessor directive.
 _LINE_BREAK = re.compile("[\x00\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
@@ -85,7 +87,7 @@ class BuildSpec:
     """
 
     name: str
-    device: str  # "cpu" or "cuda"
+    device: str  # one of DEVICES
     template_args: tuple[str, ...]
     cpp_files: tuple[Path, ...] = ()
     cuda_files: tuple[Path, ...] = ()
@@ -99,6 +101,8 @@ class BuildSpec:
 
     def __post_init__(self) -> None:
         check_module_name(self.name)
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         exports = [w.export_name for w in (*self.cpp_wrappers, *self.cuda_wrappers)]
         if not exports:
             raise ValueError(
@@ -131,12 +135,6 @@ class BuildSpec:
             *(w.render() for w in wrappers),
         ]
         return "\n".join(lines) + "\n"
-
-    def dirname(self, key_hash: str) -> str:
-        """A readable cache directory name: ``<name>_<device>_<args>_<hash>``."""
-        args = _UNSAFE_IN_DIRNAME.sub("-", "_".join(self.template_args)).strip("-_")[:64]
-        parts = [self.name, self.device, *([args] if args else []), key_hash[:16]]
-        return "_".join(parts)
 
     def describe(self) -> str:
         return f"{self.name}<{', '.join(self.template_args)}> ({self.device})"

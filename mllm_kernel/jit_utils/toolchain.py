@@ -4,6 +4,10 @@ A compiler's *identity* (its real path, size and mtime) goes into the cache key:
 it changes when the compiler is upgraded, and reading it spawns nothing, so a
 warm load never runs a compiler. The version text (which does spawn one) is
 only read for builds and for ``show-env``.
+
+The CUDA versions are read here only: :attr:`CudaToolkit.version` from the toolkit's
+``version.json`` (no process: it joins the key), :meth:`CudaToolkit.nvcc_version` from
+``nvcc --version``, and :meth:`CudaToolkit.release`, the first of the two that is known.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from mllm_kernel.jit_utils.errors import ToolchainError
 _DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 # A shell wrapper such as /usr/local/bin/nvcc: `exec /usr/local/cuda-13.0/bin/nvcc "$@"`.
 _EXEC_LINE = re.compile(r"^\s*exec\s+(\"[^\"]+\"|'[^']+'|\S+)", re.MULTILINE)
+# nvcc --version ends with "Cuda compilation tools, release 13.0, V13.0.88".
+_NVCC_RELEASE = re.compile(r"release ([\d.]+), (V[\d.]+)")
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,18 @@ class Tool:
         return f"{self.real_path}:{stat.st_size}:{stat.st_mtime_ns}"
 
     def version(self) -> str:
-        """The first lines of ``--version`` (spawns the tool)."""
-        return run_version(self.path)
+        """The first line of ``--version`` (spawns the tool)."""
+        lines = _version_lines(self.path)
+        return lines[0] if isinstance(lines, list) else lines
+
+
+@dataclass(frozen=True)
+class NvccVersion:
+    """What ``nvcc --version`` says: ``text`` (``"13.0, V13.0.88"``, or its last line
+    where it is worded otherwise) and ``release`` (``"13.0"``, or None)."""
+
+    text: str
+    release: str | None
 
 
 @dataclass(frozen=True)
@@ -62,8 +78,24 @@ class CudaToolkit:
     def identity(self) -> str:
         return f"{self.nvcc.identity}|cuda={self.version}"
 
+    def nvcc_version(self) -> NvccVersion:
+        """nvcc's own version (spawns nvcc)."""
+        lines = _version_lines(self.nvcc.path)
+        if not isinstance(lines, list):
+            return NvccVersion(lines, None)
+        match = _NVCC_RELEASE.search("\n".join(lines))
+        if match:
+            return NvccVersion(f"{match.group(1)}, {match.group(2)}", match.group(1))
+        return NvccVersion(lines[-1], None)  # nvcc says its version last
 
-def run_version(path: Path | str) -> str:
+    def release(self) -> str | None:
+        """The CUDA release, ``"13.0"``: :attr:`version`, else nvcc's (spawning it only
+        then)."""
+        return self.version or self.nvcc_version().release
+
+
+def _version_lines(path: Path | str) -> list[str] | str:
+    """The non-empty lines ``path --version`` prints, or why there are none."""
     try:
         out = subprocess.run(
             [str(path), "--version"], capture_output=True, text=True, timeout=30, check=False
@@ -71,10 +103,7 @@ def run_version(path: Path | str) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unknown ({exc})"
     lines = [line.strip() for line in (out.stdout or out.stderr).splitlines() if line.strip()]
-    if not lines:
-        return "unknown"
-    # nvcc prints its version on the last line, compilers on the first.
-    return lines[-1] if "cuda" in lines[-1].lower() else lines[0]
+    return lines or "unknown"
 
 
 def follow_wrapper(path: Path) -> Path:
@@ -217,6 +246,7 @@ def reset() -> None:
 
 __all__ = [
     "CudaToolkit",
+    "NvccVersion",
     "Tool",
     "cuda_toolkit_candidates",
     "find_cuda",
@@ -224,5 +254,4 @@ __all__ = [
     "follow_wrapper",
     "host_isa",
     "reset",
-    "run_version",
 ]

@@ -11,10 +11,11 @@ rule, checked before any dlopen:
   user's own setting). A root that fails the rule is not used at all: a WARNING
   says why and how to fix it, and the process builds into the private default
   root under the user's home instead.
-* **read-only caches** (``MLLM_KERNEL_CACHE_PATH``, searched first): the owner may
-  be anyone (a prebuilt cache installed by an image build or by pip is owned by
-  whoever installed it, and naming the directory is the user's decision, as with
-  ``PATH``), but nothing on the way may be writable by group or others.
+* **read-only caches** (``MLLM_KERNEL_CACHE_PATH`` and installed cache packages,
+  searched first): the owner may be anyone (a prebuilt cache installed by an image
+  build or by pip is owned by whoever installed it, and naming the directory or
+  installing the package is the user's decision, as with ``PATH``), but nothing on
+  the way may be writable by group or others.
 
 What the package creates is private: directories 0700, files with the process
 umask but never group- or world-writable, written without following a symlink.
@@ -35,7 +36,7 @@ import uuid
 from pathlib import Path
 
 from mllm_kernel.jit_utils import env
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.logging_setup import get_logger
 
 _logger = get_logger()
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH

@@ -8,7 +8,7 @@ import torch
 
 from mllm_kernel.cuda.jit.device_module import module_for
 from mllm_kernel.jit_utils import cache_once, env, load_cuda_jit, op_inputs, register_kernel
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.logging_setup import get_logger
 
 # The original mllm-kernel's warp splits: 2 warps per row need a multiple of 256 bytes,
 # 4 warps a multiple of 512. Our kernel picks its own, but refuses what the original did.

@@ -14,7 +14,6 @@ Layout: ``<cache root>/cuda_<kind>_<label>_<arch>_<hash>/`` holding the artifact
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import sys
 import time
@@ -28,11 +27,12 @@ from mllm_kernel.cuda.runtime.compiler import (
 )
 from mllm_kernel.jit_utils import cache, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.cache_names import binary_dirname
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import CACHE_FORMAT, stable_hash
-from mllm_kernel.logging_setup import get_logger
+from mllm_kernel.jit_utils.status import CacheState
 
 _logger = get_logger()
-_UNSAFE_IN_DIRNAME = re.compile(r"[^A-Za-z0-9_.+-]+")
 COMPILE_LOG = "compile.log"
 # Bump when what a runtime cache entry holds changes meaning.
 RUNTIME_FORMAT = 1
@@ -53,8 +53,7 @@ def binary_key(request: CompileRequest, cache_dir: str | Path | None = None) -> 
         "compiler": compiler_identity(request.backend),
     }
     digest = stable_hash(material)
-    label = _UNSAFE_IN_DIRNAME.sub("-", request.label)[:48]
-    dirname = f"cuda_{request.kind}_{label}_{request.target}_{digest[:16]}"
+    dirname = binary_dirname(request.kind, request.label, request.target, digest)
     root = Path(cache_dir).expanduser().absolute() if cache_dir else trust.writable_root()
     return ModuleKey(hash=digest, dirname=dirname, root=root)
 
@@ -99,10 +98,10 @@ def compile_cached(
     threads and processes) and installed atomically. Raises KernelBuildError."""
     key = binary_key(request, cache_dir)
     found = cache.lookup(key)
-    if found.status != "hit":
+    if found.status is not CacheState.HIT:
         with cache.module_lock(key, purpose=f"compiling {request.describe()}"):
             found = cache.lookup(key)
-            if found.status != "hit":
+            if found.status is not CacheState.HIT:
                 return _build(request, key, found, verbose)
     if verbose:
         log_file = key.path / COMPILE_LOG
@@ -112,9 +111,9 @@ def compile_cached(
 
 
 def _build(request: CompileRequest, key: ModuleKey, found: cache.Lookup, verbose: bool) -> bytes:
-    if found.status == "corrupt":
+    if found.status is CacheState.CORRUPT:
         _logger.warning("cache entry %s is corrupt (%s); recompiling", key.path, found.reason)
-    elif found.status == "stale":
+    elif found.status is CacheState.STALE:
         _logger.info("recompiling %s: %s", request.describe(), found.reason)
     staging = cache.new_staging_dir(key)
     try:

@@ -194,7 +194,7 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         log=log,
         seconds=time.monotonic() - started,
         deps=_deps(staging / "deps.d", staging, request.source_path),
-        toolchain={"nvcc": cuda.nvcc.version()},
+        toolchain={"nvcc": cuda.nvcc_version().text},
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from mllm_kernel.jit_utils import env
+
 LOGGER_NAME = "mllm_kernel"
 
 
@@ -23,10 +25,6 @@ def get_logger() -> logging.Logger:
     stops propagation, unless :func:`use_application_logging` came first."""
     logger = logging.getLogger(LOGGER_NAME)
     if not getattr(logger, "_mllm_kernel_configured", False):
-        # Imported here: jit_utils imports this module, and an application may import
-        # this module first (to call use_application_logging before the ops).
-        from mllm_kernel.jit_utils import env
-
         handler = _OwnStderrHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[mllm_kernel] %(levelname)s %(message)s"))
         logger.addHandler(handler)
@@ -43,6 +41,7 @@ def use_application_logging() -> logging.Logger:
     (``MLLM_KERNEL_LOG_LEVEL``, default INFO); ``setLevel`` on it changes that.
 
     >>> import logging
+    >>> from mllm_kernel.jit_utils import use_application_logging
     >>> logging.basicConfig(format="%(name)s %(levelname)s %(message)s")
     >>> use_application_logging().name
     'mllm_kernel'
