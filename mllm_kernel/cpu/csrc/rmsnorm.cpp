@@ -5,9 +5,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "mllm_kernel/cpu/dtype_dispatch.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
-#include "mllm_kernel/cpu/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
 
@@ -19,38 +18,38 @@ inline float inv_rms(float sum_squares, int64_t hidden, float eps) {
   return 1.0f / std::sqrt(sum_squares / static_cast<float>(hidden) + eps);
 }
 
-// The input checks shared by both ops: `x` holds rows of `hidden`, `weight` is [hidden].
-inline void verify_x_and_weight(const TensorView& x, const TensorView& weight,
-                                SymbolicDevice& device) {
-  FloatDtypes::allow(TensorMatcher()).device(kDLCPU, device).last_dim_contiguous().verify(x, "x");
-  ValueCheck(x.ndim() >= 1,
-             "argument 'x': expected at least 1 dim (the hidden dim), got a 0-d tensor");
-  SymbolicSize hidden{"hidden"};
-  hidden.bind(x.size(-1), "x");
-  TensorMatcher({hidden})
-      .dtype(x.dtype())
-      .device(kDLCPU, device)
-      .contiguous()
-      .verify(weight, "weight");
-}
-
 }  // namespace rmsnorm_detail
 
 /// out = x / sqrt(mean(x^2, -1) + eps) * weight
 inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
                     int64_t num_threads) {
+  SymbolicSize hidden_dim{"hidden"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  rmsnorm_detail::verify_x_and_weight(x, weight, device);
-  TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).last_dim_contiguous().verify(out, "out");
-  verify_shape_like(out, "out", x, "x");
+  TensorMatcher()
+      .dtype<fp32_t, bf16_t, fp16_t>(dtype)
+      .device(kDLCPU, device)
+      .rows(hidden_dim)
+      .verify(x, "x");
+  TensorMatcher({hidden_dim})
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .contiguous()
+      .verify(weight, "weight");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .same_shape_as(x, "x")
+      .last_dim_contiguous()
+      .verify(out, "out");
   // A row is read in full (the sum) before it is written: in place works.
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}, {weight, "weight"}});
 
   const RowLayout x_rows(x), out_rows(out);
-  const int64_t hidden = x_rows.cols();
+  const int64_t hidden = hidden_dim.value();
   if (hidden == 0) return;
   const auto epsf = static_cast<float>(eps);
-  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     const T* w = data_ptr<const T>(weight);
@@ -76,22 +75,33 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
 /// float32 for the norm (residual stores it rounded to its dtype), as FlashInfer.
 inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weight, double eps,
                               int64_t num_threads) {
+  SymbolicSize hidden_dim{"hidden"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  rmsnorm_detail::verify_x_and_weight(x, weight, device);
   TensorMatcher()
-      .dtype(x.dtype())
+      .dtype<fp32_t, bf16_t, fp16_t>(dtype)
       .device(kDLCPU, device)
+      .rows(hidden_dim)
+      .verify(x, "x");
+  TensorMatcher({hidden_dim})
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .contiguous()
+      .verify(weight, "weight");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .same_shape_as(x, "x")
       .last_dim_contiguous()
       .verify(residual, "residual");
-  verify_shape_like(residual, "residual", x, "x");
   verify_output(x, "x", {{residual, "residual"}, {weight, "weight"}});
   verify_output(residual, "residual", {{weight, "weight"}});
 
   const RowLayout x_rows(x), res_rows(residual);
-  const int64_t hidden = x_rows.cols();
+  const int64_t hidden = hidden_dim.value();
   if (hidden == 0) return;
   const auto epsf = static_cast<float>(eps);
-  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* x_data = data_ptr<T>(x);
     T* res_data = data_ptr<T>(residual);

@@ -2,28 +2,45 @@
 // Rows may be strided; each row must be contiguous. Computed in float32.
 #include <cstdint>
 
-#include "mllm_kernel/cpu/dtype_dispatch.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
-#include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
 
 namespace mllm_kernel::cpu {
 
+namespace silu_and_mul_detail {
+
+/// Half the last dim of `x` (named `arg`), whose rows `width` bound: raises unless even.
+inline int64_t half_width(const TensorView& x, const char* arg, const SymbolicSize& width) {
+  ValueCheck(width.value() % 2 == 0, "argument '", arg,
+             "': expected an even last dim (gate and up halves), got shape ", dims_str(x.shape()));
+  return width.value() / 2;
+}
+
+}  // namespace silu_and_mul_detail
+
 inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
+  SymbolicSize width{"2d"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  FloatDtypes::allow(TensorMatcher()).device(kDLCPU, device).last_dim_contiguous().verify(x, "x");
-  ValueCheck(x.ndim() >= 1 && x.size(-1) % 2 == 0,
-             "argument 'x': expected an even last dim (gate and up halves), got shape ",
-             dims_str(x.shape()));
-  const int64_t d = x.size(-1) / 2;
-  TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).last_dim_contiguous().verify(out, "out");
-  verify_shape_like(out, "out", x, "x", d);
+  TensorMatcher()
+      .dtype<fp32_t, bf16_t, fp16_t>(dtype)
+      .device(kDLCPU, device)
+      .rows(width)
+      .verify(x, "x");
+  const int64_t d = silu_and_mul_detail::half_width(x, "x", width);
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .same_shape_as(x, "x", d)
+      .last_dim_contiguous()
+      .verify(out, "out");
   verify_output(out, "out", {{x, "x"}});
 
   const RowLayout x_rows(x), out_rows(out);
-  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     T* out_data = data_ptr<T>(out);

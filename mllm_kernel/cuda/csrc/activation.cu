@@ -3,7 +3,7 @@
 // element). Rows whose half-width or alignment does not allow vectors move one
 // element at a time.
 #include "mllm_kernel/cuda/activation.cuh"
-#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -40,28 +40,40 @@ __global__ void act_and_mul_kernel(const Params p) {
   }
 }
 
+/// The rows of `input` ([..., 2d], named "input"), checked and bound: `width` = 2d.
+inline RowMatrix verify_gated_input(const TensorView& input, SymbolicSize& width,
+                                    SymbolicDtype& dtype, SymbolicDevice& device, const char* op) {
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .rows(width)
+      .verify(input, "input");
+  ValueCheck(width.value() % 2 == 0, "argument 'input': ", op,
+             " needs an even last dim (2 * d), got ", width.value());
+  return as_rows(input, "input");
+}
+
 template <typename Act>
 void act_and_mul(TensorView out, TensorView input, const char* op) {
+  SymbolicSize width{"2d"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(input, "input");
-  TensorMatcher().dtype(input.dtype()).device(kDLCUDA, device).verify(out, "out");
-  const RowMatrix x = as_rows(input, "input");
-  const RowMatrix y = as_rows(out, "out");
-  ValueCheck(x.cols % 2 == 0, "argument 'input': ", op, " needs an even last dim (2 * d), got ",
-             x.cols);
-  bool same = out.ndim() == input.ndim() && y.cols * 2 == x.cols;
-  for (int64_t i = 0; same && i + 1 < input.ndim(); ++i) same = out.size(i) == input.size(i);
-  ValueCheck(same, "argument 'out': expected the shape of 'input' with the last dim halved (",
-             x.cols / 2, ")");
+  const RowMatrix x = verify_gated_input(input, width, dtype, device, op);
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .same_shape_as(input, "input", width.value() / 2)
+      .verify(out, "out");
   verify_output(out, "out", {{input, "input"}});
+  const RowMatrix y = as_rows(out, "out");
   if (x.rows == 0 || y.cols == 0) return;
 
-  dispatch_dtype<fp32_t, fp16_t, bf16_t>(input.dtype(), "input", [&](auto tag) {
+  dispatch_dtype<fp32_t, fp16_t, bf16_t>(dtype.value(), "input", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kVecWidth<T>;
     // The second half starts d elements into the row: it is aligned when d is.
     const bool aligned =
-        rows_vec_aligned(x, sizeof(T), W) && rows_vec_aligned(y, sizeof(T), W) && y.cols % W == 0;
+        x.vec_aligned(sizeof(T), W) && y.vec_aligned(sizeof(T), W) && y.cols % W == 0;
     Params p{y.data, y.row_stride, x.data, x.row_stride, x.rows, 0};
     auto run = [&](auto kernel, int64_t vecs_per_row) {
       p.vecs_per_row = vecs_per_row;

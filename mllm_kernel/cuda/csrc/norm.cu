@@ -7,8 +7,10 @@
 // in registers between the stages, so the row is read from memory once; longer
 // rows are read again (from L1/L2). Rows whose length or alignment does not
 // allow 16-byte vectors take the same path one element at a time.
+#include <initializer_list>
+
 #include "mllm_kernel/cuda/activation.cuh"
-#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -187,9 +189,8 @@ void launch(Params p, DLDataType dtype, const RowMatrix& shape, bool aligned, DL
     const int64_t n = shape.cols;
     if (aligned && n / W <= int64_t{kMaxThreads} * kCachedVecs) {
       // The gated norm (three streams and a silu per element) wants more threads per row:
-      // 2 vectors each up to 512 vectors. H200, 8192 rows of bf16, % of a same-size copy:
-      // hidden 4096 97% (4 each: 94%); at 8192, 4 each stays ahead (96% vs 95%), and the
-      // plain and fused norms lose with 2 (94% vs 96%, 88% vs 94%).
+      // 2 vectors each up to 512 vectors. Past that, and for the plain and fused norms, 4
+      // each measured faster (benchmarks/RESULTS.md, "norm.cu: vectors per thread").
       const int64_t per_thread = kMode == Mode::kGated && n / W <= 512 ? 2 : kCachedVecs;
       run(rmsnorm_kernel<T, W, true, kMode>, n / W, per_thread);
     } else if (aligned) {
@@ -204,61 +205,78 @@ inline void check_eps(double eps) {
   ValueCheck(eps >= 0.0 && eps < 1e30, "argument 'eps': expected a finite value >= 0, got ", eps);
 }
 
-/// Checks `weight` against the rows of `input` and returns its aligned-ness.
-inline bool check_weight(const TensorView& weight, const TensorView& input, const RowMatrix& rows,
-                         SymbolicDevice& device) {
-  SymbolicSize hidden{"hidden"};
-  hidden.bind(rows.cols, "input");
-  TensorMatcher({hidden})
-      .dtype(input.dtype())
-      .device(kDLCUDA, device)
-      .contiguous()
-      .verify(weight, "weight");
-  const int64_t size = input.dtype().bits / 8;
-  const RowMatrix w{data_ptr<void>(weight), 1, rows.cols, rows.cols};
-  return rows_vec_aligned(w, size, 16 / size);
+/// True when every matrix (of `dtype` elements) allows 16-byte vectors.
+inline bool vec_aligned(DLDataType dtype, std::initializer_list<RowMatrix> matrices) {
+  const int64_t size = dtype.bits / 8;
+  for (const RowMatrix& m : matrices) {
+    if (!m.vec_aligned(size, 16 / size)) return false;
+  }
+  return true;
 }
 
 }  // namespace norm
 
 /// out = rmsnorm(input) * weight over the last dim; `out` may alias `input`.
 inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double eps) {
+  SymbolicSize hidden{"hidden"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(input, "input");
-  TensorMatcher().dtype(input.dtype()).device(kDLCUDA, device).verify(out, "out");
-  check_same_shape(out, "out", input, "input");
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .rows(hidden)
+      .verify(input, "input");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .same_shape_as(input, "input")
+      .verify(out, "out");
+  TensorMatcher({hidden})
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(weight, "weight");
   verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}});
   norm::check_eps(eps);
-  const RowMatrix x = as_rows(input, "input");
-  const RowMatrix y = as_rows(out, "out");
-  const int64_t size = input.dtype().bits / 8;
-  const bool aligned = norm::check_weight(weight, input, x, device) &&
-                       rows_vec_aligned(x, size, 16 / size) && rows_vec_aligned(y, size, 16 / size);
+  const RowMatrix x = as_rows(input, "input"), y = as_rows(out, "out"),
+                  w = as_rows(weight, "weight");
   norm::Params p{};
   p.out = y.data;
   p.out_stride = y.row_stride;
   p.in = x.data;
   p.in_stride = x.row_stride;
-  p.weight = data_ptr<void>(weight);
+  p.weight = w.data;
   p.eps = static_cast<float>(eps);
-  norm::launch<norm::Mode::kPlain>(p, input.dtype(), x, aligned, device.value());
+  norm::launch<norm::Mode::kPlain>(p, dtype.value(), x, norm::vec_aligned(dtype.value(), {x, y, w}),
+                                   device.value());
 }
 
 /// residual += input; input = rmsnorm(residual) * weight, both in place.
 inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView weight,
                               double eps) {
+  SymbolicSize hidden{"hidden"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(input, "input");
-  TensorMatcher().dtype(input.dtype()).device(kDLCUDA, device).verify(residual, "residual");
-  check_same_shape(residual, "residual", input, "input");
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .rows(hidden)
+      .verify(input, "input");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .same_shape_as(input, "input")
+      .verify(residual, "residual");
+  TensorMatcher({hidden})
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(weight, "weight");
   verify_output(input, "input", {{residual, "residual"}, {weight, "weight"}});
   verify_output(residual, "residual", {{weight, "weight"}});
   norm::check_eps(eps);
-  const RowMatrix x = as_rows(input, "input");
-  const RowMatrix r = as_rows(residual, "residual");
-  const int64_t size = input.dtype().bits / 8;
-  const bool aligned = norm::check_weight(weight, input, x, device) &&
-                       rows_vec_aligned(x, size, 16 / size) && rows_vec_aligned(r, size, 16 / size);
+  const RowMatrix x = as_rows(input, "input"), r = as_rows(residual, "residual"),
+                  w = as_rows(weight, "weight");
   norm::Params p{};
   p.out = x.data;
   p.out_stride = x.row_stride;
@@ -266,29 +284,34 @@ inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView 
   p.in_stride = x.row_stride;
   p.residual = r.data;
   p.residual_stride = r.row_stride;
-  p.weight = data_ptr<void>(weight);
+  p.weight = w.data;
   p.eps = static_cast<float>(eps);
-  norm::launch<norm::Mode::kFusedAdd>(p, input.dtype(), x, aligned, device.value());
+  norm::launch<norm::Mode::kFusedAdd>(p, dtype.value(), x,
+                                      norm::vec_aligned(dtype.value(), {x, r, w}), device.value());
 }
 
 /// out = rmsnorm(x) * weight * silu(z).
 inline void rms_norm_gated(TensorView out, TensorView x, TensorView z, TensorView weight,
                            double eps) {
+  SymbolicSize hidden{"hidden"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(x, "x");
-  TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).verify(z, "z");
-  TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).verify(out, "out");
-  check_same_shape(z, "z", x, "x");
-  check_same_shape(out, "out", x, "x");
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .rows(hidden)
+      .verify(x, "x");
+  TensorMatcher().dtype(dtype).device(kDLCUDA, device).same_shape_as(x, "x").verify(z, "z");
+  TensorMatcher().dtype(dtype).device(kDLCUDA, device).same_shape_as(x, "x").verify(out, "out");
+  TensorMatcher({hidden})
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(weight, "weight");
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}, {z, "z"}, {weight, "weight"}});
   norm::check_eps(eps);
-  const RowMatrix xs = as_rows(x, "x");
-  const RowMatrix zs = as_rows(z, "z");
-  const RowMatrix ys = as_rows(out, "out");
-  const int64_t size = x.dtype().bits / 8;
-  const bool aligned =
-      norm::check_weight(weight, x, xs, device) && rows_vec_aligned(xs, size, 16 / size) &&
-      rows_vec_aligned(zs, size, 16 / size) && rows_vec_aligned(ys, size, 16 / size);
+  const RowMatrix xs = as_rows(x, "x"), zs = as_rows(z, "z"), ys = as_rows(out, "out"),
+                  w = as_rows(weight, "weight");
   norm::Params p{};
   p.out = ys.data;
   p.out_stride = ys.row_stride;
@@ -296,9 +319,10 @@ inline void rms_norm_gated(TensorView out, TensorView x, TensorView z, TensorVie
   p.in_stride = xs.row_stride;
   p.gate = zs.data;
   p.gate_stride = zs.row_stride;
-  p.weight = data_ptr<void>(weight);
+  p.weight = w.data;
   p.eps = static_cast<float>(eps);
-  norm::launch<norm::Mode::kGated>(p, x.dtype(), xs, aligned, device.value());
+  norm::launch<norm::Mode::kGated>(
+      p, dtype.value(), xs, norm::vec_aligned(dtype.value(), {xs, zs, ys, w}), device.value());
 }
 
 }  // namespace mllm_kernel::cuda
