@@ -66,8 +66,10 @@ class RowLayout {
 
  private:
   static constexpr int kMaxDims = 16;
-  std::array<int64_t, kMaxDims> sizes_{};    // innermost first
-  std::array<int64_t, kMaxDims> strides_{};  // innermost first
+  // Innermost first; entries past num_dims_ are never read (left uninitialised: a
+  // layout is built on every call of a kernel's host code).
+  std::array<int64_t, kMaxDims> sizes_;
+  std::array<int64_t, kMaxDims> strides_;
   int num_dims_ = 0;
   int64_t rows_ = 1;
   int64_t cols_ = 1;
@@ -100,8 +102,8 @@ struct RowMatrix {
 /// evenly strided row index (x[:, :k] and transposed batches of rows do).
 inline RowMatrix as_rows(const TensorView& tensor, const char* arg,
                          source_location loc = source_location::current()) {
-  SymbolicSize cols{"cols"};
-  TensorMatcher().rows(cols).verify(tensor, arg, loc);
+  detail::check_not_scalar(tensor, arg, loc);
+  detail::check_last_dim_contiguous(tensor, arg, loc);
   const RowLayout layout(tensor);
   if (!layout.evenly_strided()) {
     detail::throw_error(
@@ -120,11 +122,7 @@ inline RowMatrix as_rows(const TensorView& tensor, const char* arg,
 /// contiguous, the first dim may be strided. For per-token rows (KV cache writes).
 inline RowMatrix as_first_dim_rows(const TensorView& tensor, const char* arg,
                                    source_location loc = source_location::current()) {
-  if (tensor.ndim() < 1) {
-    detail::throw_error(
-        "ValueError", detail::concat("argument '", arg, "': expected at least 1 dim, got a scalar"),
-        loc);
-  }
+  detail::check_not_scalar(tensor, arg, loc);
   int64_t cols = 1;
   for (int64_t i = tensor.ndim() - 1; i >= 1; --i) {
     if (tensor.size(i) != 1 && tensor.stride(i) != cols) {

@@ -166,6 +166,30 @@ class DimList {
   std::size_t size_ = 0;
 };
 
+namespace detail {
+
+/// Raises ValueError naming `arg` unless `tensor` has at least one dim.
+inline void check_not_scalar(const TensorView& tensor, const char* arg,
+                             const source_location& loc) {
+  if (tensor.ndim() < 1) {
+    throw_error("ValueError", concat("argument '", arg, "': expected at least 1 dim, got a scalar"),
+                loc);
+  }
+}
+
+/// Raises ValueError naming `arg` unless the last dim has stride 1 (or one element).
+inline void check_last_dim_contiguous(const TensorView& tensor, const char* arg,
+                                      const source_location& loc) {
+  if (tensor.ndim() > 0 && tensor.size(-1) > 1 && tensor.stride(-1) != 1) {
+    throw_error("ValueError",
+                concat("argument '", arg, "': expected stride 1 in the last dim but got strides ",
+                       dims_str(tensor.strides()), "; call .contiguous() on it first"),
+                loc);
+  }
+}
+
+}  // namespace detail
+
 class TensorMatcher {
  public:
   /// Any rank, any shape.
@@ -249,11 +273,7 @@ class TensorMatcher {
            dims_str(tensor.shape()), " with strides ", dims_str(tensor.strides()),
            "; call .contiguous() on it first");
     }
-    if (last_dim_contiguous_ && tensor.ndim() > 0 && tensor.size(-1) > 1 &&
-        tensor.stride(-1) != 1) {
-      fail("ValueError", arg, loc, "expected stride 1 in the last dim but got strides ",
-           dims_str(tensor.strides()), "; call .contiguous() on it first");
-    }
+    if (last_dim_contiguous_) detail::check_last_dim_contiguous(tensor, arg, loc);
     return *this;
   }
 
@@ -331,7 +351,7 @@ class TensorMatcher {
   }
 
   void check_rows(const TensorView& tensor, const char* arg, const source_location& loc) const {
-    if (tensor.ndim() < 1) fail("ValueError", arg, loc, "expected at least 1 dim, got a scalar");
+    detail::check_not_scalar(tensor, arg, loc);
     const int64_t cols = tensor.size(-1);
     SymbolicSize& symbol = *row_cols_;
     if (!symbol.bound()) {
