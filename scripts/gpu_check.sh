@@ -48,7 +48,7 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   echo "- tests (${GPU_CHECK_MARKERS:-cuda}): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
 fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-  for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_jit bench_gemm bench_quant_gemm bench_runtime}; do
+  for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_backward bench_jit bench_gemm bench_quant_gemm bench_runtime}; do
     bench="benchmarks/$name.py"
     [ -f "$bench" ] || continue
     python3 "$bench" --out "$out/$name.md" 2>&1 | tee "$out/$name.log"

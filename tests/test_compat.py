@@ -421,8 +421,8 @@ def test_path_constants_in_a_checkout():
     assert (top / "cpu", top / "cuda") == (MLLM_KERNEL_CPU_PATH, MLLM_KERNEL_CUDA_PATH)
     assert (MLLM_KERNEL_CPU_CSRC_DIR / "add_constant.cpp").is_file()
     assert (MLLM_KERNEL_CUDA_CSRC_DIR / "store_cache.cu").is_file()
-    assert (MLLM_KERNEL_CPU_INCLUDE_DIR / "rows.hpp").is_file()
-    assert (MLLM_KERNEL_CUDA_INCLUDE_DIR / "rows.hpp").is_file()
+    assert (MLLM_KERNEL_CPU_INCLUDE_DIR / "parallel.hpp").is_file()
+    assert (MLLM_KERNEL_CUDA_INCLUDE_DIR / "activation.cuh").is_file()
     # No Ascend tree: the constants say where it would be, as the original's do.
     assert top / "ascend" == MLLM_KERNEL_ASCEND_PATH and not MLLM_KERNEL_ASCEND_PATH.exists()
     assert top / "ascend" / MLLM_KERNEL_CPU_CSRC_DIR.name == MLLM_KERNEL_ASCEND_CSRC_DIR

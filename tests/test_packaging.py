@@ -202,7 +202,7 @@ def test_installed_copy_serves_the_original_api(tmp_path, site):
         assert MLLM_KERNEL_CPU_CSRC_DIR == top / "cpu" / "sources", MLLM_KERNEL_CPU_CSRC_DIR
         assert (MLLM_KERNEL_CPU_CSRC_DIR / "add_constant.cpp").is_file()
         assert (MLLM_KERNEL_CUDA_CSRC_DIR / "store_cache.cu").is_file()
-        assert (MLLM_KERNEL_CPU_INCLUDE_DIR / "rows.hpp").is_file()
+        assert (MLLM_KERNEL_CPU_INCLUDE_DIR / "parallel.hpp").is_file()
         assert MLLM_KERNEL_ASCEND_CSRC_DIR == top / "ascend" / "sources"
 
         @mllm_kernel.jit(

@@ -1,4 +1,4 @@
-"""The C++ checks of include/mllm_kernel/{tensor,utils}.hpp, through a test kernel."""
+"""The C++ checks of include/mllm_kernel/{tensor,rows,utils}.hpp, through a test kernel."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from mllm_kernel.jit_utils import cache_once, load_cpu_jit
 SOURCE = Path(__file__).parent / "csrc" / "tensor_checks.cpp"
 EXPORTS = [
     "row_dot",
+    "rows_and_shapes",
+    "row_stride",
     "fixed_strides",
     "needs_cuda",
     "any_rank",
@@ -85,10 +87,56 @@ def test_shared_symbolic_size_mismatch_names_both_arguments(mod):
     assert LOCATION.search(message)
 
 
-def test_dtype_bound_by_another_argument(mod):
+def test_dtype_bound_by_another_argument_names_it(mod):
     x, w, out = torch.randn(2, 3), torch.randn(3).half(), torch.empty(2)
-    with pytest.raises(TypeError, match=r"argument 'w'.*float32.*float16"):
+    with pytest.raises(
+        TypeError, match=r"^argument 'w': expected dtype float32 as in 'x' but got float16 \[at "
+    ):
         mod.row_dot(out, x, w)
+
+
+def test_rows_share_their_length(mod):
+    x, out, half = torch.randn(2, 3, 8), torch.empty(2, 3, 8), torch.empty(2, 3, 4)
+    mod.rows_and_shapes(x, torch.randn(5, 8)[:, :8], out, half)
+    with pytest.raises(
+        ValueError,
+        match=r"^argument 'y': expected rows of cols=8 elements \(the last dim\) as in 'x' but "
+        r"got shape \[5, 7\]",
+    ):
+        mod.rows_and_shapes(x, torch.randn(5, 7), out, half)
+    with pytest.raises(ValueError, match=r"^argument 'x': expected at least 1 dim, got a scalar"):
+        mod.rows_and_shapes(torch.tensor(1.0), torch.randn(1), out, half)
+    with pytest.raises(ValueError, match=r"^argument 'y': expected stride 1 in the last dim"):
+        mod.rows_and_shapes(x, torch.randn(8, 5).t(), out, half)
+
+
+def test_same_shape_as_prints_the_expected_shape(mod):
+    x, y = torch.randn(2, 3, 8), torch.randn(8)
+    with pytest.raises(
+        ValueError,
+        match=r"^argument 'out': expected shape \[2, 3, 8\] \(the shape of 'x'\) but got "
+        r"\[2, 8\]",
+    ):
+        mod.rows_and_shapes(x, y, torch.empty(2, 8), torch.empty(2, 3, 4))
+    with pytest.raises(
+        ValueError,
+        match=r"^argument 'half_out': expected shape \[2, 3, 4\] \(the shape of 'x' with the "
+        r"last dim replaced\) but got \[2, 3, 8\]",
+    ):
+        mod.rows_and_shapes(x, y, torch.empty(2, 3, 8), torch.empty(2, 3, 8))
+
+
+def test_as_rows_collapses_leading_dims_into_one_stride(mod):
+    assert mod.row_stride(torch.empty(3, 4)) == 4
+    assert mod.row_stride(torch.empty(3, 10)[:, 2:6]) == 10
+    assert mod.row_stride(torch.empty(1, 1, 5)) == 5  # a single row
+    assert mod.row_stride(torch.empty(3, 2, 4).transpose(0, 1)[:1]) == 8
+    with pytest.raises(
+        ValueError,
+        match=r"^argument 'x': its leading dims must collapse into one evenly strided row "
+        r"index, but shape \[4, 3, 6\] has strides \[30, 6, 1\]",
+    ):
+        mod.row_stride(torch.empty(4, 5, 6)[:, :3])
 
 
 def test_rank_mismatch(mod):

@@ -1,26 +1,31 @@
 // Declarative tensor checks. A kernel states what each argument must look like:
 //
-//   SymbolicSize num_tokens{"num_tokens"}, hidden{"hidden"};
+//   SymbolicSize hidden{"hidden"};
+//   SymbolicDtype dtype;
 //   SymbolicDevice device;
-//   TensorMatcher({num_tokens, hidden}).dtype<fp16_t, bf16_t>().device(kDLCUDA, device)
-//       .last_dim_contiguous().verify(input, "input");
-//   TensorMatcher({hidden}).dtype(input.dtype()).device(kDLCUDA, device).verify(weight, "weight");
+//   TensorMatcher().dtype<fp16_t, bf16_t>(dtype).device(kDLCUDA, device).rows(hidden)
+//       .verify(input, "input");
+//   TensorMatcher().dtype(dtype).device(kDLCUDA, device).same_shape_as(input, "input")
+//       .verify(out, "out");
+//   TensorMatcher({hidden}).dtype(dtype).device(kDLCUDA, device).verify(weight, "weight");
 //
-// A symbolic size (or device) is bound by the first tensor that uses it and must
-// match in every later one.
+// A symbolic size, dtype or device is bound by the first tensor that uses it and
+// must match in every later one; a mismatch names the tensor that bound it.
 //
 // Every op that writes into a caller's tensor also states how that output may
 // share memory with its inputs (see verify_output below):
 //
-//   verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}}); A
-//   failed check raises, in Python, TypeError (dtype)
-// or ValueError (anything else) naming the argument, what was expected, what came,
-// and the file:line of the verify() call.
+//   verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}});
+//
+// A failed check raises, in Python, TypeError (dtype) or ValueError (anything
+// else) naming the argument, what was expected, what came, and the file:line of
+// the verify() call.
 #pragma once
 
 #include <tvm/ffi/container/tensor.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
@@ -32,11 +37,18 @@ namespace mllm_kernel {
 
 using ::tvm::ffi::TensorView;
 
-/// "[2, 3, 4]": a shape or stride list for error messages.
-inline std::string dims_str(::tvm::ffi::ShapeView dims) {
+/// "[a, b, c]" from item(0), ..., item(n - 1): the one way error messages print a
+/// shape or stride list, actual or expected.
+template <typename Item>
+std::string bracketed(std::size_t n, const Item& item) {
   std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  for (std::size_t i = 0; i < n; ++i) s += (i ? ", " : "") + item(i);
   return s + "]";
+}
+
+/// "[2, 3, 4]": a tensor's shape or strides.
+inline std::string dims_str(::tvm::ffi::ShapeView dims) {
+  return bracketed(dims.size(), [&](std::size_t i) { return std::to_string(dims[i]); });
 }
 
 /// A size shared between tensors, named in error messages.
@@ -68,6 +80,29 @@ class SymbolicSize {
   const char* name_;
   const char* bound_by_ = "";
   int64_t value_ = -1;
+};
+
+/// A dtype shared between tensors: "the dtype of 'input'".
+class SymbolicDtype {
+ public:
+  SymbolicDtype() = default;
+  SymbolicDtype(const SymbolicDtype&) = delete;
+  SymbolicDtype& operator=(const SymbolicDtype&) = delete;
+
+  bool bound() const { return bound_; }
+  /// The bound dtype; a kernel reads it (to dispatch) after verify() has run.
+  DLDataType value() const { return dtype_; }
+  const char* bound_by() const { return bound_by_; }
+  void bind(DLDataType dtype, const char* bound_by) {
+    dtype_ = dtype;
+    bound_by_ = bound_by;
+    bound_ = true;
+  }
+
+ private:
+  DLDataType dtype_{};
+  const char* bound_by_ = "";
+  bool bound_ = false;
 };
 
 /// A device shared between tensors: "all tensors on one device".
@@ -131,6 +166,30 @@ class DimList {
   std::size_t size_ = 0;
 };
 
+namespace detail {
+
+/// Raises ValueError naming `arg` unless `tensor` has at least one dim.
+inline void check_not_scalar(const TensorView& tensor, const char* arg,
+                             const source_location& loc) {
+  if (tensor.ndim() < 1) {
+    throw_error("ValueError", concat("argument '", arg, "': expected at least 1 dim, got a scalar"),
+                loc);
+  }
+}
+
+/// Raises ValueError naming `arg` unless the last dim has stride 1 (or one element).
+inline void check_last_dim_contiguous(const TensorView& tensor, const char* arg,
+                                      const source_location& loc) {
+  if (tensor.ndim() > 0 && tensor.size(-1) > 1 && tensor.stride(-1) != 1) {
+    throw_error("ValueError",
+                concat("argument '", arg, "': expected stride 1 in the last dim but got strides ",
+                       dims_str(tensor.strides()), "; call .contiguous() on it first"),
+                loc);
+  }
+}
+
+}  // namespace detail
+
 class TensorMatcher {
  public:
   /// Any rank, any shape.
@@ -144,7 +203,14 @@ class TensorMatcher {
     (add_dtype(dtype_trait<Ts>::value), ...);
     return *this;
   }
-  /// The dtype must equal `dtype` (for example another argument's).
+  /// The dtype must be one of Ts, and the one every tensor sharing `symbol` has.
+  template <typename... Ts>
+  TensorMatcher& dtype(SymbolicDtype& symbol) {
+    (add_dtype(dtype_trait<Ts>::value), ...);
+    dtype_symbol_ = &symbol;
+    return *this;
+  }
+  /// The dtype must equal `dtype` (a fixed one; for another argument's, share a SymbolicDtype).
   TensorMatcher& dtype(DLDataType dtype) {
     add_dtype(dtype);
     return *this;
@@ -165,6 +231,27 @@ class TensorMatcher {
     last_dim_contiguous_ = true;
     return *this;
   }
+  /// Rows of `cols` contiguous elements: at least 1 dim, the last one `cols` long
+  /// with stride 1; the leading dims (any strides) enumerate the rows.
+  TensorMatcher& rows(SymbolicSize& cols) {
+    row_cols_ = &cols;
+    last_dim_contiguous_ = true;
+    return *this;
+  }
+  /// The shape of `ref` (named `ref_arg` in errors).
+  TensorMatcher& same_shape_as(const TensorView& ref, const char* ref_arg) {
+    shape_ref_ = &ref;
+    shape_ref_arg_ = ref_arg;
+    return *this;
+  }
+  /// The shape of `ref` with its last dim replaced by `last_dim` (gated activations'
+  /// halved rows); a SymbolicSize not bound yet is bound here.
+  TensorMatcher& same_shape_as(const TensorView& ref, const char* ref_arg, Dim last_dim) {
+    same_shape_as(ref, ref_arg);
+    shape_ref_last_ = last_dim;
+    replace_last_ = true;
+    return *this;
+  }
   /// Exact strides, in elements; entries as for the shape.
   TensorMatcher& strides(std::initializer_list<Dim> strides) {
     strides_ = strides;
@@ -178,17 +265,15 @@ class TensorMatcher {
     check_dtype(tensor, arg, loc);
     check_device(tensor, arg, loc);
     if (check_shape_) check_dims(tensor.shape(), shape_, "dim", tensor, arg, loc);
+    if (shape_ref_ != nullptr) check_shape_like_ref(tensor, arg, loc);
+    if (row_cols_ != nullptr) check_rows(tensor, arg, loc);
     if (check_strides_) check_dims(tensor.strides(), strides_, "stride", tensor, arg, loc);
     if (contiguous_ && !tensor.IsContiguous()) {
       fail("ValueError", arg, loc, "expected a contiguous tensor but got shape ",
            dims_str(tensor.shape()), " with strides ", dims_str(tensor.strides()),
            "; call .contiguous() on it first");
     }
-    if (last_dim_contiguous_ && tensor.ndim() > 0 && tensor.size(-1) > 1 &&
-        tensor.stride(-1) != 1) {
-      fail("ValueError", arg, loc, "expected stride 1 in the last dim but got strides ",
-           dims_str(tensor.strides()), "; call .contiguous() on it first");
-    }
+    if (last_dim_contiguous_) detail::check_last_dim_contiguous(tensor, arg, loc);
     return *this;
   }
 
@@ -204,30 +289,78 @@ class TensorMatcher {
     if (num_dtypes_ < static_cast<int>(dtypes_.size())) dtypes_[num_dtypes_++] = dtype;
   }
 
-  std::string expected_dims_str(const DimList& dims) const {
-    std::string s = "[";
-    for (size_t i = 0; i < dims.size(); ++i) {
-      if (i) s += ", ";
-      const Dim& d = dims[i];
-      if (d.symbol()) {
-        s += d.symbol()->name();
-        if (d.symbol()->bound()) s += "=" + std::to_string(d.symbol()->value());
-      } else {
-        s += d.is_any() ? "*" : std::to_string(d.literal());
-      }
+  /// "hidden=8", "*", "4": one expected dim.
+  static std::string dim_str(const Dim& d) {
+    if (SymbolicSize* s = d.symbol()) {
+      return s->bound() ? detail::concat(s->name(), "=", s->value()) : std::string(s->name());
     }
-    return s + "]";
+    return d.is_any() ? "*" : std::to_string(d.literal());
+  }
+
+  static std::string expected_dims_str(const DimList& dims) {
+    return bracketed(dims.size(), [&](std::size_t i) { return dim_str(dims[i]); });
   }
 
   void check_dtype(const TensorView& tensor, const char* arg, const source_location& loc) const {
-    if (num_dtypes_ == 0) return;
-    for (int i = 0; i < num_dtypes_; ++i) {
-      if (same_dtype(dtypes_[i], tensor.dtype())) return;
+    const DLDataType got = tensor.dtype();
+    if (num_dtypes_ > 0) {
+      bool allowed = false;
+      for (int i = 0; i < num_dtypes_ && !allowed; ++i) allowed = same_dtype(dtypes_[i], got);
+      if (!allowed) {
+        std::string expected;
+        for (int i = 0; i < num_dtypes_; ++i) expected += (i ? ", " : "") + dtype_name(dtypes_[i]);
+        fail("TypeError", arg, loc, "expected dtype in {", expected, "} but got ", dtype_name(got));
+      }
     }
-    std::string expected;
-    for (int i = 0; i < num_dtypes_; ++i) expected += (i ? ", " : "") + dtype_name(dtypes_[i]);
-    fail("TypeError", arg, loc, "expected dtype in {", expected, "} but got ",
-         dtype_name(tensor.dtype()));
+    if (dtype_symbol_ == nullptr) return;
+    if (!dtype_symbol_->bound()) {
+      dtype_symbol_->bind(got, arg);
+    } else if (!same_dtype(dtype_symbol_->value(), got)) {
+      fail("TypeError", arg, loc, "expected dtype ", dtype_name(dtype_symbol_->value()), " as in '",
+           dtype_symbol_->bound_by(), "' but got ", dtype_name(got));
+    }
+  }
+
+  void check_shape_like_ref(const TensorView& tensor, const char* arg,
+                            const source_location& loc) const {
+    const TensorView& ref = *shape_ref_;
+    const int64_t ndim = ref.ndim();
+    SymbolicSize* last_symbol = replace_last_ ? shape_ref_last_.symbol() : nullptr;
+    if (last_symbol != nullptr && !last_symbol->bound() && tensor.ndim() == ndim) {
+      last_symbol->bind(tensor.size(-1), arg);
+    }
+    auto expected = [&](int64_t i) {
+      return replace_last_ && i == ndim - 1
+                 ? (last_symbol ? last_symbol->value() : shape_ref_last_.literal())
+                 : ref.size(i);
+    };
+    bool same = tensor.ndim() == ndim;
+    for (int64_t i = 0; same && i < ndim; ++i) {
+      same = (replace_last_ && i == ndim - 1 && shape_ref_last_.is_any()) ||
+             tensor.size(i) == expected(i);
+    }
+    if (same) return;
+    const std::string shape = bracketed(static_cast<std::size_t>(ndim), [&](std::size_t i) {
+      const auto dim = static_cast<int64_t>(i);
+      return replace_last_ && dim == ndim - 1 ? dim_str(shape_ref_last_)
+                                              : std::to_string(expected(dim));
+    });
+    fail("ValueError", arg, loc, "expected shape ", shape, " (the shape of '", shape_ref_arg_,
+         replace_last_ ? "' with the last dim replaced" : "'", ") but got ",
+         dims_str(tensor.shape()));
+  }
+
+  void check_rows(const TensorView& tensor, const char* arg, const source_location& loc) const {
+    detail::check_not_scalar(tensor, arg, loc);
+    const int64_t cols = tensor.size(-1);
+    SymbolicSize& symbol = *row_cols_;
+    if (!symbol.bound()) {
+      symbol.bind(cols, arg);
+    } else if (symbol.value() != cols) {
+      fail("ValueError", arg, loc, "expected rows of ", symbol.name(), "=", symbol.value(),
+           " elements (the last dim) as in '", symbol.bound_by(), "' but got shape ",
+           dims_str(tensor.shape()));
+    }
   }
 
   void check_device(const TensorView& tensor, const char* arg, const source_location& loc) const {
@@ -278,6 +411,12 @@ class TensorMatcher {
   DimList strides_;
   std::array<DLDataType, 16> dtypes_{};
   int num_dtypes_ = 0;
+  SymbolicDtype* dtype_symbol_ = nullptr;
+  SymbolicSize* row_cols_ = nullptr;
+  const TensorView* shape_ref_ = nullptr;
+  const char* shape_ref_arg_ = "";
+  Dim shape_ref_last_;
+  bool replace_last_ = false;
   SymbolicDevice* device_ = nullptr;
   DLDeviceType device_type_ = kDLCPU;
   bool check_shape_ = false;

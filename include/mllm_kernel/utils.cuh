@@ -172,6 +172,28 @@ __device__ __forceinline__ float block_reduce_max(float value) {
   return block_reduce<MaxOp>(value);
 }
 
+/// Sums each of `values` across the block in one pass (one pair of barriers for all
+/// K, where K calls of block_reduce_sum take K pairs); every thread gets the sums.
+/// Same conditions as block_reduce.
+template <int K>
+__device__ __forceinline__ void block_reduce_sum(float (&values)[K]) {
+  __shared__ float partials[K][kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+#pragma unroll
+  for (int k = 0; k < K; ++k) values[k] = warp_reduce_sum(values[k]);
+  __syncthreads();  // `partials` may still be read by a previous call
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) partials[k][warp] = values[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    values[k] = warp_reduce_sum(lane < num_warps ? partials[k][lane] : 0.0f);
+}
+
 // ---------------------------------------------------------------------------
 // Launching.
 // ---------------------------------------------------------------------------

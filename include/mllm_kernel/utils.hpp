@@ -128,28 +128,6 @@ constexpr T round_up(T a, T b) {
   return div_ceil(a, b) * b;
 }
 
-/// `for (int64_t i : irange(n))`: a half-open integer range [begin, end).
-template <typename T>
-class irange {
- public:
-  struct iterator {
-    T value;
-    constexpr T operator*() const { return value; }
-    constexpr iterator& operator++() {
-      ++value;
-      return *this;
-    }
-    constexpr bool operator!=(const iterator& other) const { return value != other.value; }
-  };
-  constexpr explicit irange(T end) : begin_(0), end_(end) {}
-  constexpr irange(T begin, T end) : begin_(begin), end_(end < begin ? begin : end) {}
-  constexpr iterator begin() const { return {begin_}; }
-  constexpr iterator end() const { return {end_}; }
-
- private:
-  T begin_, end_;
-};
-
 // ---------------------------------------------------------------------------
 // dtype traits: the DLPack code of each alias, and readable names for errors.
 // ---------------------------------------------------------------------------

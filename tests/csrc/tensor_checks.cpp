@@ -1,5 +1,6 @@
-// Test kernels for include/mllm_kernel/{tensor,utils}.hpp: each export runs one
+// Test kernels for include/mllm_kernel/{tensor,rows,utils}.hpp: each export runs one
 // kind of check so the Python tests can trigger every error path.
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
 
@@ -10,13 +11,14 @@ using namespace mllm_kernel;
 // out: [n] float32 contiguous. out[i] = sum_j x[i, j] * w[j].
 void row_dot(TensorView out, TensorView x, TensorView w) {
   SymbolicSize n{"num_rows"}, d{"hidden"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
   TensorMatcher({n, d})
-      .dtype<fp32_t, fp16_t>()
+      .dtype<fp32_t, fp16_t>(dtype)
       .device(kDLCPU, device)
       .last_dim_contiguous()
       .verify(x, "x");
-  TensorMatcher({d}).dtype(x.dtype()).device(kDLCPU, device).contiguous().verify(w, "w");
+  TensorMatcher({d}).dtype(dtype).device(kDLCPU, device).contiguous().verify(w, "w");
   TensorMatcher({n}).dtype<fp32_t>().device(kDLCPU, device).contiguous().verify(out, "out");
   const int64_t row_stride = x.stride(0);
   float* dst = data_ptr<float>(out);
@@ -32,6 +34,20 @@ void row_dot(TensorView out, TensorView x, TensorView w) {
     }
     dst[i] = acc;
   }
+}
+
+// x and y: rows of one length; out: x's shape, and half_out: x's with the last dim halved.
+void rows_and_shapes(TensorView x, TensorView y, TensorView out, TensorView half_out) {
+  SymbolicSize cols{"cols"};
+  TensorMatcher().rows(cols).verify(x, "x");
+  TensorMatcher().rows(cols).verify(y, "y");
+  TensorMatcher().same_shape_as(x, "x").verify(out, "out");
+  TensorMatcher().same_shape_as(x, "x", cols.value() / 2).verify(half_out, "half_out");
+}
+
+// The row stride as_rows() finds for x (a GPU kernel's view of its rows).
+int64_t row_stride(TensorView x) {
+  return as_rows(x, "x").row_stride;
 }
 
 // x must have exactly the strides [d, 1] for shape [n, d] (given by literal 4).

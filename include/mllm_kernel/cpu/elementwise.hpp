@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "mllm_kernel/cpu/parallel.hpp"
-#include "mllm_kernel/cpu/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 
 namespace mllm_kernel::cpu {

@@ -4,20 +4,13 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mllm_kernel/cpu/dtype_dispatch.hpp"
 #include "mllm_kernel/cpu/elementwise.hpp"
-#include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
 
 namespace mllm_kernel::cpu {
 
 namespace add_constant_detail {
-
-// Integer constants add with wrap-around (torch's behaviour, and defined in C++).
-using ConstantDtypes = DtypeList<fp32_t, bf16_t, fp16_t, fp64_t, int32_t, int64_t>;
-// A float constant would turn an integer tensor into a float one: floats only.
-using RuntimeDtypes = DtypeList<fp32_t, bf16_t, fp16_t, fp64_t>;
 
 template <typename T, typename Scalar>
 T add(T v, Scalar c) {
@@ -32,15 +25,16 @@ T add(T v, Scalar c) {
   }
 }
 
-template <typename Dtypes, typename Scalar>
+/// out = x + c for x of one of the dtypes Ts.
+template <typename... Ts, typename Scalar>
 void run(TensorView out, TensorView x, Scalar c, int64_t num_threads) {
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  Dtypes::allow(TensorMatcher()).device(kDLCPU, device).verify(x, "x");
-  TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).verify(out, "out");
-  verify_shape_like(out, "out", x, "x");
+  TensorMatcher().dtype<Ts...>(dtype).device(kDLCPU, device).verify(x, "x");
+  TensorMatcher().dtype(dtype).device(kDLCPU, device).same_shape_as(x, "x").verify(out, "out");
   // Each element is read before it is written by the same thread: in place works.
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
-  Dtypes::dispatch(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<Ts...>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     unary_map<T, T>(out, x, num_threads, [c](T v) { return add(v, c); });
   });
@@ -50,11 +44,14 @@ void run(TensorView out, TensorView x, Scalar c, int64_t num_threads) {
 
 template <int C>
 void add_constant(TensorView out, TensorView x, int64_t num_threads) {
-  add_constant_detail::run<add_constant_detail::ConstantDtypes>(out, x, C, num_threads);
+  // Integer constants add with wrap-around (torch's behaviour, and defined in C++).
+  add_constant_detail::run<fp32_t, bf16_t, fp16_t, fp64_t, int32_t, int64_t>(out, x, C,
+                                                                             num_threads);
 }
 
 inline void add_constant_runtime(TensorView out, TensorView x, double c, int64_t num_threads) {
-  add_constant_detail::run<add_constant_detail::RuntimeDtypes>(out, x, c, num_threads);
+  // A float constant would turn an integer tensor into a float one: floats only.
+  add_constant_detail::run<fp32_t, bf16_t, fp16_t, fp64_t>(out, x, c, num_threads);
 }
 
 }  // namespace mllm_kernel::cpu

@@ -1,29 +1,46 @@
-// SwiGLU's gate: out = silu(x[..., :d]) * x[..., d:] for x of last dim 2d.
-// Rows may be strided; each row must be contiguous. Computed in float32.
+// SwiGLU's gate: out = silu(x[..., :d]) * x[..., d:] for x of last dim 2d, and its
+// backward. Rows may be strided; each row must be contiguous. Computed in float32.
 #include <cstdint>
 
-#include "mllm_kernel/cpu/dtype_dispatch.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
-#include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
 
 namespace mllm_kernel::cpu {
 
+namespace silu_and_mul_detail {
+
+/// Half the last dim of `x` (named `arg`), whose rows `width` bound: raises unless even.
+inline int64_t half_width(const TensorView& x, const char* arg, const SymbolicSize& width) {
+  ValueCheck(width.value() % 2 == 0, "argument '", arg,
+             "': expected an even last dim (gate and up halves), got shape ", dims_str(x.shape()));
+  return width.value() / 2;
+}
+
+}  // namespace silu_and_mul_detail
+
 inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
+  SymbolicSize width{"2d"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  FloatDtypes::allow(TensorMatcher()).device(kDLCPU, device).last_dim_contiguous().verify(x, "x");
-  ValueCheck(x.ndim() >= 1 && x.size(-1) % 2 == 0,
-             "argument 'x': expected an even last dim (gate and up halves), got shape ",
-             dims_str(x.shape()));
-  const int64_t d = x.size(-1) / 2;
-  TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).last_dim_contiguous().verify(out, "out");
-  verify_shape_like(out, "out", x, "x", d);
+  TensorMatcher()
+      .dtype<fp32_t, bf16_t, fp16_t>(dtype)
+      .device(kDLCPU, device)
+      .rows(width)
+      .verify(x, "x");
+  const int64_t d = silu_and_mul_detail::half_width(x, "x", width);
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .same_shape_as(x, "x", d)
+      .last_dim_contiguous()
+      .verify(out, "out");
   verify_output(out, "out", {{x, "x"}});
 
   const RowLayout x_rows(x), out_rows(out);
-  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     T* out_data = data_ptr<T>(out);
@@ -35,6 +52,60 @@ inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
 #pragma omp simd
         for (int64_t i = 0; i < d; ++i) {
           yr[i] = from_float<T>(vec_silu(to_float(gate[i])) * to_float(up[i]));
+        }
+      }
+    });
+  });
+}
+
+/// The backward of out = silu(gate) * up, input = [gate | up] of last dim 2d:
+///   grad_gate = grad_output * up * s * (1 + gate * (1 - s)),  s = sigmoid(gate)
+///   grad_up   = grad_output * silu(gate)
+/// grad_input ([gate | up] grads) has input's shape and dtype; grad_output is [..., d].
+inline void silu_and_mul_backward(TensorView grad_input, TensorView grad_output, TensorView input,
+                                  int64_t num_threads) {
+  SymbolicSize width{"2d"};
+  SymbolicDtype dtype;
+  SymbolicDevice device;
+  TensorMatcher()
+      .dtype<fp32_t, bf16_t, fp16_t>(dtype)
+      .device(kDLCPU, device)
+      .rows(width)
+      .verify(input, "input");
+  const int64_t d = silu_and_mul_detail::half_width(input, "input", width);
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .same_shape_as(input, "input", d)
+      .last_dim_contiguous()
+      .verify(grad_output, "grad_output");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCPU, device)
+      .same_shape_as(input, "input")
+      .last_dim_contiguous()
+      .verify(grad_input, "grad_input");
+  verify_output(grad_input, "grad_input", {{grad_output, "grad_output"}, {input, "input"}});
+
+  const RowLayout x_rows(input), g_rows(grad_output), dx_rows(grad_input);
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "input", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x_data = data_ptr<const T>(input);
+    const T* g_data = data_ptr<const T>(grad_output);
+    T* dx_data = data_ptr<T>(grad_input);
+    parallel_for(x_rows.rows(), d * (5 + kExpCost), num_threads, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* gate = x_data + x_rows.row_offset(r);
+        const T* up = gate + d;
+        const T* g = g_data + g_rows.row_offset(r);
+        T* grad_gate = dx_data + dx_rows.row_offset(r);
+        T* grad_up = grad_gate + d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) {
+          const float a = to_float(gate[i]), b = to_float(up[i]), go = to_float(g[i]);
+          const float s = 1.0f / (1.0f + vec_exp(-a));
+          grad_gate[i] = from_float<T>(go * b * s * (1.0f + a * (1.0f - s)));
+          grad_up[i] = from_float<T>(go * a * s);
         }
       }
     });

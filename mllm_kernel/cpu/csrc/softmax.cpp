@@ -5,10 +5,9 @@
 #include <limits>
 #include <memory>
 
-#include "mllm_kernel/cpu/dtype_dispatch.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
-#include "mllm_kernel/cpu/rows.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.hpp"
 
@@ -41,17 +40,17 @@ void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64
 }  // namespace softmax_detail
 
 inline void softmax(TensorView out, TensorView x, int64_t num_threads) {
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  FloatDtypes::allow(TensorMatcher()).device(kDLCPU, device).verify(x, "x");
-  TensorMatcher().dtype(x.dtype()).device(kDLCPU, device).verify(out, "out");
-  verify_shape_like(out, "out", x, "x");
+  TensorMatcher().dtype<fp32_t, bf16_t, fp16_t>(dtype).device(kDLCPU, device).verify(x, "x");
+  TensorMatcher().dtype(dtype).device(kDLCPU, device).same_shape_as(x, "x").verify(out, "out");
   // A row is read in full (max and sum) before it is written: in place works.
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
 
   const RowLayout x_rows(x), out_rows(out);
   const int64_t n = x_rows.cols(), xs = x_rows.col_stride(), os = out_rows.col_stride();
   if (n == 0) return;
-  FloatDtypes::dispatch(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x_data = data_ptr<const T>(x);
     T* out_data = data_ptr<T>(out);

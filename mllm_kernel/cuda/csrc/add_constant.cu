@@ -4,7 +4,6 @@
 // element by element. Floating types add in fp32 and round once.
 #include <cmath>
 
-#include "mllm_kernel/cuda/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -56,19 +55,24 @@ __global__ void add_kernel(T* __restrict__ out, const T* __restrict__ in, int64_
 }
 
 inline void run(TensorView out, TensorView x, int32_t c_int, double c_value) {
+  SymbolicDtype dtype;
   SymbolicDevice device;
   TensorMatcher()
-      .dtype<int32_t, fp32_t, fp16_t, bf16_t>()
+      .dtype<int32_t, fp32_t, fp16_t, bf16_t>(dtype)
       .device(kDLCUDA, device)
       .contiguous()
       .verify(x, "x");
-  TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).contiguous().verify(out, "out");
-  check_same_shape(out, "out", x, "x");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .same_shape_as(x, "x")
+      .contiguous()
+      .verify(out, "out");
   // Each element is read before it is written by the same thread: in place works.
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_dtype<int32_t, fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<int32_t, fp32_t, fp16_t, bf16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kVecWidth<T>;
     const T* in = data_ptr<const T>(x);

@@ -75,9 +75,10 @@ inline void create_kv_indices(TensorView req_to_token, TensorView req_pool_indic
                               tvm::ffi::Optional<TensorView> kv_start_idx, TensorView kv_indices,
                               tvm::ffi::Optional<TensorView> errors) {
   SymbolicDevice device;
+  SymbolicDtype token_dtype;
   SymbolicSize batch{"batch"}, slots{"num_req_slots"}, context{"max_context"};
   TensorMatcher({slots, context})
-      .dtype<int32_t, int64_t>()
+      .dtype<int32_t, int64_t>(token_dtype)
       .device(kDLCUDA, device)
       .last_dim_contiguous()
       .verify(req_to_token, "req_to_token");
@@ -96,7 +97,7 @@ inline void create_kv_indices(TensorView req_to_token, TensorView req_pool_indic
       .device(kDLCUDA, device)
       .verify(kv_indptr, "kv_indptr");
   TensorMatcher({kAnySize})
-      .dtype(req_to_token.dtype())
+      .dtype(token_dtype)
       .device(kDLCUDA, device)
       .verify(kv_indices, "kv_indices");
   ValueCheck(kv_indices.size(0) <= 1 || kv_indices.stride(0) == 1,

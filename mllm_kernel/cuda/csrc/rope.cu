@@ -110,7 +110,7 @@ __global__ void rope_kernel(const Params p) {
 
 /// query/key as [tokens, heads * head_size] or [tokens, heads, head_size].
 inline Heads check_heads(const TensorView& t, const char* arg, SymbolicSize& tokens,
-                         int64_t head_size, DLDataType dtype, SymbolicDevice& device) {
+                         int64_t head_size, SymbolicDtype& dtype, SymbolicDevice& device) {
   TensorMatcher().dtype(dtype).device(kDLCUDA, device).verify(t, arg);
   ValueCheck(t.ndim() == 2 || t.ndim() == 3, "argument '", arg,
              "': expected [tokens, heads * head_size] or [tokens, heads, head_size], got ",
@@ -143,7 +143,11 @@ inline void apply_rope_inplace(TensorView positions, TensorView query, TensorVie
       .dtype<int32_t, int64_t>()
       .device(kDLCUDA, device)
       .verify(positions, "positions");
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(query, "query");
+  SymbolicDtype dtype;
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .verify(query, "query");
   TensorMatcher({kAnySize, rot_dim})
       .dtype<fp32_t>()
       .device(kDLCUDA, device)
@@ -153,8 +157,8 @@ inline void apply_rope_inplace(TensorView positions, TensorView query, TensorVie
              "argument 'cos_sin_cache': rot_dim (last dim) must be even and in [2, head_size=",
              head_size, "], got ", rot_dim.value());
   rope::Params p{};
-  p.q = rope::check_heads(query, "query", tokens, head_size, query.dtype(), device);
-  p.k = rope::check_heads(key, "key", tokens, head_size, query.dtype(), device);
+  p.q = rope::check_heads(query, "query", tokens, head_size, dtype, device);
+  p.k = rope::check_heads(key, "key", tokens, head_size, dtype, device);
   // q and k are often two column blocks of one qkv buffer: disjoint, and accepted.
   verify_output(query, "query",
                 {{key, "key"}, {positions, "positions"}, {cos_sin_cache, "cos_sin_cache"}});
@@ -169,7 +173,7 @@ inline void apply_rope_inplace(TensorView positions, TensorView query, TensorVie
   if (num_tokens == 0 || p.q.num_heads + p.k.num_heads == 0) return;
   RuntimeCheck(num_tokens < (int64_t{1} << 31), "rope: at most 2^31 - 1 tokens, got ", num_tokens);
 
-  dispatch_dtype<fp32_t, fp16_t, bf16_t>(query.dtype(), "query", [&](auto tag) {
+  dispatch_dtype<fp32_t, fp16_t, bf16_t>(dtype.value(), "query", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kVecWidth<T>;
     auto run = [&](auto kernel, int pairs) {

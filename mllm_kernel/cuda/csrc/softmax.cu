@@ -31,7 +31,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -481,15 +481,19 @@ void run_rows(Params p, int64_t rows, int64_t vecs, DLDevice dev) {
 /// out = softmax(x / temperature) over the last dim; `out` may alias `x`.
 inline void softmax_forward(TensorView out, TensorView x, double temperature) {
   using namespace softmax;
+  SymbolicSize cols{"cols"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(x, "x");
-  TensorMatcher().dtype(x.dtype()).device(kDLCUDA, device).verify(out, "out");
-  check_same_shape(out, "out", x, "x");
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .rows(cols)
+      .verify(x, "x");
+  TensorMatcher().dtype(dtype).device(kDLCUDA, device).same_shape_as(x, "x").verify(out, "out");
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
   ValueCheck(temperature > 0.0 && std::isfinite(temperature),
              "argument 'temperature': expected a finite value > 0, got ", temperature);
-  const RowMatrix xs = as_rows(x, "x");
-  const RowMatrix ys = as_rows(out, "out");
+  const RowMatrix xs = as_rows(x, "x"), ys = as_rows(out, "out");
   if (xs.rows == 0 || xs.cols == 0) return;
   RuntimeCheck(xs.rows < (int64_t{1} << 31), "softmax: at most 2^31 - 1 rows, got ", xs.rows);
   Params p{.out = ys.data,
@@ -499,11 +503,11 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
            .scale = static_cast<float>(kLog2e / temperature)};
   const DLDevice dev = device.value();
 
-  dispatch_dtype<fp32_t, fp16_t, bf16_t>(x.dtype(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, fp16_t, bf16_t>(dtype.value(), "x", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kVecWidth<T>;
     const int64_t n = xs.cols;
-    const bool aligned = rows_vec_aligned(xs, sizeof(T), W) && rows_vec_aligned(ys, sizeof(T), W);
+    const bool aligned = xs.vec_aligned(sizeof(T), W) && ys.vec_aligned(sizeof(T), W);
     const int64_t vecs = n / W;
     if (aligned && vecs <= kRegisterVecs) {
       // At most 512 threads: threads_for(kRegisterVecs, kCachedVecs).
@@ -528,16 +532,27 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
 /// grad_input = out * (grad_out - sum(grad_out * out)) over the last dim.
 inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorView out) {
   using namespace softmax;
+  SymbolicSize cols{"cols"};
+  SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(out, "out");
-  TensorMatcher().dtype(out.dtype()).device(kDLCUDA, device).verify(grad_out, "grad_out");
-  TensorMatcher().dtype(out.dtype()).device(kDLCUDA, device).verify(grad_input, "grad_input");
-  check_same_shape(grad_out, "grad_out", out, "out");
-  check_same_shape(grad_input, "grad_input", out, "out");
+  TensorMatcher()
+      .dtype<fp32_t, fp16_t, bf16_t>(dtype)
+      .device(kDLCUDA, device)
+      .rows(cols)
+      .verify(out, "out");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .same_shape_as(out, "out")
+      .verify(grad_out, "grad_out");
+  TensorMatcher()
+      .dtype(dtype)
+      .device(kDLCUDA, device)
+      .same_shape_as(out, "out")
+      .verify(grad_input, "grad_input");
   verify_output(grad_input, "grad_input", {{grad_out, "grad_out"}, {out, "out"}});
-  const RowMatrix ys = as_rows(out, "out");
-  const RowMatrix gs = as_rows(grad_out, "grad_out");
-  const RowMatrix dxs = as_rows(grad_input, "grad_input");
+  const RowMatrix ys = as_rows(out, "out"), gs = as_rows(grad_out, "grad_out"),
+                  dxs = as_rows(grad_input, "grad_input");
   if (ys.rows == 0 || ys.cols == 0) return;
   RuntimeCheck(ys.rows < (int64_t{1} << 31), "softmax_backward: at most 2^31 - 1 rows, got ",
                ys.rows);
@@ -550,12 +565,12 @@ inline void softmax_backward(TensorView grad_input, TensorView grad_out, TensorV
            .scale = 1.0f};
   const DLDevice dev = device.value();
 
-  dispatch_dtype<fp32_t, fp16_t, bf16_t>(out.dtype(), "out", [&](auto tag) {
+  dispatch_dtype<fp32_t, fp16_t, bf16_t>(dtype.value(), "out", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kVecWidth<T>;
     const int64_t n = ys.cols;
-    const bool aligned = rows_vec_aligned(ys, sizeof(T), W) && rows_vec_aligned(gs, sizeof(T), W) &&
-                         rows_vec_aligned(dxs, sizeof(T), W);
+    const bool aligned = ys.vec_aligned(sizeof(T), W) && gs.vec_aligned(sizeof(T), W) &&
+                         dxs.vec_aligned(sizeof(T), W);
     if (aligned && n / W <= kRegisterVecs) {
       // 2 vectors of each per thread: measured a little ahead of 4 (H200); past 1024
       // vectors, up to 4 in kRegisterThreads threads (104% of a copy at 8k fp32, H200).

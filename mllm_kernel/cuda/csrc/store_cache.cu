@@ -8,7 +8,7 @@
 // caller can raise after the kernel (MLLM_KERNEL_CHECK_BOUNDS=1).
 #include <tvm/ffi/optional.h>
 
-#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -157,10 +157,11 @@ inline void store_cache(TensorView k, TensorView v, TensorView k_cache, TensorVi
       .dtype<int32_t, int64_t>()
       .device(kDLCUDA, device)
       .verify(indices, "indices");
-  TensorMatcher().device(kDLCUDA, device).verify(k, "k");
-  TensorMatcher().device(kDLCUDA, device).verify(v, "v");
-  TensorMatcher().dtype(k.dtype()).device(kDLCUDA, device).verify(k_cache, "k_cache");
-  TensorMatcher().dtype(v.dtype()).device(kDLCUDA, device).verify(v_cache, "v_cache");
+  SymbolicDtype k_dtype, v_dtype;
+  TensorMatcher().dtype(k_dtype).device(kDLCUDA, device).verify(k, "k");
+  TensorMatcher().dtype(v_dtype).device(kDLCUDA, device).verify(v, "v");
+  TensorMatcher().dtype(k_dtype).device(kDLCUDA, device).verify(k_cache, "k_cache");
+  TensorMatcher().dtype(v_dtype).device(kDLCUDA, device).verify(v_cache, "v_cache");
   ValueCheck(k.ndim() >= 1 && k.size(0) == tokens.value(), "argument 'k': expected ",
              tokens.value(),
              " rows (one per index) but got shape dim 0 = ", k.ndim() >= 1 ? k.size(0) : 0);
