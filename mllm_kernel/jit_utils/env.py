@@ -70,7 +70,7 @@ def check_bounds() -> bool:
     """``MLLM_KERNEL_CHECK_BOUNDS``, read once per process (``check_bounds.cache_clear()``
     re-reads it): store_cache and create_kv_indices consult it on every call, and reading
     an unset variable (a KeyError inside os.environ) costs a large part of a decode launch
-    (benchmarks/RESULTS.md, "Host-side timings behind the code")."""
+    (benchmarks/RESULTS.md, "Measurements behind code choices")."""
     return _flag("MLLM_KERNEL_CHECK_BOUNDS")
 
 
