@@ -16,8 +16,8 @@ import pytest
 import mllm_kernel
 from mllm_kernel.jit_utils import cache, load_cpu_jit, paths, prebuilt, precompile, registry
 from mllm_kernel.jit_utils.cache_key import module_key, relocatable_key, relocatable_key_material
-from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
-from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.jit_utils.loader import cpu_spec
+from mllm_kernel.jit_utils.spec import BuildSpec
 from mllm_kernel.logging_setup import get_logger
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
@@ -82,7 +82,7 @@ NO_TOOLCHAIN_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
     loaded = 0
     for entry in registry.kernels("cpu"):
         for variant in entry.variants:
-            module = entry.build(variant)
+            module = entry.builder(*variant)
             for export in entry.plan(variant).exports:
                 module.get_function(export)
             loaded += 1
@@ -162,14 +162,7 @@ def warnings_logged():
 
 
 def _spec(source: Path, k: int = 3) -> BuildSpec:
-    return BuildSpec(
-        name="ok",
-        device="cpu",
-        template_args=(str(k),),
-        cpp_files=(source,),
-        cpp_wrappers=(Wrapper("f", f"ok::f<{k}>"),),
-        cxx_flags=DEFAULT_CXX_FLAGS,
-    )
+    return cpu_spec("ok", str(k), cpp_files=[source], cpp_wrappers=[("f", f"ok::f<{k}>")])
 
 
 def _load(source: Path):
@@ -290,7 +283,7 @@ NO_TOOLCHAIN_CUDA_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
     loaded = 0
     for entry in registry.kernels("cuda"):
         for variant in entry.variants:
-            module = entry.build(variant)
+            module = entry.builder(*variant)
             for export in entry.plan(variant).exports:
                 module.get_function(export)
             loaded += 1
