@@ -368,3 +368,53 @@ def test_cuda_ops_take_cupy_arrays():
     torch.testing.assert_close(
         torch.from_dlpack(out), torch.nn.functional.silu(tx[:, :32]).float() * tx[:, 32:].float()
     )
+
+
+# --------------------------------------------------------------------------- autograd
+@pytest.mark.parametrize(("dim", "temperature"), [(-1, None), (0, 0.5), (1, 2.0)])
+def test_softmax_backward_matches_float64_autograd(dim, temperature):
+    torch.manual_seed(0)
+    x = torch.randn(5, 7, 3, requires_grad=True)
+    weights = torch.randn(5, 7, 3)
+    (cpu.softmax(x, dim, temperature) * weights).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    t = 1.0 if temperature is None else temperature
+    (torch.softmax(x64 / t, dim) * weights.double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_passes_gradcheck():
+    # The kernel computes in float32; gradcheck's finite differences use that precision.
+    x = torch.randn(3, 6, dtype=torch.float32, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda t: cpu.softmax(t, 1, 0.8), (x,), eps=1e-2, atol=2e-3, rtol=2e-2
+    )
+
+
+def test_softmax_under_no_grad_takes_the_direct_path():
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.no_grad():
+        assert cpu.softmax(x).grad_fn is None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: cpu.rmsnorm(x, torch.ones(8)),
+        lambda x: cpu.rmsnorm(x.detach(), torch.nn.Parameter(torch.ones(8))),
+        lambda x: cpu.silu_and_mul(x),
+    ],
+    ids=["rmsnorm-input", "rmsnorm-weight", "silu_and_mul"],
+)
+def test_ops_without_a_backward_refuse_a_required_grad(call):
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"has no backward: call it on tensors that do not"):
+        call(x)
+    with torch.no_grad():
+        assert call(x).grad_fn is None  # inference keeps working with Parameters
+
+
+def test_out_buffers_refuse_a_required_grad_as_torch_does():
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"softmax\(\.\.\., out=\.\.\.\) does not support autom"):
+        cpu.softmax(x, out=torch.empty(2, 8))

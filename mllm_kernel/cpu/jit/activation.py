@@ -35,6 +35,8 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     if _tracing():
         return SILU_AND_MUL_OP(input, out=out)
     input = op_inputs.tensor(input, "input")
+    if input.requires_grad and torch.is_grad_enabled():
+        return SILU_AND_MUL_OP(input, out=out)  # autograd's path (see SILU_AND_MUL_OP)
     try:
         out = _gated_output(input) if out is None else op_inputs.output(out, "out")
         _ACTIVATION[()].silu_and_mul(out, input, torch.get_num_threads())
@@ -44,6 +46,9 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return out
 
 
+# Without a backward yet (its kernels are their own change), a grad required of
+# silu_and_mul is a RuntimeError that says so; the backward is passed as torch_op(...,
+# autograd=).
 SILU_AND_MUL_OP = torch_op(
     "silu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
 ).implement("cpu", silu_and_mul)

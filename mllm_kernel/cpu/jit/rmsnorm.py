@@ -33,6 +33,8 @@ def rmsnorm(
         return RMSNORM_OP(input, weight, eps, out=out)
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
+    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad):
+        return RMSNORM_OP(input, weight, eps, out=out)  # autograd's path (see RMSNORM_OP)
     eps = op_inputs.number(eps, "eps")
     try:
         out = torch.empty_like(input) if out is None else op_inputs.output(out, "out")
@@ -71,6 +73,8 @@ def fused_add_rmsnorm(
         raise
 
 
+# Without a backward yet (its kernels are their own change), a grad required of rmsnorm
+# is a RuntimeError that says so; the backward is passed as torch_op(..., autograd=).
 RMSNORM_OP = torch_op(
     "rmsnorm",
     "(Tensor input, Tensor weight, float eps=1e-06) -> Tensor",

@@ -28,6 +28,8 @@ def _run(op: str, input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor
     """``out`` (``[..., d]``, ``input``'s dtype, no zero strides, not overlapping ``input``)
     or a new tensor, written by ``op``."""
     input = op_inputs.tensor(input, "input")
+    if input.requires_grad and torch.is_grad_enabled():
+        return _OPS[op](input, out=out)  # autograd's path: a clear error without a backward
     try:
         out = _gated_output(input) if out is None else op_inputs.output(out, "out")
         getattr(_ACTIVATION[input.get_device()], op)(out, input)
@@ -79,3 +81,8 @@ GELU_AND_MUL_OP = torch_op(
 GELU_TANH_AND_MUL_OP = torch_op(
     "gelu_tanh_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
 ).implement("cuda", gelu_tanh_and_mul)
+_OPS = {
+    "silu_and_mul": SILU_AND_MUL_OP,
+    "gelu_and_mul": GELU_AND_MUL_OP,
+    "gelu_tanh_and_mul": GELU_TANH_AND_MUL_OP,
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.cpu.jit.softmax import SOFTMAX_AUTOGRAD
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import torch_op
@@ -30,7 +31,7 @@ def softmax(
     other ``dim`` is moved last through a copy (the result has ``x``'s layout, as
     torch.softmax's does). A ``dim`` out of range raises IndexError, as torch.softmax
     does. ``out``: ``x``'s shape and dtype, no zero strides; it may be ``x`` itself,
-    but not overlap it otherwise.
+    but not overlap it otherwise. Differentiable through :func:`softmax_backward`.
 
     >>> softmax(torch.randn(4, 128256, device="cuda"), temperature=0.7).sum(-1)  # doctest: +SKIP
     tensor([1.0000, 1.0000, 1.0000, 1.0000], device='cuda:0')
@@ -38,6 +39,8 @@ def softmax(
     if _tracing():
         return SOFTMAX_OP(x, dim, temperature, out=out)
     x = op_inputs.tensor(x, "x")
+    if x.requires_grad and torch.is_grad_enabled():  # differentiable: the registered op
+        return SOFTMAX_OP(x, dim, temperature, out=out)
     t = 1.0 if temperature is None else op_inputs.number(temperature, "temperature")
     if out is not None:
         out = op_inputs.output(out, "out")
@@ -94,6 +97,7 @@ SOFTMAX_OP = torch_op(
     "(Tensor x, int dim=-1, float? temperature=None) -> Tensor",
     fake=lambda x, dim=-1, temperature=None: torch.empty_like(x),
     out="out",
+    autograd=SOFTMAX_AUTOGRAD,
 ).implement("cuda", softmax)
 SOFTMAX_BACKWARD_OP = torch_op(
     "softmax_backward",
