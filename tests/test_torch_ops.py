@@ -202,14 +202,20 @@ def test_compile_fullgraph_traces_a_decoder_layer_without_graph_breaks():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_compile_with_inductor_matches_eager():
+def test_compile_through_aot_autograd_functionalizes_and_matches_eager():
+    # aot_eager: the mutations (fused_add_rmsnorm, the out= buffer) go through
+    # functionalization as under inductor, without inductor's minutes of C++ builds on CI
+    # (the CUDA test below compiles with inductor).
     import torch._dynamo
 
     torch._dynamo.reset()
     inputs = _layer_inputs()
     eager_inputs, compiled_inputs = _clone(inputs), _clone(inputs)
     expected = _decoder_layer(cpu, *eager_inputs)
-    got = torch.compile(lambda *a: _decoder_layer(cpu, *a), fullgraph=True)(*compiled_inputs)
+    compiled = torch.compile(
+        lambda *a: _decoder_layer(cpu, *a), fullgraph=True, backend="aot_eager"
+    )
+    got = compiled(*compiled_inputs)
     for a, b in zip((*got, *compiled_inputs), (*expected, *eager_inputs), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -418,3 +424,17 @@ def test_out_buffers_refuse_a_required_grad_as_torch_does():
     x = torch.randn(2, 8, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"softmax\(\.\.\., out=\.\.\.\) does not support autom"):
         cpu.softmax(x, out=torch.empty(2, 8))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_cuda_softmax_backward_matches_float64_autograd(dim):
+    torch.manual_seed(0)
+    x = torch.randn(6, 300, device="cuda", requires_grad=True)
+    weights = torch.randn(6, 300, device="cuda")
+    (cuda.softmax(x, dim, 0.6) * weights).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    (torch.softmax(x64 / 0.6, dim) * weights.double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-6)
+    with pytest.raises(RuntimeError, match=r"mllm_kernel.rmsnorm has no backward"):
+        cuda.rmsnorm(x, torch.ones(300, device="cuda"))
