@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_cuda import copy_bandwidth, git_commit, l2_bytes, time_interleaved  # noqa: E402
 
 from mllm_kernel.cuda.jit import gemm  # noqa: E402
-from mllm_kernel.cuda.jit.gemm import TILES, _module, choose_tile  # noqa: E402
+from mllm_kernel.cuda.jit.gemm import _GEMM, TILES, choose_tile  # noqa: E402
 
 LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
 LLAMA_M = [1, 16, 128, 1024, 4096]
@@ -147,9 +147,8 @@ def sass_report() -> list[str]:
 def _compiled_path(tile) -> Path | None:
     from mllm_kernel.jit_utils import cache
     from mllm_kernel.jit_utils.cache_key import module_key
-    from mllm_kernel.jit_utils.registry import plan
 
-    spec = plan(_module, *tile.template_args(torch.bfloat16))
+    spec = _GEMM.spec(*tile.template_args(torch.bfloat16))
     found = cache.lookup(module_key(spec))
     return found.artifact if found.status == "hit" else None
 

@@ -115,11 +115,11 @@ def _per_call_us(fn, number: int = 20000, repeat: int = 7) -> float:
 
 def _overheads() -> list[tuple[str, float]]:
     from mllm_kernel.cpu.jit import add_constant
-    from mllm_kernel.cpu.jit.add_constant import _module
+    from mllm_kernel.cpu.jit.add_constant import _ADD_CONSTANT
 
     x = torch.randn(16)
     y = torch.empty_like(x)
-    raw = _module(8).add_constant
+    raw = _ADD_CONSTANT[8].add_constant
     threads = torch.get_num_threads()
     rows = [
         (
@@ -131,12 +131,11 @@ def _overheads() -> list[tuple[str, float]]:
     ]
     if torch.cuda.is_available():
         from mllm_kernel.cuda.jit import add_constant as cuda_add_constant
-        from mllm_kernel.cuda.jit.add_constant import _module as cuda_module
-        from mllm_kernel.cuda.jit.device_module import module_for
+        from mllm_kernel.cuda.jit.add_constant import _ADD_CONSTANT as CUDA_ADD_CONSTANT
 
         xc = torch.randn(16, device="cuda")
         yc = torch.empty_like(xc)
-        raw_cuda = module_for(cuda_module, xc, 8).add_constant
+        raw_cuda = CUDA_ADD_CONSTANT[xc.get_device(), 8].add_constant
         rows += [
             (
                 "cuda add_constant(x, 8, out=y), 16 floats",

@@ -16,8 +16,8 @@ import pytest
 
 from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
-from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
-from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.jit_utils.loader import cpu_spec
+from mllm_kernel.jit_utils.spec import BuildSpec
 
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 EVIL_SOURCE = """
@@ -57,14 +57,7 @@ def ok_source(tmp_path) -> Path:
 
 
 def _spec(source: Path) -> BuildSpec:
-    return BuildSpec(
-        name="ok",
-        device="cpu",
-        template_args=("3",),
-        cpp_files=(source,),
-        cpp_wrappers=(Wrapper("f", "ok::f<3>"),),
-        cxx_flags=DEFAULT_CXX_FLAGS,
-    )
+    return cpu_spec("ok", "3", cpp_files=[source], cpp_wrappers=[("f", "ok::f<3>")])
 
 
 def _load(source: Path):

@@ -195,7 +195,7 @@ def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
     exports = {(k.device, k.name): k.exports for k in report.kernels}
     assert exports[("cpu", "rmsnorm")] == ("rmsnorm", "fused_add_rmsnorm")
     # Known without a GPU or an arch: the exports do not depend on the arch.
-    assert "fused_add_rmsnorm" in exports[("cuda", "norm")]
+    assert "fused_add_rmsnorm" in exports[("cuda", "rmsnorm")]
     # Every public CPU op shows up in show-config.
     cpu_exports = {e for (device, _), names in exports.items() if device == "cpu" for e in names}
     assert set(mllm_kernel.cpu.jit.__all__) <= cpu_exports
@@ -204,7 +204,7 @@ def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
     assert row.split()[:3] == ["rmsnorm", "rmsnorm,", "fused_add_rmsnorm"]
     assert main(["show-config", "--device", "cuda", "--json"]) == 0
     kernels = json.loads(capsys.readouterr().out)["kernels"]
-    norm = next(k for k in kernels if k["name"] == "norm")
+    norm = next(k for k in kernels if k["name"] == "rmsnorm")
     assert "fused_add_rmsnorm" in norm["exports"]
 
 

@@ -111,7 +111,7 @@ def test_add_constant_rejects_other_constants(c):
 
 @pytest.mark.parametrize(("c", "kind"), [(True, "bool"), ("1", "str"), (None, "NoneType")])
 def test_add_constant_rejects_constants_that_are_not_numbers(c, kind):
-    with pytest.raises(TypeError, match=rf"argument 'c': expected an int but got {kind}"):
+    with pytest.raises(TypeError, match=rf"argument 'constant': expected an int but got {kind}"):
         add_constant(torch.zeros(3), c)
 
 

@@ -78,3 +78,45 @@ def test_softmax_errors():
         softmax(torch.ones(2, 3, dtype=torch.int64))
     with pytest.raises(IndexError):
         softmax(torch.randn(2, 3), dim=2)
+
+
+# The CUDA op's signature (issue 17, point 6): temperature and out on the CPU too.
+@pytest.mark.parametrize("temperature", [0.25, 0.7, 1.0, 3.0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_temperature(dtype, temperature):
+    torch.manual_seed(int(temperature * 100))
+    x = randn(4, 1031, dtype=dtype)
+    result = softmax(x, temperature=temperature)
+    torch.testing.assert_close(result.double(), reference(x.double() / temperature), **TOL[dtype])
+    strided = randn(9, 5, dtype=dtype).t()  # dim 0 strided, with temperature
+    torch.testing.assert_close(
+        softmax(strided, 0, temperature).double(),
+        reference(strided.double() / temperature, 0),
+        **TOL[dtype],
+    )
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_softmax_writes_into_out(dim):
+    x = randn(6, 40, dtype=torch.float32)
+    out = torch.full_like(x, float("nan"))
+    assert softmax(x, dim, 0.5, out=out) is out
+    torch.testing.assert_close(out.double(), reference(x.double() * 2, dim), **TOL[torch.float32])
+    in_place = x.clone()
+    assert softmax(in_place, dim, out=in_place) is in_place
+    torch.testing.assert_close(in_place.double(), reference(x, dim), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf"), float("nan")])
+def test_softmax_temperature_must_be_finite_and_positive(temperature):
+    with pytest.raises(ValueError, match=r"argument 'temperature': expected a finite value > 0"):
+        softmax(torch.randn(2, 8), temperature=temperature)
+
+
+def test_softmax_out_must_match_and_not_overlap():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"'out'"):
+        softmax(x, out=torch.empty(4, 7))
+    square = torch.randn(8, 8)
+    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'"):
+        softmax(square, out=square.t())

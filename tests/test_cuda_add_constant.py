@@ -88,7 +88,7 @@ def test_constant_outside_the_allowed_set(c):
 def test_constant_that_is_not_a_number(c):
     from mllm_kernel.cuda.jit import add_constant
 
-    with pytest.raises(TypeError, match=r"argument 'c': expected an int"):
+    with pytest.raises(TypeError, match=r"argument 'constant': expected an int"):
         add_constant(torch.zeros(4, device="cuda"), c)
 
 

@@ -91,7 +91,7 @@ def test_compiles_for_sm80(entry, variant, tmp_path):
 def test_every_op_module_registers_a_variant():
     names = {entry.name for entry in registry.kernels("cuda")}
     assert {
-        "norm",
+        "rmsnorm",
         "activation",
         "rope",
         "softmax",

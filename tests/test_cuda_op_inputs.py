@@ -24,10 +24,10 @@ def _ops(device):
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     return {
-        "add_constant": (lambda **a: cuda.add_constant(a["x"], 4, out=a.get("out")), {"x": t(4)}),
+        "add_constant": (lambda **a: cuda.add_constant(**a, constant=4), {"src": t(4)}),
         "add_constant_runtime": (
-            lambda **a: cuda.add_constant_runtime(a["x"], 0.5, out=a.get("out")),
-            {"x": t(4)},
+            lambda **a: cuda.add_constant_runtime(**a, constant=0.5),
+            {"src": t(4)},
         ),
         "rmsnorm": (
             lambda **a: cuda.rmsnorm(a["input"], a["weight"], out=a.get("out")),
@@ -155,7 +155,10 @@ def test_meta_tensor_is_refused_naming_it(op, no_arch_no_compile):
 def test_non_tensor_is_a_type_error_naming_it(op, arg, no_arch_no_compile):
     # A str, not None: None is a valid value for optional tensors (rms_norm_gated's z).
     fn, args = CPU_OPS[op]
-    with pytest.raises(TypeError, match=rf"^argument '{arg}': expected a torch.Tensor but got str"):
+    with pytest.raises(
+        TypeError,
+        match=rf"^argument '{arg}': expected a torch.Tensor \(or a DLPack tensor.*\) but got str",
+    ):
         fn(**{**args, arg: "x"})
 
 
@@ -168,10 +171,12 @@ def test_non_tensor_is_a_type_error_naming_it(op, arg, no_arch_no_compile):
         lambda: cuda.add_constant_runtime(torch.randn(3), "1.5"),
         lambda: cuda.softmax(torch.randn(3), temperature="hot"),
     ],
-    ids=["rmsnorm-eps", "gated-eps-bool", "fused-eps", "runtime-c", "softmax-temperature"],
+    ids=["rmsnorm-eps", "gated-eps-bool", "fused-eps", "runtime-constant", "softmax-temperature"],
 )
 def test_scalars_must_be_numbers(call, no_arch_no_compile):
-    with pytest.raises(TypeError, match=r"^argument '(eps|c|temperature)': expected a number"):
+    with pytest.raises(
+        TypeError, match=r"^argument '(eps|constant|temperature)': expected a number"
+    ):
         call()
 
 

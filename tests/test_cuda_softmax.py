@@ -140,6 +140,18 @@ def test_softmax_layouts(dtype):
     in_place = x.clone()
     softmax(in_place, out=in_place)
     _close(in_place, torch.softmax(x.double(), -1))
+    # Another dim: the result has x's layout (torch.softmax's, and the registered op's
+    # fake), and x is left alone even when moving the dim last needs no copy.
+    column = torch.randn(7, 1, device="cuda").to(dtype)
+    before = column.clone()
+    result = softmax(column, dim=0)
+    assert result.stride() == torch.empty_like(column).stride()
+    _close(result, torch.softmax(column.double(), 0))
+    torch.testing.assert_close(column, before, rtol=0, atol=0)
+    transposed = torch.randn(7, 300, device="cuda").to(dtype).t()
+    result = softmax(transposed, dim=0)
+    assert result.stride() == torch.empty_like(transposed).stride()
+    _close(result, torch.softmax(transposed.double(), 0))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

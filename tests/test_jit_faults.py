@@ -264,16 +264,9 @@ def test_wrong_shaped_manifest_is_rebuilt_with_a_warning(
 
 
 def _spec_of_ok(source: Path) -> BuildSpec:
-    from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
+    from mllm_kernel.jit_utils.loader import cpu_spec
 
-    return BuildSpec(
-        name="ok",
-        device="cpu",
-        template_args=("3",),
-        cpp_files=(source,),
-        cpp_wrappers=(Wrapper("f", "ok::f<3>"),),
-        cxx_flags=DEFAULT_CXX_FLAGS,
-    )
+    return cpu_spec("ok", "3", cpp_files=[source], cpp_wrappers=[("f", "ok::f<3>")])
 
 
 # --------------------------------------------------------------------------- headers

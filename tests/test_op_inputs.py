@@ -84,21 +84,18 @@ def test_output_refuses_negative_views():
 def _cpu_ops():
     x = torch.randn(4, 8)
     return {
-        "add_constant": (lambda **a: cpu.add_constant(a["x"], 4, out=a.get("out")), {"x": x}),
+        "add_constant": (lambda **a: cpu.add_constant(**a, constant=4), {"src": x}),
         "add_constant_runtime": (
-            lambda **a: cpu.add_constant_runtime(a["x"], 0.5, out=a.get("out")),
-            {"x": x},
+            lambda **a: cpu.add_constant_runtime(**a, constant=0.5),
+            {"src": x},
         ),
-        "rmsnorm": (
-            lambda **a: cpu.rmsnorm(a["x"], a["weight"], out=a.get("out")),
-            {"x": x, "weight": torch.randn(8)},
-        ),
+        "rmsnorm": (lambda **a: cpu.rmsnorm(**a), {"input": x, "weight": torch.randn(8)}),
         "fused_add_rmsnorm": (
-            lambda **a: cpu.fused_add_rmsnorm(a["x"], a["residual"], a["weight"]),
-            {"x": x.clone(), "residual": torch.randn(4, 8), "weight": torch.randn(8)},
+            lambda **a: cpu.fused_add_rmsnorm(**a),
+            {"input": x.clone(), "residual": torch.randn(4, 8), "weight": torch.randn(8)},
         ),
-        "silu_and_mul": (lambda **a: cpu.silu_and_mul(a["x"], out=a.get("out")), {"x": x}),
-        "softmax": (lambda **a: cpu.softmax(a["x"]), {"x": x}),
+        "silu_and_mul": (lambda **a: cpu.silu_and_mul(**a), {"input": x}),
+        "softmax": (lambda **a: cpu.softmax(**a), {"x": x}),
     }
 
 
@@ -121,10 +118,14 @@ BAD_KINDS = {
 @pytest.mark.parametrize(("op", "arg"), CPU_ARGS)
 def test_cpu_op_refuses_a_non_tensor_naming_it(op, arg):
     fn, args = CPU_OPS[op]
-    with pytest.raises(TypeError, match=rf"^argument '{arg}': expected a torch.Tensor but got"):
+    with pytest.raises(
+        TypeError,
+        match=rf"^argument '{arg}': expected a torch.Tensor \(or a DLPack tensor.*\) but got",
+    ):
         fn(**{**args, arg: [1.0, 2.0]})
     with pytest.raises(
-        TypeError, match=rf"^argument '{arg}': expected a torch.Tensor but got None"
+        TypeError,
+        match=rf"^argument '{arg}': expected a torch.Tensor \(or a DLPack tensor.*\) but got None",
     ):
         fn(**{**args, arg: None})
 
@@ -142,10 +143,11 @@ def test_cpu_op_refuses_meta_sparse_quantized_nested_naming_it(op, arg, kind):
 
 @pytest.mark.parametrize(
     ("op", "arg"),
-    [(op, "x") for op in CPU_OPS if op != "fused_add_rmsnorm"] + [("rmsnorm", "weight")],
+    [(op, next(iter(CPU_OPS[op][1]))) for op in CPU_OPS if op != "fused_add_rmsnorm"]
+    + [("rmsnorm", "weight")],
 )
 def test_cpu_op_reads_negative_views_as_torch_shows_them(op, arg):
-    # fused_add_rmsnorm writes its x: see the test after the next.
+    # fused_add_rmsnorm writes its input: see the test after the next.
     fn, args = CPU_OPS[op]
     view = negative_view(args[arg].shape)
     expected = fn(**{**args, arg: view.clone()})
@@ -163,11 +165,15 @@ def test_fused_add_rmsnorm_weight_negative_view_and_outputs_refused():
     cpu.fused_add_rmsnorm(expected_x, expected_residual, weight.clone())
     cpu.fused_add_rmsnorm(x, residual, weight)
     torch.testing.assert_close(x, expected_x, rtol=0, atol=0)
-    for arg in ("x", "residual"):
-        args = {"x": torch.randn(4, 8), "residual": torch.randn(4, 8), "weight": torch.randn(8)}
+    for arg in ("input", "residual"):
+        args = {
+            "input": torch.randn(4, 8),
+            "residual": torch.randn(4, 8),
+            "weight": torch.randn(8),
+        }
         args[arg] = negative_view((4, 8))
         with pytest.raises(ValueError, match=rf"^argument '{arg}': a negative view"):
-            cpu.fused_add_rmsnorm(args["x"], args["residual"], args["weight"])
+            cpu.fused_add_rmsnorm(**args)
 
 
 @pytest.mark.parametrize("op", ["add_constant", "add_constant_runtime", "rmsnorm", "silu_and_mul"])
@@ -187,10 +193,10 @@ def test_cpu_op_refuses_a_negative_view_as_out(op):
         lambda: cpu.add_constant_runtime(torch.randn(3), "1.5"),
         lambda: cpu.add_constant_runtime(torch.randn(3), False),
     ],
-    ids=["eps-str", "eps-bool", "fused-eps-none", "c-str", "c-bool"],
+    ids=["eps-str", "eps-bool", "fused-eps-none", "constant-str", "constant-bool"],
 )
 def test_cpu_scalars_must_be_numbers(call):
-    with pytest.raises(TypeError, match=r"^argument '(eps|c)': expected a number but got"):
+    with pytest.raises(TypeError, match=r"^argument '(eps|constant)': expected a number but got"):
         call()
 
 
@@ -208,7 +214,7 @@ def test_strided_last_dim_error_says_call_contiguous(op):
     fn, args = CPU_OPS[op]
     strided = torch.randn(8, 4).t()
     with pytest.raises(ValueError, match=r"'x'.*stride 1 in the last dim.*call \.contiguous\(\)"):
-        fn(**{**args, "x": strided})
+        fn(**{**args, "input": strided})
 
 
 # --------------------------------------------------------------------------- overlaps (CPU)

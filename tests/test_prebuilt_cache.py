@@ -28,8 +28,8 @@ from mllm_kernel.jit_utils import (
     registry,
 )
 from mllm_kernel.jit_utils.cache_key import module_key, relocatable_key, relocatable_key_material
-from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS
-from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+from mllm_kernel.jit_utils.loader import cpu_spec
+from mllm_kernel.jit_utils.spec import BuildSpec
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 # The child imports this package first, then whatever the caller's PYTHONPATH holds
@@ -93,7 +93,7 @@ NO_TOOLCHAIN_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
     loaded = 0
     for entry in registry.kernels("cpu"):
         for variant in entry.variants:
-            module = entry.build(variant)
+            module = entry.builder(*variant)
             for export in entry.plan(variant).exports:
                 module.get_function(export)
             loaded += 1
@@ -158,14 +158,7 @@ def test_prebuilt_entries_name_the_package_files_by_anchor(cpu_prebuilt):
 
 
 def _spec(source: Path, k: int = 3) -> BuildSpec:
-    return BuildSpec(
-        name="ok",
-        device="cpu",
-        template_args=(str(k),),
-        cpp_files=(source,),
-        cpp_wrappers=(Wrapper("f", f"ok::f<{k}>"),),
-        cxx_flags=DEFAULT_CXX_FLAGS,
-    )
+    return cpu_spec("ok", str(k), cpp_files=[source], cpp_wrappers=[("f", f"ok::f<{k}>")])
 
 
 def _load(source: Path):
@@ -286,7 +279,7 @@ NO_TOOLCHAIN_CUDA_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
     loaded = 0
     for entry in registry.kernels("cuda"):
         for variant in entry.variants:
-            module = entry.build(variant)
+            module = entry.builder(*variant)
             for export in entry.plan(variant).exports:
                 module.get_function(export)
             loaded += 1

@@ -2,9 +2,12 @@
 
 >>> from mllm_kernel.jit_utils import cache_once, load_cpu_jit, make_cpp_args
 
-See :func:`load_cpu_jit`, :func:`load_cuda_jit`, :func:`make_cpp_args`,
-:func:`cache_once` and :func:`register_kernel`; an op's Python wrapper checks its
-arguments with :mod:`mllm_kernel.jit_utils.op_inputs`. :func:`use_application_logging`
+An op file declares each of its modules once as a :class:`KernelModule` (name, device,
+sources, exported C++ functions, variants: see :mod:`.kernel_module`) and each of its
+ops as a torch custom op with :func:`torch_op`; its Python wrapper checks its arguments
+with :mod:`mllm_kernel.jit_utils.op_inputs`. Lower level: :func:`load_cpu_jit`,
+:func:`load_cuda_jit`, :func:`make_cpp_args`, :func:`cache_once` and
+:func:`register_kernel`. :func:`use_application_logging`
 routes the ``mllm_kernel`` logger into the application's logging.
 
 For code written against the original mllm-kernel: the :func:`jit` decorator, the
@@ -23,6 +26,7 @@ from mllm_kernel.jit_utils.errors import (
     ToolchainError,
 )
 from mllm_kernel.jit_utils.jit_decorator import jit
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.loader import load_cpu_jit, load_cuda_jit
 from mllm_kernel.jit_utils.logging_setup import use_application_logging
 from mllm_kernel.jit_utils.path_constants import (
@@ -44,6 +48,7 @@ from mllm_kernel.jit_utils.registry import (
     register_jit_kernel,
     register_kernel,
 )
+from mllm_kernel.jit_utils.torch_op import torch_op
 
 __all__ = [
     "MLLM_KERNEL_ASCEND_CSRC_DIR",
@@ -61,6 +66,7 @@ __all__ = [
     "CppArgs",
     "CudaArchError",
     "KernelBuildError",
+    "KernelModule",
     "ToolchainError",
     "cache_once",
     "clear_jit_kernel_registry",
@@ -72,5 +78,6 @@ __all__ = [
     "make_cpp_args",
     "register_jit_kernel",
     "register_kernel",
+    "torch_op",
     "use_application_logging",
 ]

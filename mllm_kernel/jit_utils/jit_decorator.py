@@ -21,6 +21,7 @@ import torch
 from mllm_kernel.jit_utils import loader, registry
 from mllm_kernel.jit_utils.cache_once import cache_once
 from mllm_kernel.jit_utils.cpp_args import make_cpp_args
+from mllm_kernel.jit_utils.kernel_module import ModuleMemo
 from mllm_kernel.jit_utils.spec import check_module_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -203,7 +204,7 @@ def jit(
                 build_directory=build_directory,
             )
 
-        def load_cuda() -> Any:
+        def load_cuda(device_index: int | None = None) -> Any:
             return loader.load_cuda_jit(
                 export_name,
                 *cpp_args,
@@ -215,10 +216,13 @@ def jit(
                 extra_cuda_flags=extra_cuda_cxx_flags,
                 extra_ldflags=extra_ld_flags,
                 extra_include_paths=extra_include_paths,
+                device_index=device_index,
                 build_directory=build_directory,
             )
 
-        loaders = {"cpu": cache_once(load_cpu), "cuda": cache_once(load_cuda)}
+        cpu_module = cache_once(load_cpu)
+        # One memo per device index: the index is the CUDA build's input (its arch).
+        cuda_modules = ModuleMemo("cuda", lambda index: load_cuda(index))
         if device == "auto":  # the devices it has sources for
             targets = [
                 d for d, ok in (("cpu", cpp_files or not has_cuda), ("cuda", has_cuda)) if ok
@@ -226,8 +230,10 @@ def jit(
         else:
             targets = [device]
         for target in targets:
-            # uncached: planning (show-config, precompile) must reach the loader each time
-            _register_variant(export_name, target, cpp_args, loaders[target].uncached)
+            # The plain loaders: planning (show-config, precompile) reaches the loader.
+            _register_variant(
+                export_name, target, cpp_args, {"cpu": load_cpu, "cuda": load_cuda}[target]
+            )
         info = {
             "key": (
                 f"{fn.__module__}.{fn.__qualname__}|export={export_name}|device={device}|"
@@ -257,15 +263,14 @@ def jit(
                         "cuda_files/cuda_wrappers, or device='cpu'"
                     )
                 if cuda_tensor is not None:
-                    from mllm_kernel.cuda.jit.device_module import module_for
-
-                    return module_for(loaders["cuda"], cuda_tensor)
-            return loaders[target]()
+                    return cuda_modules[cuda_tensor.get_device()]
+                return cuda_modules.current()
+            return cpu_module()
 
         @functools.wraps(fn)
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
             if device == "cpu":
-                return fn(loaders["cpu"](), *call_args, **call_kwargs)
+                return fn(cpu_module(), *call_args, **call_kwargs)
             if device == "cuda":
                 tensor, _ = _scan(call_args, call_kwargs)
                 return fn(module("cuda", tensor), *call_args, **call_kwargs)

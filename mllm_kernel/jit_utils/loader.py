@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import platform
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,12 @@ _logger = get_logger()
 # -march=native: CPU kernels are built for the machine they run on (the host
 # ISA then joins the cache key), so the compiler can vectorise for it.
 DEFAULT_CXX_FLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden", "-march=native")
+# OpenMP (threads and `omp simd`) for every CPU module, and on x86 the full vector width
+# where the host has AVX-512 (GCC otherwise stops at 256 bits).
+DEFAULT_CPU_OPENMP_FLAGS = ("-fopenmp",) + (
+    ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
+)
+DEFAULT_CPU_LDFLAGS = ("-fopenmp",)
 DEFAULT_CUDA_HOST_CXX_FLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden")
 DEFAULT_CUDA_FLAGS = (
     "-std=c++20",
@@ -126,19 +133,44 @@ def load_cpu_jit(
     KernelBuildError (the compiler failed; the message leads with its first error).
     """
     del use_highway
-    check_module_name(name)
     ldflags = _either(extra_ldflags, extra_ld_flags, "extra_ldflags", "extra_ld_flags")
-    spec = BuildSpec(
+    spec = cpu_spec(
+        name,
+        *template_args,
+        cpp_files=cpp_files,
+        cpp_wrappers=cpp_wrappers,
+        extra_cxx_flags=extra_cxx_flags,
+        extra_ldflags=ldflags,
+        extra_include_paths=extra_include_paths,
+    )
+    return load_spec(spec, build_directory)
+
+
+def cpu_spec(
+    name: str,
+    *template_args: Any,
+    cpp_files: Sequence[str | Path],
+    cpp_wrappers: WrapperList,
+    extra_cxx_flags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str | Path] | None = None,
+) -> BuildSpec:
+    """The BuildSpec :func:`load_cpu_jit` loads for these arguments; nothing is built.
+
+    The loader's defaults come first: C++20, -O3, -march=native, OpenMP (see
+    ``DEFAULT_CPU_OPENMP_FLAGS``); extra flags follow, so they can override them.
+    """
+    check_module_name(name)
+    return BuildSpec(
         name=name,
         device="cpu",
         template_args=_template_args(template_args),
         cpp_files=tuple(resolve_source(p, "cpu") for p in cpp_files),
         cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
-        cxx_flags=(*DEFAULT_CXX_FLAGS, *(extra_cxx_flags or ())),
-        ldflags=tuple(ldflags or ()),
+        cxx_flags=(*DEFAULT_CXX_FLAGS, *DEFAULT_CPU_OPENMP_FLAGS, *(extra_cxx_flags or ())),
+        ldflags=(*DEFAULT_CPU_LDFLAGS, *(extra_ldflags or ())),
         include_paths=_paths(extra_include_paths),
     )
-    return load_spec(spec, build_directory)
 
 
 def load_cuda_jit(
@@ -167,12 +199,43 @@ def load_cuda_jit(
     (``extra_cuda_cxx_flags`` = ``extra_cuda_flags``, ``extra_ld_flags`` =
     ``extra_ldflags``) as for :func:`load_cpu_jit`.
     """
-    check_module_name(name)
     cuda_flags = _either(
         extra_cuda_flags, extra_cuda_cxx_flags, "extra_cuda_flags", "extra_cuda_cxx_flags"
     )
     ldflags = _either(extra_ldflags, extra_ld_flags, "extra_ldflags", "extra_ld_flags")
-    spec = BuildSpec(
+    spec = cuda_spec(
+        name,
+        *template_args,
+        cpp_files=cpp_files,
+        cuda_files=cuda_files,
+        cpp_wrappers=cpp_wrappers,
+        cuda_wrappers=cuda_wrappers,
+        extra_cxx_flags=extra_cxx_flags,
+        extra_cuda_flags=cuda_flags,
+        extra_ldflags=ldflags,
+        extra_include_paths=extra_include_paths,
+        device_index=device_index,
+    )
+    return load_spec(spec, build_directory)
+
+
+def cuda_spec(
+    name: str,
+    *template_args: Any,
+    cpp_files: Sequence[str | Path] | None = None,
+    cuda_files: Sequence[str | Path] | None = None,
+    cpp_wrappers: WrapperList = None,
+    cuda_wrappers: WrapperList = None,
+    extra_cxx_flags: Sequence[str] | None = None,
+    extra_cuda_flags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str | Path] | None = None,
+    device_index: int | None = None,
+) -> BuildSpec:
+    """The BuildSpec :func:`load_cuda_jit` loads for these arguments, with the arch
+    resolved for GPU ``device_index`` (see :mod:`.cuda_arch`); nothing is built."""
+    check_module_name(name)
+    return BuildSpec(
         name=name,
         device="cuda",
         template_args=_template_args(template_args),
@@ -181,19 +244,19 @@ def load_cuda_jit(
         cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
         cuda_wrappers=_wrappers(cuda_wrappers, "cuda_wrappers"),
         cxx_flags=(*DEFAULT_CUDA_HOST_CXX_FLAGS, *(extra_cxx_flags or ())),
-        cuda_flags=(*DEFAULT_CUDA_FLAGS, *(cuda_flags or ())),
-        ldflags=tuple(ldflags or ()),
+        cuda_flags=(*DEFAULT_CUDA_FLAGS, *(extra_cuda_flags or ())),
+        ldflags=tuple(extra_ldflags or ()),
         include_paths=_paths(extra_include_paths),
         cuda_archs=resolve_cuda_archs(device_index),
     )
-    return load_spec(spec, build_directory)
 
 
 def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm_ffi.Module:
     """Loads ``spec``'s module: from a read-only cache (``MLLM_KERNEL_CACHE_PATH``, a cache package;
     no toolchain needed) or the writable cache if valid there, else builds it first.
     With ``build_directory``, that directory is the module's cache (no prebuilt lookup)."""
-    registry.intercept(spec)  # show-config / precompile plan builds without running them
+    if registry.capture(spec):  # registry.plan reads a hand-written builder's spec
+        return spec
     if build_directory is not None:
         root = Path(build_directory).expanduser().absolute()
         key = dataclasses.replace(module_key(spec), root=root)

@@ -4,7 +4,10 @@ The C++ side checks shapes, dtypes, strides and devices (``tensor.hpp``). What i
 cannot see, because DLPack does not carry it or because the conversion to DLPack
 fails first with a message about torch's internals, is checked here:
 
-* a non-tensor where a tensor belongs (TypeError naming the argument);
+* a non-tensor where a tensor belongs (TypeError naming the argument). Any other
+  DLPack tensor (a numpy array for CPU ops, a CuPy or JAX array for CUDA ops) is
+  taken as a torch view of the same memory (``torch.from_dlpack``, no copy), so an
+  op's results are torch tensors, whatever the caller passed;
 * a tensor with the negative bit (``x.conj().imag``): DLPack exports the raw
   values, so an input is resolved (``resolve_neg()``) and an output refused;
   conjugate views are complex, which no kernel accepts (the dtype check says so);
@@ -25,7 +28,7 @@ reads; the last runs only on a failure. A new op's wrapper reads::
         scale = op_inputs.number(scale, "scale")
         out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
         try:
-            module_for(_module, x).my_op(out, x, scale)  # CPU ops: _module().my_op(...)
+            _MY_OP[x.get_device()].my_op(out, x, scale)  # a KernelModule; CPU: _MY_OP[()]
         except Exception as error:
             op_inputs.explain(error, "cuda", x=x, out=out)
             raise
@@ -70,7 +73,23 @@ def optional_tensor(value: Any, arg: str) -> torch.Tensor | None:
 
 def _slow_tensor(value: Any, arg: str, output: bool) -> torch.Tensor:
     if not isinstance(value, _Tensor):
-        raise TypeError(f"argument '{arg}': expected a torch.Tensor but got {_type_name(value)}")
+        if not hasattr(value, "__dlpack__") or isinstance(value, type):
+            raise TypeError(
+                f"argument '{arg}': expected a torch.Tensor (or a DLPack tensor such as a "
+                f"numpy array) but got {_type_name(value)}"
+            )
+        if output and not getattr(getattr(value, "flags", None), "writeable", True):
+            raise ValueError(
+                f"argument '{arg}': a read-only {_type_name(value)} cannot be written; pass "
+                "a writable array"
+            )
+        try:
+            return torch.from_dlpack(value)  # the same memory: an output is written through
+        except Exception as error:  # an unsupported dtype or device
+            raise TypeError(
+                f"argument '{arg}': {_type_name(value)} cannot be shared with torch through "
+                f"DLPack ({error}); pass a torch.Tensor"
+            ) from None
     if value.is_neg():
         if output:
             raise ValueError(

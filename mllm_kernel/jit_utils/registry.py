@@ -1,11 +1,13 @@
 """Which kernels exist: the package's own (registered at import, before any call)
 and users' (recorded when loaded), with their variants and cache status.
 
-A kernel's builder is the ``cache_once`` function that calls load_cpu_jit /
-load_cuda_jit. To learn a variant's cache key without building it, the builder
-is run in *planning* mode: the loader stops at the finished BuildSpec and hands
-it back. show-config and precompile use this, so they name cache directories
-exactly as the loader does.
+A kernel is registered with a *planner*: a plain function from a variant to its
+BuildSpec, which builds nothing. show-config and precompile call it, so they name
+cache directories exactly as the loader does. Modules declared with
+:class:`~mllm_kernel.jit_utils.kernel_module.KernelModule` register their own
+``spec`` method; a hand-written builder (a ``cache_once`` function that calls
+load_cpu_jit / load_cuda_jit, registered with :func:`register_kernel`) is planned by
+:func:`plan`, which runs it while the loader hands back specs instead of modules.
 """
 
 from __future__ import annotations
@@ -22,22 +24,18 @@ from mllm_kernel.jit_utils.spec import BuildSpec
 
 BUILTIN_OP_MODULES = ("mllm_kernel.cpu.jit", "mllm_kernel.cuda.jit")
 
-_planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "mllm_kernel_planning", default=False
+# While registry.plan runs a hand-written builder: the specs the loader was asked for.
+_captured: contextvars.ContextVar[list[BuildSpec] | None] = contextvars.ContextVar(
+    "mllm_kernel_captured_specs", default=None
 )
 
-
-class PlannedBuild(Exception):
-    """Carries the BuildSpec out of a builder run in planning mode."""
-
-    def __init__(self, spec: BuildSpec) -> None:
-        super().__init__(spec.describe())
-        self.spec = spec
+Planner = Callable[..., BuildSpec]
 
 
 @dataclass
 class KernelEntry:
-    """A kernel: its builder and the argument tuples (variants) it is built with."""
+    """A kernel: how to plan (and build) it, and the argument tuples (variants) it is
+    built with. ``builder`` is None for a user module only seen loaded."""
 
     name: str
     device: str
@@ -45,18 +43,15 @@ class KernelEntry:
     variants: list[tuple[Any, ...]] = field(default_factory=list)
     builtin: bool = True
     loaded: set[tuple[str, ...]] = field(default_factory=set)
+    planner: Planner | None = None
 
     def plan(self, variant: tuple[Any, ...]) -> BuildSpec:
         """The BuildSpec of ``variant`` (no compiler runs)."""
+        if self.planner is not None:
+            return self.planner(*variant)
         if self.builder is None:
             raise ValueError(f"kernel {self.name!r} has no registered builder")
         return plan(self.builder, *variant)
-
-    def build(self, variant: tuple[Any, ...]) -> Any:
-        """Builds (or loads) ``variant`` and returns its module."""
-        if self.builder is None:
-            raise ValueError(f"kernel {self.name!r} has no registered builder")
-        return self.builder(*variant)
 
 
 _entries: dict[tuple[str, str], KernelEntry] = {}
@@ -64,13 +59,21 @@ _lock = threading.Lock()
 
 
 def register_kernel(
-    name: str, *, device: str, variants: Iterable[tuple[Any, ...]] = (), builtin: bool = True
+    name: str,
+    *,
+    device: str,
+    variants: Iterable[tuple[Any, ...]] = (),
+    builtin: bool = True,
+    planner: Planner | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers a module builder so tools see it before its first call.
 
     ``variants`` are the argument tuples the builder is called with (all of
     them, where the set is finite); ``builtin=False`` marks a user's kernel
-    (show-config labels it so)::
+    (show-config labels it so); ``planner(*variant)`` returns a variant's BuildSpec
+    without building (default: :func:`plan` over the builder). A module declared as a
+    :class:`~mllm_kernel.jit_utils.kernel_module.KernelModule` registers itself; this
+    is for hand-written builders::
 
         @register_kernel("add_constant", device="cpu", variants=[(c,) for c in (1, 2, 4)])
         @cache_once
@@ -85,10 +88,11 @@ def register_kernel(
             entry = _entries.get((name, device))
             if entry is None:
                 _entries[(name, device)] = KernelEntry(
-                    name, device, builder, list(variants), builtin
+                    name, device, builder, list(variants), builtin, planner=planner
                 )
             else:  # a user kernel first seen at load time, registered afterwards
                 entry.builder, entry.variants, entry.builtin = builder, list(variants), builtin
+                entry.planner = planner
         return builder
 
     return decorate
@@ -156,22 +160,35 @@ def clear_jit_kernel_registry() -> None:
 
 
 def plan(builder: Callable[..., Any], *args: Any) -> BuildSpec:
-    """Runs ``builder(*args)`` up to its BuildSpec, building nothing."""
+    """The BuildSpec that ``builder(*args)`` (a hand-written builder calling
+    load_cpu_jit / load_cuda_jit) would load; nothing is built or loaded.
+
+    The builder runs (uncached, if it is a ``cache_once`` function) while the loader
+    returns each spec instead of loading it; the first spec asked for is the answer.
+    """
     target = getattr(builder, "uncached", builder)
-    token = _planning.set(True)
+    specs: list[BuildSpec] = []
+    token = _captured.set(specs)
     try:
         target(*args)
-    except PlannedBuild as planned:
-        return planned.spec
+    except Exception:
+        if not specs:  # a builder that uses the module it got fails after the spec
+            raise
     finally:
-        _planning.reset(token)
-    raise RuntimeError(f"{builder.__qualname__} did not call load_cpu_jit/load_cuda_jit")
+        _captured.reset(token)
+    if not specs:
+        raise RuntimeError(f"{builder.__qualname__} did not call load_cpu_jit/load_cuda_jit")
+    return specs[0]
 
 
-def intercept(spec: BuildSpec) -> None:
-    """Called by the loader with each finished spec; stops it when planning."""
-    if _planning.get():
-        raise PlannedBuild(spec)
+def capture(spec: BuildSpec) -> bool:
+    """Called by the loader with each finished spec: True (the loader then returns the
+    spec, building nothing) while :func:`plan` runs a builder."""
+    specs = _captured.get()
+    if specs is None:
+        return False
+    specs.append(spec)
+    return True
 
 
 def record_loaded(spec: BuildSpec) -> None:

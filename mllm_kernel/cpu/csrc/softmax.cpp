@@ -1,6 +1,8 @@
-// Softmax along the last dim of `x` (the Python side moves the requested dim
-// last, so that dim may have any stride). Three passes over a row, in float32:
-// the max; exp(x - max) into a per-thread buffer, summed; the scaled store.
+// Softmax of x / temperature along the last dim of `x` (the Python side moves the
+// requested dim last, so that dim may have any stride). Three passes over a row, in
+// float32: the max; exp((x - max) / temperature) into a per-thread buffer, summed; the
+// scaled store.
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -17,7 +19,8 @@ namespace softmax_detail {
 
 // kUnitStride makes the strides compile-time 1, so those loops vectorise.
 template <bool kUnitStride, typename T>
-void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64_t n, float* buf) {
+void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64_t n, float scale,
+                 float* buf) {
   const int64_t xs = kUnitStride ? 1 : x_stride;
   const int64_t os = kUnitStride ? 1 : out_stride;
   float max = -std::numeric_limits<float>::infinity();
@@ -29,7 +32,7 @@ void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
-    buf[i] = vec_exp(to_float(x[i * xs]) - max);
+    buf[i] = vec_exp((to_float(x[i * xs]) - max) * scale);
     sum += buf[i];
   }
   const float inv_sum = 1.0f / sum;
@@ -39,13 +42,18 @@ void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64
 
 }  // namespace softmax_detail
 
-inline void softmax(TensorView out, TensorView x, int64_t num_threads) {
+/// out = softmax(x / temperature) over the last dim; `out` may alias `x`.
+inline void softmax(TensorView out, TensorView x, double temperature, int64_t num_threads) {
   SymbolicDtype dtype;
   SymbolicDevice device;
   TensorMatcher().dtype<fp32_t, bf16_t, fp16_t>(dtype).device(kDLCPU, device).verify(x, "x");
   TensorMatcher().dtype(dtype).device(kDLCPU, device).same_shape_as(x, "x").verify(out, "out");
   // A row is read in full (max and sum) before it is written: in place works.
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
+  ValueCheck(temperature > 0.0 && std::isfinite(temperature),
+             "argument 'temperature': expected a finite value > 0, got ", temperature);
+  // max(x / t) = max(x) / t for t > 0, so the max pass reads x unscaled.
+  const float scale = static_cast<float>(1.0 / temperature);
 
   const RowLayout x_rows(x), out_rows(out);
   const int64_t n = x_rows.cols(), xs = x_rows.col_stride(), os = out_rows.col_stride();
@@ -60,9 +68,9 @@ inline void softmax(TensorView out, TensorView x, int64_t num_threads) {
         const T* xr = x_data + x_rows.row_offset(r);
         T* yr = out_data + out_rows.row_offset(r);
         if (xs == 1 && os == 1) {
-          softmax_detail::softmax_row<true>(xr, 1, yr, 1, n, buffer.get());
+          softmax_detail::softmax_row<true>(xr, 1, yr, 1, n, scale, buffer.get());
         } else {
-          softmax_detail::softmax_row<false>(xr, xs, yr, os, n, buffer.get());
+          softmax_detail::softmax_row<false>(xr, xs, yr, os, n, scale, buffer.get());
         }
       }
     });

@@ -1,8 +1,12 @@
-"""CPU ops, compiled for this machine on first use and cached."""
+"""CPU ops, compiled for this machine on first use and cached.
 
+Each op is also the torch custom op ``torch.ops.mllm_kernel.<name>`` (what
+``torch.compile`` traces); the functions here call their kernels directly.
+"""
+
+from mllm_kernel.cpu.jit.activation import silu_and_mul
 from mllm_kernel.cpu.jit.add_constant import add_constant, add_constant_runtime
 from mllm_kernel.cpu.jit.rmsnorm import fused_add_rmsnorm, rmsnorm
-from mllm_kernel.cpu.jit.silu_and_mul import silu_and_mul
 from mllm_kernel.cpu.jit.softmax import softmax
 
 __all__ = [

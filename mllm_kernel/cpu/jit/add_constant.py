@@ -1,104 +1,97 @@
-"""add_constant: ``x + c`` element-wise, with ``c`` a compile-time or run-time constant."""
+"""add_constant: ``src + constant`` element-wise, the constant compile-time or run-time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from mllm_kernel.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
-from mllm_kernel.cpu.jit.compile_flags import CXX_FLAGS, LDFLAGS
-from mllm_kernel.jit_utils import (
-    cache_once,
-    load_cpu_jit,
-    make_cpp_args,
-    op_inputs,
-    register_kernel,
+from mllm_kernel.cpu.jit.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
+
+_ADD_CONSTANT = KernelModule(
+    "add_constant",
+    device="cpu",
+    sources=["add_constant.cpp"],
+    exports=["add_constant"],
+    variants=[(c,) for c in ALLOWED_CONSTANTS],
+    check_variant=checked_constant,
+)
+_ADD_CONSTANT_RUNTIME = KernelModule(
+    "add_constant_runtime",
+    device="cpu",
+    sources=["add_constant.cpp"],
+    exports=["add_constant_runtime"],
 )
 
 
-@register_kernel("add_constant", device="cpu", variants=[(c,) for c in ALLOWED_CONSTANTS])
-@cache_once
-def _module(c: int):
-    args = make_cpp_args(c)
-    return load_cpu_jit(
-        "add_constant",
-        *args,
-        cpp_files=["add_constant.cpp"],
-        cpp_wrappers=[("add_constant", f"mllm_kernel::cpu::add_constant<{args}>")],
-        extra_cxx_flags=CXX_FLAGS,
-        extra_ldflags=LDFLAGS,
-    )
+def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns ``src + constant`` for ``constant`` in {1, 2, 4, 8, 16}, one compiled kernel
+    per value.
 
-
-@register_kernel("add_constant_runtime", device="cpu", variants=[()])
-@cache_once
-def _runtime_module():
-    return load_cpu_jit(
-        "add_constant_runtime",
-        cpp_files=["add_constant.cpp"],
-        cpp_wrappers=[("add_constant_runtime", "mllm_kernel::cpu::add_constant_runtime")],
-        extra_cxx_flags=CXX_FLAGS,
-        extra_ldflags=LDFLAGS,
-    )
-
-
-_kernels: dict[int, Callable[..., None]] = {}
-
-
-def _kernel_for(c: object) -> Callable[..., None]:
-    """The compiled function for ``c``, after checking ``c`` (a template argument)."""
-    c = checked_constant(c)
-    kernel = _kernels[c] = _module(c).add_constant
-    return kernel
-
-
-def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Returns ``x + c`` for ``c`` in {1, 2, 4, 8, 16}, one compiled kernel per ``c``.
-
-    ``x``: any shape and strides; float32, float64, bfloat16, float16, int32 or
-    int64. ``out``: written in place if given (``x``'s shape and dtype, any strides
-    but zero ones); it may be ``x`` itself, but not overlap ``x`` otherwise. For
-    other values of ``c`` use :func:`add_constant_runtime`.
+    ``src``: any shape and strides; float32, float64, bfloat16, float16, int32 or
+    int64. ``out``: written in place if given (``src``'s shape and dtype, any strides
+    but zero ones); it may be ``src`` itself, but not overlap ``src`` otherwise. For
+    other constants use :func:`add_constant_runtime`. Any DLPack tensor (a numpy
+    array) is taken; the result is a torch tensor.
 
     >>> add_constant(torch.zeros(3), 8)
     tensor([8., 8., 8.])
     """
-    # Hot path: one dict lookup, valid only for exact ints (True == 1 and 2.0 == 2
-    # hash alike, so anything else goes through the checks in _kernel_for).
-    kernel = _kernels.get(c) if type(c) is int else None
-    if kernel is None:
-        kernel = _kernel_for(c)
-    x = op_inputs.tensor(x, "x")
+    if _tracing():
+        return ADD_CONSTANT_OP(src, constant, out=out)
+    # Hot path: an exact int is looked up as it is (True and 2.0 hash like 1 and 2, so
+    # any other type goes through the full check); the module refuses other values.
+    if type(constant) is not int:
+        constant = checked_constant(constant)
+    src = op_inputs.tensor(src, "src")
     try:
-        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
-        kernel(out, x, torch.get_num_threads())
+        out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
+        _ADD_CONSTANT[constant].add_constant(out, src, torch.get_num_threads())
     except Exception as error:
-        op_inputs.explain(error, "cpu", x=x, out=out)
+        op_inputs.explain(error, "cpu", src=src, out=out)
         raise
     return out
 
 
 def add_constant_runtime(
-    x: torch.Tensor, c: float, out: torch.Tensor | None = None
+    src: torch.Tensor, constant: float, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Returns ``x + c`` for any float ``c`` (one kernel for every value).
+    """Returns ``src + constant`` for any float ``constant`` (one kernel for every value).
 
-    ``x``: any shape and strides; float32, float64, bfloat16 or float16, computed
-    in float32 for the 16-bit types. Unlike torch, ``c`` is not first rounded to
-    ``x``'s dtype, so 16-bit results may differ from torch's by one unit in the
-    last place (they are closer to the exact sum). ``c``: an int or float (not a
+    ``src``: any shape and strides; float32, float64, bfloat16 or float16, computed
+    in float32 for the 16-bit types. Unlike torch, ``constant`` is not first rounded to
+    ``src``'s dtype, so 16-bit results may differ from torch's by one unit in the
+    last place (they are closer to the exact sum). ``constant``: an int or float (not a
     bool or str). ``out`` as for :func:`add_constant`.
 
     >>> add_constant_runtime(torch.zeros(2), 0.5)
     tensor([0.5000, 0.5000])
     """
-    x = op_inputs.tensor(x, "x")
-    c = op_inputs.number(c, "c")
+    if _tracing():
+        return ADD_CONSTANT_RUNTIME_OP(src, constant, out=out)
+    src = op_inputs.tensor(src, "src")
+    constant = op_inputs.number(constant, "constant")
     try:
-        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
-        _runtime_module().add_constant_runtime(out, x, c, torch.get_num_threads())
+        out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
+        _ADD_CONSTANT_RUNTIME[()].add_constant_runtime(out, src, constant, torch.get_num_threads())
     except Exception as error:
-        op_inputs.explain(error, "cpu", x=x, out=out)
+        op_inputs.explain(error, "cpu", src=src, out=out)
         raise
     return out
+
+
+ADD_CONSTANT_OP = torch_op(
+    "add_constant",
+    "(Tensor src, int constant) -> Tensor",
+    fake=lambda src, constant: torch.empty_like(src),
+    out="out",
+).implement("cpu", add_constant)
+ADD_CONSTANT_RUNTIME_OP = torch_op(
+    "add_constant_runtime",
+    "(Tensor src, float constant) -> Tensor",
+    fake=lambda src, constant: torch.empty_like(src),
+    out="out",
+).implement("cpu", add_constant_runtime)

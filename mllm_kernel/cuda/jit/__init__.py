@@ -1,7 +1,9 @@
 """CUDA ops, compiled for the tensor's GPU on first use and cached.
 
 Importing this package neither needs a GPU nor initialises CUDA; each op builds
-(or loads from the cache) its module on its first call.
+(or loads from the cache) its module on its first call. Each op is also the torch
+custom op ``torch.ops.mllm_kernel.<name>`` (what ``torch.compile`` traces); the
+functions here call their kernels directly.
 
 The original mllm-kernel's module paths (``mllm_kernel.cuda.jit.store_cache``,
 ``.create_kv_indices``, ``.rms_norm_gated``, ``.add_constant``, ``.gptq_marlin``,
@@ -26,9 +28,9 @@ from mllm_kernel.cuda.jit.marlin_format import (
     marlin_permute_scales,
     marlin_zero_points,
 )
-from mllm_kernel.cuda.jit.norm import fused_add_rmsnorm, rmsnorm
 from mllm_kernel.cuda.jit.per_token_quant import per_token_quant_int8
 from mllm_kernel.cuda.jit.rms_norm_gated import rms_norm_gated
+from mllm_kernel.cuda.jit.rmsnorm import fused_add_rmsnorm, rmsnorm
 from mllm_kernel.cuda.jit.rope import apply_rope_with_cos_sin_cache_inplace
 from mllm_kernel.cuda.jit.softmax import softmax, softmax_backward
 from mllm_kernel.cuda.jit.store_cache import can_use_store_cache, store_cache

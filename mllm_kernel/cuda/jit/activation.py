@@ -1,35 +1,38 @@
-"""Gated activations: ``act(x[..., :d]) * x[..., d:]`` for silu, gelu and gelu-tanh."""
+"""Gated activations: ``act(input[..., :d]) * input[..., d:]`` for silu, gelu and gelu-tanh."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
 
-_OPS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+_tracing = torch.compiler.is_dynamo_compiling
+
+_ACTIVATION = KernelModule(
+    "activation",
+    device="cuda",
+    sources=["activation.cu"],
+    exports=["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"],
+)
 
 
-@register_kernel("activation", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "activation",
-        cuda_files=["activation.cu"],
-        cuda_wrappers=[(op, f"mllm_kernel::cuda::{op}") for op in _OPS],
-    )
+def _gated_output(input: torch.Tensor) -> torch.Tensor:
+    """A new ``[..., d]`` tensor for an ``[..., 2 * d]`` input (the fake implementation too)."""
+    shape = (*input.shape[:-1], input.shape[-1] // 2) if input.dim() else ()
+    return input.new_empty(shape)
 
 
 def _run(op: str, input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """``out`` (``[..., d]``, ``input``'s dtype, no zero strides, not overlapping ``input``)
     or a new tensor, written by ``op``."""
     input = op_inputs.tensor(input, "input")
+    if input.requires_grad and torch.is_grad_enabled():
+        return _OPS[op](input, out=out)  # autograd's path: a clear error without a backward
     try:
-        if out is None:
-            out = input.new_empty((*input.shape[:-1], input.shape[-1] // 2))
-        else:
-            out = op_inputs.output(out, "out")
-        getattr(module_for(_module, input), op)(out, input)
+        out = _gated_output(input) if out is None else op_inputs.output(out, "out")
+        getattr(_ACTIVATION[input.get_device()], op)(out, input)
     except Exception as error:
         op_inputs.explain(error, "cuda", input=input, out=out)
         raise
@@ -42,6 +45,8 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     >>> silu_and_mul(torch.randn(8, 2 * 11008, device="cuda", dtype=torch.bfloat16)).shape
     torch.Size([8, 11008])
     """
+    if _tracing():
+        return SILU_AND_MUL_OP(input, out=out)
     return _run("silu_and_mul", input, out)
 
 
@@ -51,6 +56,8 @@ def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     >>> gelu_and_mul(torch.randn(2, 8, device="cuda")).shape
     torch.Size([2, 4])
     """
+    if _tracing():
+        return GELU_AND_MUL_OP(input, out=out)
     return _run("gelu_and_mul", input, out)
 
 
@@ -60,4 +67,22 @@ def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> t
     >>> gelu_tanh_and_mul(torch.randn(2, 8, device="cuda")).shape
     torch.Size([2, 4])
     """
+    if _tracing():
+        return GELU_TANH_AND_MUL_OP(input, out=out)
     return _run("gelu_tanh_and_mul", input, out)
+
+
+SILU_AND_MUL_OP = torch_op(
+    "silu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
+).implement("cuda", silu_and_mul)
+GELU_AND_MUL_OP = torch_op(
+    "gelu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
+).implement("cuda", gelu_and_mul)
+GELU_TANH_AND_MUL_OP = torch_op(
+    "gelu_tanh_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
+).implement("cuda", gelu_tanh_and_mul)
+_OPS = {
+    "silu_and_mul": SILU_AND_MUL_OP,
+    "gelu_and_mul": GELU_AND_MUL_OP,
+    "gelu_tanh_and_mul": GELU_TANH_AND_MUL_OP,
+}

@@ -1,83 +1,91 @@
-"""add_constant: ``x + c`` on the GPU, ``c`` compile-time (one module per ``c``) or runtime."""
+"""add_constant: ``src + constant`` on the GPU, the constant compile-time (one module per
+value) or run-time."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import (
-    cache_once,
-    load_cuda_jit,
-    make_cpp_args,
-    op_inputs,
-    register_kernel,
+from mllm_kernel.cpu.jit.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
+
+_ADD_CONSTANT = KernelModule(
+    "add_constant",
+    device="cuda",
+    sources=["add_constant.cu"],
+    exports=["add_constant"],
+    variants=[(c,) for c in ALLOWED_CONSTANTS],
+    check_variant=checked_constant,
+)
+_ADD_CONSTANT_RUNTIME = KernelModule(
+    "add_constant_runtime",
+    device="cuda",
+    sources=["add_constant.cu"],
+    exports=[("add_constant_runtime", "mllm_kernel::cuda::add_constant_runtime<>")],
 )
 
-_ALLOWED = frozenset(ALLOWED_CONSTANTS)
 
+def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``src + constant`` for ``constant`` in {1, 2, 4, 8, 16}, a compile-time constant of
+    the kernel.
 
-@register_kernel("add_constant", device="cuda", variants=[(c,) for c in ALLOWED_CONSTANTS])
-@cache_once
-def _module(c: int):
-    args = make_cpp_args(c)
-    return load_cuda_jit(
-        "add_constant",
-        *args,
-        cuda_files=["add_constant.cu"],
-        cuda_wrappers=[("add_constant", f"mllm_kernel::cuda::add_constant<{args}>")],
-    )
-
-
-@register_kernel("add_constant_runtime", device="cuda", variants=[()])
-@cache_once
-def _runtime_module():
-    return load_cuda_jit(
-        "add_constant_runtime",
-        cuda_files=["add_constant.cu"],
-        cuda_wrappers=[("add_constant_runtime", "mllm_kernel::cuda::add_constant_runtime<>")],
-    )
-
-
-def add_constant(x: torch.Tensor, c: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x + c`` for ``c`` in {1, 2, 4, 8, 16}, a compile-time constant of the kernel.
-
-    int32, float32, float16 or bfloat16; any shape (contiguous). ``out``: ``x``'s
-    shape and dtype, contiguous; it may be ``x`` itself, but not overlap it otherwise.
-    For other values of ``c`` use :func:`add_constant_runtime`.
+    int32, float32, float16 or bfloat16; any shape (contiguous). ``out``: ``src``'s
+    shape and dtype, contiguous; it may be ``src`` itself, but not overlap it otherwise.
+    For other constants use :func:`add_constant_runtime`.
 
     >>> add_constant(torch.zeros(4, dtype=torch.int32, device="cuda"), 8)
     tensor([8, 8, 8, 8], device='cuda:0', dtype=torch.int32)
     """
-    # Hot path: exact ints pass one set lookup (True and 2.0 would too, so any other
-    # type goes through the full check).
-    if type(c) is not int or c not in _ALLOWED:
-        c = checked_constant(c)
-    x = op_inputs.tensor(x, "x")
+    if _tracing():
+        return ADD_CONSTANT_OP(src, constant, out=out)
+    # Hot path: an exact int is looked up as it is (True and 2.0 hash like 1 and 2, so
+    # any other type goes through the full check); the module refuses other values.
+    if type(constant) is not int:
+        constant = checked_constant(constant)
+    src = op_inputs.tensor(src, "src")
     try:
-        # x must be contiguous: the kernel says so if not
-        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
-        module_for(_module, x, c).add_constant(out, x)
+        # src must be contiguous: the kernel says so if not
+        out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
+        _ADD_CONSTANT[src.get_device(), constant].add_constant(out, src)
     except Exception as error:
-        op_inputs.explain(error, "cuda", x=x, out=out)
+        op_inputs.explain(error, "cuda", src=src, out=out)
         raise
     return out
 
 
 def add_constant_runtime(
-    x: torch.Tensor, c: float, out: torch.Tensor | None = None
+    src: torch.Tensor, constant: float, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``x + c`` with ``c`` passed at run time (an integer for int32 tensors).
+    """``src + constant`` with ``constant`` passed at run time (an integer for int32 tensors).
 
     >>> add_constant_runtime(torch.zeros(2, device="cuda", dtype=torch.float16), 0.5)
     tensor([0.5000, 0.5000], device='cuda:0', dtype=torch.float16)
     """
-    x = op_inputs.tensor(x, "x")
-    c = op_inputs.number(c, "c")
+    if _tracing():
+        return ADD_CONSTANT_RUNTIME_OP(src, constant, out=out)
+    src = op_inputs.tensor(src, "src")
+    constant = op_inputs.number(constant, "constant")
     try:
-        out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
-        module_for(_runtime_module, x).add_constant_runtime(out, x, c)
+        out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
+        _ADD_CONSTANT_RUNTIME[src.get_device()].add_constant_runtime(out, src, constant)
     except Exception as error:
-        op_inputs.explain(error, "cuda", x=x, out=out)
+        op_inputs.explain(error, "cuda", src=src, out=out)
         raise
     return out
+
+
+ADD_CONSTANT_OP = torch_op(
+    "add_constant",
+    "(Tensor src, int constant) -> Tensor",
+    fake=lambda src, constant: torch.empty_like(src),
+    out="out",
+).implement("cuda", add_constant)
+ADD_CONSTANT_RUNTIME_OP = torch_op(
+    "add_constant_runtime",
+    "(Tensor src, float constant) -> Tensor",
+    fake=lambda src, constant: torch.empty_like(src),
+    out="out",
+).implement("cuda", add_constant_runtime)

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
 from mllm_kernel.cuda.jit.gptq_marlin_repack import check_packed, check_repack_sizes
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 
-
-@register_kernel("awq_marlin_repack", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "awq_marlin_repack",
-        cuda_files=["marlin_repack.cu"],
-        cuda_wrappers=[("awq_marlin_repack", "mllm_kernel::cuda::awq_marlin_repack")],
-    )
+_REPACK = KernelModule(
+    "awq_marlin_repack",
+    device="cuda",
+    sources=["marlin_repack.cu"],
+    exports=["awq_marlin_repack"],
+)
 
 
 def awq_marlin_repack(
@@ -40,7 +37,7 @@ def awq_marlin_repack(
     pack = 32 // num_bits
     check_packed(b_q_weight, (size_k, size_n // pack), "AWQ: size_k, size_n // (32 // num_bits)")
     try:
-        module = module_for(_module, b_q_weight)
+        module = _REPACK[b_q_weight.get_device()]
         out = torch.empty(
             (size_k // 16, size_n * 16 // pack), dtype=torch.int32, device=b_q_weight.device
         )

@@ -15,15 +15,9 @@ from typing import Any
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import (
-    cache_once,
-    load_cuda_jit,
-    make_cpp_args,
-    op_inputs,
-    register_kernel,
-)
+from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _H100_SMS = 132
@@ -153,22 +147,13 @@ def choose_tile(
     return TileChoice(wide)
 
 
-@register_kernel(
+_GEMM = KernelModule(
     "gemm",
     device="cuda",
+    sources=["gemm.cu"],
+    exports=["gemm"],
     variants=[tile.template_args(dtype) for dtype in _DTYPES for tile in TILES],
 )
-@cache_once
-def _module(
-    dtype: torch.dtype, consumers: int, tile_q: int, stages: int, swap_ab: bool, multicast: int
-):
-    args = make_cpp_args(dtype, consumers, tile_q, stages, swap_ab, multicast)
-    return load_cuda_jit(
-        "gemm",
-        *args,
-        cuda_files=["gemm.cu"],
-        cuda_wrappers=[("gemm", f"mllm_kernel::cuda::gemm<{args}>")],
-    )
 
 
 # Per GPU index: its SM count once it is known to be Hopper with sm_90a code.
@@ -253,7 +238,7 @@ def _launch(
     bias: torch.Tensor | None,
     choice: TileChoice,
 ) -> torch.Tensor:
-    module = module_for(_module, a, *choice.tile.template_args(a.dtype))
+    module = _GEMM[(a.get_device(), *choice.tile.template_args(a.dtype))]
     module.gemm(out, a, b, bias, choice.split, choice.group_rows)
     return out
 

@@ -19,15 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import (
-    cache_once,
-    load_cuda_jit,
-    make_cpp_args,
-    op_inputs,
-    register_kernel,
-)
+from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.scalar_type import ScalarType, scalar_types
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -61,9 +55,11 @@ _WEIGHT_TYPES = {
 _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 
 
-@register_kernel(
+_STREAM = KernelModule(
     "gptq_marlin_gemm",
     device="cuda",
+    sources=["gptq_marlin.cu"],
+    exports=[("stream", "mllm_kernel::cuda::gptq_marlin_gemm_stream<{args}>")],
     variants=[
         (dtype, bits, m, act_order)
         for dtype in _DTYPES
@@ -72,19 +68,19 @@ _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
         for act_order in (False, True)
     ],
 )
-@cache_once
-def _module(dtype: torch.dtype, bits: int, m_blocks: int, act_order: bool):
-    args = make_cpp_args(dtype, bits, m_blocks, act_order)
-    dequant_args = make_cpp_args(dtype, bits, act_order)
-    return load_cuda_jit(
-        "gptq_marlin_gemm",
-        *args,
-        cuda_files=["gptq_marlin.cu"],
-        cuda_wrappers=[
-            ("stream", f"mllm_kernel::cuda::gptq_marlin_gemm_stream<{args}>"),
-            ("dequantize", f"mllm_kernel::cuda::marlin_dequantize<{dequant_args}>"),
-        ],
-    )
+# The large-M path's dequantization: the same source, its own (smaller) variant set.
+_DEQUANTIZE = KernelModule(
+    "gptq_marlin_dequantize",
+    device="cuda",
+    sources=["gptq_marlin.cu"],
+    exports=[("dequantize", "mllm_kernel::cuda::marlin_dequantize<{args}>")],
+    variants=[
+        (dtype, bits, act_order)
+        for dtype in _DTYPES
+        for bits in (4, 8)
+        for act_order in (False, True)
+    ],
+)
 
 
 @dataclass(frozen=True)
@@ -370,11 +366,11 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
     if how.dequant_gemm:
         from mllm_kernel.cuda.jit.gemm import gemm
 
-        module = module_for(_module, a, a.dtype, bits, 1, g_idx is not None)
+        module = _DEQUANTIZE[a.get_device(), a.dtype, bits, g_idx is not None]
         weight = torch.empty((c.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
         module.dequantize(b_q_weight, b_scales, zeros, g_idx, weight, group_size, zero_mode, bias)
         return gemm(a if a.stride(1) == 1 else a.contiguous(), weight, c)
-    module = module_for(_module, a, a.dtype, bits, how.m_blocks, g_idx is not None)
+    module = _STREAM[a.get_device(), a.dtype, bits, how.m_blocks, g_idx is not None]
     partials = None
     if how.split > 1:
         partials = torch.empty((how.split, *c.shape), dtype=torch.float32, device=a.device)

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 
-
-@register_kernel("gptq_marlin_repack", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "gptq_marlin_repack",
-        cuda_files=["marlin_repack.cu"],
-        cuda_wrappers=[("gptq_marlin_repack", "mllm_kernel::cuda::gptq_marlin_repack")],
-    )
+_REPACK = KernelModule(
+    "gptq_marlin_repack",
+    device="cuda",
+    sources=["marlin_repack.cu"],
+    exports=["gptq_marlin_repack"],
+)
 
 
 def check_repack_sizes(size_k: object, size_n: object, num_bits: object) -> tuple[int, int, int]:
@@ -93,7 +90,7 @@ def gptq_marlin_repack(
     pack = 32 // num_bits
     check_packed(b_q_weight, (size_k // pack, size_n), "GPTQ: size_k // (32 // num_bits), size_n")
     try:
-        module = module_for(_module, b_q_weight)
+        module = _REPACK[b_q_weight.get_device()]
         perm = _check_perm(perm, size_k)
         out = torch.empty(
             (size_k // 16, size_n * 16 // pack), dtype=torch.int32, device=b_q_weight.device

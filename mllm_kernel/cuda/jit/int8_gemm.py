@@ -15,29 +15,20 @@ import threading
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, _hopper_sms, choose_tile
-from mllm_kernel.jit_utils import (
-    cache_once,
-    load_cuda_jit,
-    make_cpp_args,
-    op_inputs,
-    register_kernel,
-)
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-@register_kernel("int8_scaled_mm", device="cuda", variants=[tile.shape_args for tile in TILES])
-@cache_once
-def _module(consumers: int, tile_q: int, stages: int, swap_ab: bool, multicast: int):
-    args = make_cpp_args(consumers, tile_q, stages, swap_ab, multicast)
-    return load_cuda_jit(
-        "int8_scaled_mm",
-        *args,
-        cuda_files=["gemm.cu"],
-        cuda_wrappers=[("int8_scaled_mm", f"mllm_kernel::cuda::int8_scaled_mm<{args}>")],
-    )
+_INT8_GEMM = KernelModule(
+    "int8_scaled_mm",
+    device="cuda",
+    sources=["gemm.cu"],
+    exports=["int8_scaled_mm"],
+    variants=[tile.shape_args for tile in TILES],
+)
 
 
 _choices: dict[tuple[int, int, int, int], TileChoice] = {}
@@ -95,7 +86,7 @@ def _launch(
     bias: torch.Tensor | None,
     choice: TileChoice,
 ) -> torch.Tensor:
-    module = module_for(_module, mat_a, *choice.tile.shape_args)
+    module = _INT8_GEMM[(mat_a.get_device(), *choice.tile.shape_args)]
     module.int8_scaled_mm(
         out, mat_a, b_rows, scales_a, scales_b, bias, choice.split, choice.group_rows
     )

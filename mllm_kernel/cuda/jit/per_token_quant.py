@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 
-
-@register_kernel("per_token_quant", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "per_token_quant",
-        cuda_files=["per_token_quant.cu"],
-        cuda_wrappers=[("per_token_quant_int8", "mllm_kernel::cuda::per_token_quant_int8")],
-    )
+_QUANT = KernelModule(
+    "per_token_quant",
+    device="cuda",
+    sources=["per_token_quant.cu"],
+    exports=["per_token_quant_int8"],
+)
 
 
 def per_token_quant_int8(
@@ -43,7 +40,7 @@ def per_token_quant_int8(
     try:
         x_q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
         scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-        module_for(_module, x).per_token_quant_int8(x_q, scales, x)
+        _QUANT[x.get_device()].per_token_quant_int8(x_q, scales, x)
     except Exception as error:
         op_inputs.explain(error, "cuda", x=x)
         raise

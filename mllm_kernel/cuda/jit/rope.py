@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
 
+_tracing = torch.compiler.is_dynamo_compiling
 
-@register_kernel("rope", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "rope",
-        cuda_files=["rope.cu"],
-        cuda_wrappers=[("apply_rope_inplace", "mllm_kernel::cuda::apply_rope_inplace")],
-    )
+_ROPE = KernelModule("rope", device="cuda", sources=["rope.cu"], exports=["apply_rope_inplace"])
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -38,13 +33,15 @@ def apply_rope_with_cos_sin_cache_inplace(
 
     >>> apply_rope_with_cos_sin_cache_inplace(pos, q, k, 128, cache)  # doctest: +SKIP
     """
+    if _tracing():
+        return ROPE_OP(positions, query, key, head_size, cos_sin_cache, is_neox)
     positions = op_inputs.tensor(positions, "positions")
     query = op_inputs.output(query, "query")
     key = op_inputs.output(key, "key")
     cos_sin_cache = op_inputs.tensor(cos_sin_cache, "cos_sin_cache")
     head_size = op_inputs.integer(head_size, "head_size")
     try:
-        module_for(_module, query).apply_rope_inplace(
+        _ROPE[query.get_device()].apply_rope_inplace(
             positions, query, key, cos_sin_cache, head_size, bool(is_neox)
         )
     except Exception as error:
@@ -52,3 +49,10 @@ def apply_rope_with_cos_sin_cache_inplace(
             error, "cuda", positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache
         )
         raise
+
+
+ROPE_OP = torch_op(
+    "apply_rope_with_cos_sin_cache_inplace",
+    "(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox=True) -> ()",
+).implement("cuda", apply_rope_with_cos_sin_cache_inplace)

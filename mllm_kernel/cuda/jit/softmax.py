@@ -1,24 +1,22 @@
-"""Numerically stable softmax (with temperature) and its backward."""
+"""Numerically stable softmax (with temperature) and its backward, on the GPU."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.cpu.jit.softmax import SOFTMAX_AUTOGRAD
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
 
+_tracing = torch.compiler.is_dynamo_compiling
 
-@register_kernel("softmax", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "softmax",
-        cuda_files=["softmax.cu"],
-        cuda_wrappers=[
-            ("softmax_forward", "mllm_kernel::cuda::softmax_forward"),
-            ("softmax_backward", "mllm_kernel::cuda::softmax_backward"),
-        ],
-    )
+_SOFTMAX = KernelModule(
+    "softmax",
+    device="cuda",
+    sources=["softmax.cu"],
+    exports=["softmax_forward", "softmax_backward"],
+)
 
 
 def softmax(
@@ -30,34 +28,40 @@ def softmax(
     """``softmax(x / temperature)`` along ``dim`` (fp32/fp16/bf16, fp32 math).
 
     Rows of any length (1 to 256k and beyond); the last dim is the fast case, any
-    other ``dim`` is moved last through a copy. A ``dim`` out of range raises
-    IndexError, as torch.softmax does. ``out``: ``x``'s shape and dtype, no zero
-    strides; it may be ``x`` itself, but not overlap it otherwise.
+    other ``dim`` is moved last through a copy (the result has ``x``'s layout, as
+    torch.softmax's does). A ``dim`` out of range raises IndexError, as torch.softmax
+    does. ``out``: ``x``'s shape and dtype, no zero strides; it may be ``x`` itself,
+    but not overlap it otherwise. Differentiable through :func:`softmax_backward`.
 
     >>> softmax(torch.randn(4, 128256, device="cuda"), temperature=0.7).sum(-1)  # doctest: +SKIP
     tensor([1.0000, 1.0000, 1.0000, 1.0000], device='cuda:0')
     """
+    if _tracing():
+        return SOFTMAX_OP(x, dim, temperature, out=out)
     x = op_inputs.tensor(x, "x")
+    if x.requires_grad and torch.is_grad_enabled():  # differentiable: the registered op
+        return SOFTMAX_OP(x, dim, temperature, out=out)
     t = 1.0 if temperature is None else op_inputs.number(temperature, "temperature")
     if out is not None:
         out = op_inputs.output(out, "out")
     if type(dim) is not int or dim != -1:
         dim = op_inputs.dim(dim, x.dim())
-    last = dim in (-1, x.dim() - 1)
     try:
-        module = module_for(_module, x)
-        src = x if last else x.movedim(dim, -1).contiguous()
-        dst = out if (out is not None and last) else torch.empty_like(src)
-        module.softmax_forward(dst, src, t)
+        module = _SOFTMAX[x.get_device()]
+        if dim in (-1, x.dim() - 1):
+            if out is None:
+                out = torch.empty_like(x)
+            module.softmax_forward(out, x, t)
+            return out
+        rows = x.movedim(dim, -1).contiguous()  # may be x itself: not written
+        result = torch.empty_like(rows)
+        module.softmax_forward(result, rows, t)
     except Exception as error:
         op_inputs.explain(error, "cuda", x=x, out=out)
         raise
-    if last:
-        return dst
-    result = dst.movedim(-1, dim)
     if out is None:
-        return result
-    out.copy_(result)
+        out = torch.empty_like(x)
+    out.copy_(result.movedim(-1, dim))
     return out
 
 
@@ -72,6 +76,8 @@ def softmax_backward(
     >>> softmax_backward(torch.ones(2, 8, device="cuda"), softmax(torch.randn(2, 8, device="cuda")))
     ... # doctest: +SKIP
     """
+    if _tracing():
+        return SOFTMAX_BACKWARD_OP(grad_out, out, grad_input=grad_input)
     grad_out = op_inputs.tensor(grad_out, "grad_out")
     out = op_inputs.tensor(out, "out")
     try:
@@ -79,8 +85,23 @@ def softmax_backward(
             grad_input = torch.empty_like(out)
         else:
             grad_input = op_inputs.output(grad_input, "grad_input")
-        module_for(_module, out).softmax_backward(grad_input, grad_out, out)
+        _SOFTMAX[out.get_device()].softmax_backward(grad_input, grad_out, out)
     except Exception as error:
         op_inputs.explain(error, "cuda", grad_out=grad_out, out=out, grad_input=grad_input)
         raise
     return grad_input
+
+
+SOFTMAX_OP = torch_op(
+    "softmax",
+    "(Tensor x, int dim=-1, float? temperature=None) -> Tensor",
+    fake=lambda x, dim=-1, temperature=None: torch.empty_like(x),
+    out="out",
+    autograd=SOFTMAX_AUTOGRAD,
+).implement("cuda", softmax)
+SOFTMAX_BACKWARD_OP = torch_op(
+    "softmax_backward",
+    "(Tensor grad_out, Tensor out) -> Tensor",
+    fake=lambda grad_out, out: torch.empty_like(out),
+    out="grad_input",
+).implement("cuda", softmax_backward)

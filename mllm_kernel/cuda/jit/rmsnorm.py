@@ -1,25 +1,21 @@
-"""RMSNorm: plain, fused with the residual add (in place), and gated by silu(z)."""
+"""RMSNorm on the GPU: plain, fused with the residual add (in place), and gated by silu(z)."""
 
 from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.device_module import module_for
-from mllm_kernel.jit_utils import cache_once, load_cuda_jit, op_inputs, register_kernel
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
 
+_tracing = torch.compiler.is_dynamo_compiling
 
-@register_kernel("norm", device="cuda", variants=[()])
-@cache_once
-def _module():
-    return load_cuda_jit(
-        "norm",
-        cuda_files=["norm.cu"],
-        cuda_wrappers=[
-            ("rmsnorm", "mllm_kernel::cuda::rmsnorm"),
-            ("fused_add_rmsnorm", "mllm_kernel::cuda::fused_add_rmsnorm"),
-            ("rms_norm_gated", "mllm_kernel::cuda::rms_norm_gated"),
-        ],
-    )
+_RMSNORM = KernelModule(
+    "rmsnorm",
+    device="cuda",
+    sources=["rmsnorm.cu"],
+    exports=["rmsnorm", "fused_add_rmsnorm", "rms_norm_gated"],
+)
 
 
 def rmsnorm(
@@ -33,18 +29,23 @@ def rmsnorm(
     fp32/fp16/bf16, any hidden size and leading shape, fp32 accumulation;
     ``weight`` has the dtype of ``input`` and shape ``[hidden]``. ``out``: ``input``'s
     shape and dtype, no zero strides; it may be ``input`` itself, but not overlap
-    ``input`` or ``weight`` otherwise.
+    ``input`` or ``weight`` otherwise. Any DLPack tensor (CuPy, JAX) is taken; the
+    result is a torch tensor.
 
     >>> x = torch.randn(4, 4096, dtype=torch.bfloat16, device="cuda")
     >>> rmsnorm(x, torch.ones(4096, dtype=torch.bfloat16, device="cuda")).shape
     torch.Size([4, 4096])
     """
+    if _tracing():
+        return RMSNORM_OP(input, weight, eps, out=out)
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
+    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad):
+        return RMSNORM_OP(input, weight, eps, out=out)  # autograd's path (see RMSNORM_OP)
     eps = op_inputs.number(eps, "eps")
     try:
         out = torch.empty_like(input) if out is None else op_inputs.output(out, "out")
-        module_for(_module, input).rmsnorm(out, input, weight, eps)
+        _RMSNORM[input.get_device()].rmsnorm(out, input, weight, eps)
     except Exception as error:
         op_inputs.explain(error, "cuda", input=input, weight=weight, out=out)
         raise
@@ -61,12 +62,14 @@ def fused_add_rmsnorm(
 
     >>> fused_add_rmsnorm(hidden, residual, weight)  # doctest: +SKIP
     """
+    if _tracing():
+        return FUSED_ADD_RMSNORM_OP(input, residual, weight, eps)
     input = op_inputs.output(input, "input")
     residual = op_inputs.output(residual, "residual")
     weight = op_inputs.tensor(weight, "weight")
     eps = op_inputs.number(eps, "eps")
     try:
-        module_for(_module, input).fused_add_rmsnorm(input, residual, weight, eps)
+        _RMSNORM[input.get_device()].fused_add_rmsnorm(input, residual, weight, eps)
     except Exception as error:
         op_inputs.explain(error, "cuda", input=input, residual=residual, weight=weight)
         raise
@@ -88,13 +91,15 @@ def rms_norm_gated(
     >>> rms_norm_gated(x, weight, z=gate, eps=1e-6).shape == x.shape  # doctest: +SKIP
     True
     """
+    if _tracing():
+        return RMS_NORM_GATED_OP(x, weight, z, eps, out=out)
     x = op_inputs.tensor(x, "x")
     weight = op_inputs.tensor(weight, "weight")
     z = op_inputs.optional_tensor(z, "z")
     eps = op_inputs.number(eps, "eps")
     try:
         out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
-        module = module_for(_module, x)
+        module = _RMSNORM[x.get_device()]
         if z is None:
             module.rmsnorm(out, x, weight, eps)
         else:
@@ -103,3 +108,23 @@ def rms_norm_gated(
         op_inputs.explain(error, "cuda", x=x, z=z, weight=weight, out=out)
         raise
     return out
+
+
+# Without a backward yet (its kernels are their own change), a grad required of rmsnorm
+# is a RuntimeError that says so; the backward is passed as torch_op(..., autograd=).
+RMSNORM_OP = torch_op(
+    "rmsnorm",
+    "(Tensor input, Tensor weight, float eps=1e-06) -> Tensor",
+    fake=lambda input, weight, eps=1e-6: torch.empty_like(input),
+    out="out",
+).implement("cuda", rmsnorm)
+FUSED_ADD_RMSNORM_OP = torch_op(
+    "fused_add_rmsnorm",
+    "(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps=1e-06) -> ()",
+).implement("cuda", fused_add_rmsnorm)
+RMS_NORM_GATED_OP = torch_op(
+    "rms_norm_gated",
+    "(Tensor x, Tensor weight, Tensor? z=None, float eps=1e-06) -> Tensor",
+    fake=lambda x, weight, z=None, eps=1e-6: torch.empty_like(x),
+    out="out",
+).implement("cuda", rms_norm_gated)
