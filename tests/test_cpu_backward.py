@@ -1,20 +1,19 @@
 """The CPU backward kernels (rmsnorm_backward, silu_and_mul_backward) against float64
-torch autograd, called through a test-only module until the ops wire them into the API."""
+torch autograd, called through the ops' own modules (their C++ contract: in place,
+thread counts, errors); the public functions and .backward() are in test_autograd.py."""
 
 from __future__ import annotations
 
+import importlib
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import mllm_kernel
-from mllm_kernel.jit_utils import cache_once, load_cpu_jit
-
-CSRC = Path(mllm_kernel.__file__).parent / "cpu" / "csrc"
-OPENMP = ("-fopenmp",)
+# The op modules (their package attributes are the functions of the same name).
+cpu_rmsnorm = importlib.import_module("mllm_kernel.cpu.jit.rmsnorm")
+cpu_activation = importlib.import_module("mllm_kernel.cpu.jit.activation")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # The outputs' rounding to their dtype, over values of size ~1-10.
 TOL = {
@@ -27,31 +26,12 @@ HIDDEN = [1, 7, 8, 15, 16, 17, 33, 1000, 4097]
 SAME_AS_INPUT = r"^argument 'grad_input': is the same memory as argument 'input'"
 
 
-def _source(*names: str) -> str:
-    """The first of `names` in cpu/csrc (the ops branch renames silu_and_mul.cpp)."""
-    return next(str(CSRC / name) for name in names if (CSRC / name).is_file())
-
-
-@cache_once
 def _rmsnorm_module():
-    return load_cpu_jit(
-        "rmsnorm_backward_test",
-        cpp_files=[_source("rmsnorm.cpp")],
-        cpp_wrappers=[("rmsnorm_backward", "mllm_kernel::cpu::rmsnorm_backward")],
-        extra_cxx_flags=OPENMP,
-        extra_ldflags=OPENMP,
-    )
+    return cpu_rmsnorm._RMSNORM[()]
 
 
-@cache_once
 def _silu_module():
-    return load_cpu_jit(
-        "silu_and_mul_backward_test",
-        cpp_files=[_source("activation.cpp", "silu_and_mul.cpp")],
-        cpp_wrappers=[("silu_and_mul_backward", "mllm_kernel::cpu::silu_and_mul_backward")],
-        extra_cxx_flags=OPENMP,
-        extra_ldflags=OPENMP,
-    )
+    return cpu_activation._ACTIVATION[()]
 
 
 def randn(*shape, dtype, scale=1.0):

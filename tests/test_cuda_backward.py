@@ -1,20 +1,22 @@
 """The CUDA backward kernels (rmsnorm_backward, silu_and_mul_backward) against float64
-torch autograd, called through test-only modules until the ops wire them into the API;
-and both modules compiled for sm_90a without a GPU."""
+torch autograd, called through the ops' own modules (their C++ contract: workspace,
+in place, errors); and both modules compiled for sm_90a without a GPU. The public
+functions and .backward() are in test_autograd.py."""
 
 from __future__ import annotations
 
+import importlib
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import mllm_kernel
-from mllm_kernel.jit_utils import cache_once, cuda_arch_override, load_cuda_jit
+from mllm_kernel.jit_utils import cuda_arch_override
 
-CSRC = Path(mllm_kernel.__file__).parent / "cuda" / "csrc"
+# The op modules (their package attributes are the functions of the same name).
+cuda_rmsnorm = importlib.import_module("mllm_kernel.cuda.jit.rmsnorm")
+cuda_activation = importlib.import_module("mllm_kernel.cuda.jit.activation")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {
     torch.float32: {"rtol": 1e-4, "atol": 1e-5},
@@ -33,29 +35,20 @@ ACTIVATION_WRAPPERS = [("silu_and_mul_backward", "mllm_kernel::cuda::silu_and_mu
 SAME_AS_INPUT = r"^argument 'grad_input': is the same memory as argument 'input'"
 
 
-def _source(*names: str) -> str:
-    """The first of `names` in cuda/csrc (the ops branch renames norm.cu to rmsnorm.cu)."""
-    return next(str(CSRC / name) for name in names if (CSRC / name).is_file())
-
-
 def _norm_module():
-    return load_cuda_jit(
-        "rmsnorm_backward_test",
-        cuda_files=[_source("rmsnorm.cu", "norm.cu")],
-        cuda_wrappers=NORM_WRAPPERS,
-    )
+    return cuda_rmsnorm._RMSNORM.load()
 
 
 def _activation_module():
-    return load_cuda_jit(
-        "activation_backward_test",
-        cuda_files=[_source("activation.cu")],
-        cuda_wrappers=ACTIVATION_WRAPPERS,
-    )
+    return cuda_activation._ACTIVATION.load()
 
 
-norm_module = cache_once(_norm_module)
-activation_module = cache_once(_activation_module)
+def norm_module():
+    return cuda_rmsnorm._RMSNORM.current()
+
+
+def activation_module():
+    return cuda_activation._ACTIVATION.current()
 
 
 @pytest.mark.nvcc

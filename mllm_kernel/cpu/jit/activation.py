@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mllm_kernel.jit_utils import op_inputs
@@ -11,7 +13,10 @@ from mllm_kernel.jit_utils.torch_op import torch_op
 _tracing = torch.compiler.is_dynamo_compiling
 
 _ACTIVATION = KernelModule(
-    "activation", device="cpu", sources=["activation.cpp"], exports=["silu_and_mul"]
+    "activation",
+    device="cpu",
+    sources=["activation.cpp"],
+    exports=["silu_and_mul", "silu_and_mul_backward"],
 )
 
 
@@ -46,9 +51,51 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return out
 
 
-# Without a backward yet (its kernels are their own change), a grad required of
-# silu_and_mul is a RuntimeError that says so; the backward is passed as torch_op(...,
-# autograd=).
+def silu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`silu_and_mul` with respect to ``input`` (``[..., 2 * d]``)
+    for ``grad_output`` (``[..., d]``, ``input``'s dtype): with ``s = sigmoid(gate)``,
+    ``[grad_output * up * s * (1 + gate * (1 - s)) | grad_output * silu(gate)]``, in
+    float32. What ``silu_and_mul(...).backward()`` runs.
+
+    >>> silu_and_mul_backward(torch.ones(1, 1), torch.tensor([[0.0, 3.0]]))
+    tensor([[1.5000, 0.0000]])
+    """
+    if _tracing():
+        return SILU_AND_MUL_BACKWARD_OP(grad_output, input)
+    grad_output = op_inputs.tensor(grad_output, "grad_output")
+    input = op_inputs.tensor(input, "input")
+    try:
+        grad_input = torch.empty_like(input)
+        _ACTIVATION[()].silu_and_mul_backward(
+            grad_input, grad_output, input, torch.get_num_threads()
+        )
+    except Exception as error:
+        op_inputs.explain(error, "cpu", grad_output=grad_output, input=input)
+        raise
+    return grad_input
+
+
+def _save_for_backward(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    """silu_and_mul_backward on the device of the tensors (either device's op)."""
+    (input,) = ctx.saved_tensors
+    return torch.ops.mllm_kernel.silu_and_mul_backward(grad.contiguous(), input)
+
+
+# The one declaration of silu_and_mul's autograd on both devices (the CUDA file imports it).
+SILU_AND_MUL_AUTOGRAD = (_backward, _save_for_backward)
 SILU_AND_MUL_OP = torch_op(
-    "silu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
+    "silu_and_mul",
+    "(Tensor input) -> Tensor",
+    fake=_gated_output,
+    out="out",
+    autograd=SILU_AND_MUL_AUTOGRAD,
 ).implement("cpu", silu_and_mul)
+SILU_AND_MUL_BACKWARD_OP = torch_op(
+    "silu_and_mul_backward",
+    "(Tensor grad_output, Tensor input) -> Tensor",
+    fake=lambda grad_output, input: torch.empty_like(input),
+).implement("cpu", silu_and_mul_backward)

@@ -14,7 +14,12 @@ submodule for the first time sets the package attribute to the module, and that 
 not replace the function later.
 """
 
-from mllm_kernel.cuda.jit.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from mllm_kernel.cuda.jit.activation import (
+    gelu_and_mul,
+    gelu_tanh_and_mul,
+    silu_and_mul,
+    silu_and_mul_backward,
+)
 from mllm_kernel.cuda.jit.add_constant import add_constant, add_constant_runtime
 from mllm_kernel.cuda.jit.awq_marlin_repack import awq_marlin_repack
 from mllm_kernel.cuda.jit.create_kv_indices import create_kv_indices
@@ -30,7 +35,7 @@ from mllm_kernel.cuda.jit.marlin_format import (
 )
 from mllm_kernel.cuda.jit.per_token_quant import per_token_quant_int8
 from mllm_kernel.cuda.jit.rms_norm_gated import rms_norm_gated
-from mllm_kernel.cuda.jit.rmsnorm import fused_add_rmsnorm, rmsnorm
+from mllm_kernel.cuda.jit.rmsnorm import fused_add_rmsnorm, rmsnorm, rmsnorm_backward
 from mllm_kernel.cuda.jit.rope import apply_rope_with_cos_sin_cache_inplace
 from mllm_kernel.cuda.jit.softmax import softmax, softmax_backward
 from mllm_kernel.cuda.jit.store_cache import can_use_store_cache, store_cache
@@ -57,8 +62,10 @@ __all__ = [
     "per_token_quant_int8",
     "rms_norm_gated",
     "rmsnorm",
+    "rmsnorm_backward",
     "scalar_types",
     "silu_and_mul",
+    "silu_and_mul_backward",
     "softmax",
     "softmax_backward",
     "store_cache",

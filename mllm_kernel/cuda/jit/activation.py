@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.cpu.jit.activation import SILU_AND_MUL_AUTOGRAD
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import torch_op
@@ -14,7 +15,7 @@ _ACTIVATION = KernelModule(
     "activation",
     device="cuda",
     sources=["activation.cu"],
-    exports=["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"],
+    exports=["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul_backward"],
 )
 
 
@@ -72,9 +73,41 @@ def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> t
     return _run("gelu_tanh_and_mul", input, out)
 
 
+def silu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`silu_and_mul` with respect to ``input`` (``[..., 2d]``) for
+    ``grad_output`` (``[..., d]``, ``input``'s dtype), in float32 (the formula is
+    :func:`mllm_kernel.cpu.jit.silu_and_mul_backward`'s). What
+    ``silu_and_mul(...).backward()`` runs.
+
+    >>> silu_and_mul_backward(torch.ones(8, 11008, device="cuda"),
+    ...                       torch.randn(8, 2 * 11008, device="cuda")).shape
+    torch.Size([8, 22016])
+    """
+    if _tracing():
+        return SILU_AND_MUL_BACKWARD_OP(grad_output, input)
+    grad_output = op_inputs.tensor(grad_output, "grad_output")
+    input = op_inputs.tensor(input, "input")
+    try:
+        grad_input = torch.empty_like(input)
+        _ACTIVATION[input.get_device()].silu_and_mul_backward(grad_input, grad_output, input)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", grad_output=grad_output, input=input)
+        raise
+    return grad_input
+
+
 SILU_AND_MUL_OP = torch_op(
-    "silu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
+    "silu_and_mul",
+    "(Tensor input) -> Tensor",
+    fake=_gated_output,
+    out="out",
+    autograd=SILU_AND_MUL_AUTOGRAD,
 ).implement("cuda", silu_and_mul)
+SILU_AND_MUL_BACKWARD_OP = torch_op(
+    "silu_and_mul_backward",
+    "(Tensor grad_output, Tensor input) -> Tensor",
+    fake=lambda grad_output, input: torch.empty_like(input),
+).implement("cuda", silu_and_mul_backward)
 GELU_AND_MUL_OP = torch_op(
     "gelu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
 ).implement("cuda", gelu_and_mul)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.cpu.jit.rmsnorm import RMSNORM_AUTOGRAD
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import torch_op
@@ -14,7 +15,13 @@ _RMSNORM = KernelModule(
     "rmsnorm",
     device="cuda",
     sources=["rmsnorm.cu"],
-    exports=["rmsnorm", "fused_add_rmsnorm", "rms_norm_gated"],
+    exports=[
+        "rmsnorm",
+        "fused_add_rmsnorm",
+        "rms_norm_gated",
+        "rmsnorm_backward",
+        "rmsnorm_backward_workspace_rows",
+    ],
 )
 
 
@@ -110,14 +117,59 @@ def rms_norm_gated(
     return out
 
 
-# Without a backward yet (its kernels are their own change), a grad required of rmsnorm
-# is a RuntimeError that says so; the backward is passed as torch_op(..., autograd=).
+def rmsnorm_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`rmsnorm` for ``grad_output`` (``input``'s shape and dtype):
+    ``(grad_input, grad_weight)`` in ``input``'s and ``weight``'s dtypes, float32 math
+    (the formulas are :func:`mllm_kernel.cpu.jit.rmsnorm_backward`'s). ``grad_weight``'s
+    row sum is deterministic: per-CTA float32 partials in a workspace, added in row
+    order by a second kernel (no atomics). What ``rmsnorm(...).backward()`` runs.
+
+    >>> x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    >>> w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    >>> [g.shape for g in rmsnorm_backward(torch.ones_like(x), x, w)]
+    [torch.Size([8, 4096]), torch.Size([4096])]
+    """
+    if _tracing():
+        return RMSNORM_BACKWARD_OP(grad_output, input, weight, eps)
+    grad_output = op_inputs.tensor(grad_output, "grad_output")
+    input = op_inputs.tensor(input, "input")
+    weight = op_inputs.tensor(weight, "weight")
+    eps = op_inputs.number(eps, "eps")
+    try:
+        module = _RMSNORM[input.get_device()]
+        hidden = input.shape[-1] if input.dim() else 0
+        rows = input.numel() // hidden if hidden else 0
+        workspace = torch.empty(
+            (module.rmsnorm_backward_workspace_rows(rows), hidden),
+            dtype=torch.float32,
+            device=input.device,
+        )
+        grad_input = torch.empty_like(input)
+        grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        module.rmsnorm_backward(grad_input, grad_weight, workspace, grad_output, input, weight, eps)
+    except Exception as error:
+        op_inputs.explain(error, "cuda", grad_output=grad_output, input=input, weight=weight)
+        raise
+    return grad_input, grad_weight.to(weight.dtype)
+
+
 RMSNORM_OP = torch_op(
     "rmsnorm",
     "(Tensor input, Tensor weight, float eps=1e-06) -> Tensor",
     fake=lambda input, weight, eps=1e-6: torch.empty_like(input),
     out="out",
+    autograd=RMSNORM_AUTOGRAD,
 ).implement("cuda", rmsnorm)
+RMSNORM_BACKWARD_OP = torch_op(
+    "rmsnorm_backward",
+    "(Tensor grad_output, Tensor input, Tensor weight, float eps=1e-06) -> (Tensor, Tensor)",
+    fake=lambda grad_output, input, weight, eps=1e-6: (
+        torch.empty_like(input),
+        torch.empty_like(weight),
+    ),
+).implement("cuda", rmsnorm_backward)
 FUSED_ADD_RMSNORM_OP = torch_op(
     "fused_add_rmsnorm",
     "(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps=1e-06) -> ()",
