@@ -600,9 +600,12 @@ def _quant_pipeline_inputs(device, m=M_Q):
         torch.randn(m, hidden, dtype=torch.bfloat16, device=device),
         torch.randint(-127, 128, (K_Q, hidden), dtype=torch.int8, device=device),
         torch.rand(K_Q, device=device) / 100 + 1e-3,
-        torch.randint(-(2**31), 2**31 - 1, (K_Q // 16, N_Q // 2), dtype=torch.int32, device=device),
+        torch.randint(-(2**31), 2**31 - 1, (K_Q // 16, N_Q * 2), dtype=torch.int32, device=device),
         (torch.rand(2, N_Q, device=device) / 50).to(torch.bfloat16),
-        torch.zeros(132, dtype=torch.int32, device=device),
+        # one zeroed entry per SM (on the meta device: an H100's 132)
+        cuda.marlin_make_workspace(device)
+        if device == "cuda"
+        else torch.zeros(132, dtype=torch.int32, device=device),
         torch.randn(hidden, N_Q, dtype=torch.bfloat16, device=device) / 8,
         torch.full((m, N_Q), float("nan"), dtype=torch.bfloat16, device=device),
     ]
@@ -674,7 +677,7 @@ def test_opcheck_cuda_gemm_family():
     words = torch.randint(-(2**31), 2**31 - 1, (K_Q // 8, N_Q), dtype=torch.int32, device=dev)
     a_marlin = torch.randn(3, K_Q, device=dev).half()
     marlin = (
-        torch.randint(-(2**31), 2**31 - 1, (K_Q // 16, N_Q // 2), dtype=torch.int32, device=dev),
+        torch.randint(-(2**31), 2**31 - 1, (K_Q // 16, N_Q * 2), dtype=torch.int32, device=dev),
         (torch.rand(2, N_Q, device=dev) / 50).half(),
         None,
         None,
