@@ -20,10 +20,18 @@ from mllm_kernel.jit_utils.torch_op import torch_op
 REPO = Path(__file__).resolve().parent.parent
 OPS = torch.ops.mllm_kernel
 
-# Every public op of both devices and its registered op. gemm (its own issue) and
-# can_use_store_cache (a query, no tensors) are not ops of the namespace.
+# Every public op of both devices and its registered op; the CUDA package's pure-torch
+# helpers and queries run no kernel of their own and are not ops of the namespace.
+NOT_KERNELS = {
+    "can_use_store_cache": "a query on a row size, no tensors",
+    "marlin_make_workspace": "a torch.zeros of the SM count",
+    "marlin_permute_scales": "torch indexing of the scales",
+    "marlin_zero_points": "torch indexing and bit packing of the zero points",
+    "awq_to_marlin_zero_points": "torch unpacking and marlin_zero_points",
+    "scalar_types": "the weight-type table, not a function",
+}
 CPU_OPS = {name: name for name in cpu.__all__}
-CUDA_OPS = {name: name for name in cuda.__all__ if name not in ("gemm", "can_use_store_cache")}
+CUDA_OPS = {name: name for name in cuda.__all__ if name not in NOT_KERNELS}
 
 
 def _has_kernel(name: str, key: str) -> bool:
@@ -438,3 +446,288 @@ def test_cuda_softmax_backward_matches_float64_autograd(dim):
     x64 = x.detach().double().requires_grad_()
     (torch.softmax(x64 / 0.6, dim) * weights.double()).sum().backward()
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- GEMM family
+QUANT_SCHEMAS = {
+    "gemm": "(Tensor a, Tensor b, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor",
+    "gemm.out": "(Tensor a, Tensor b, Tensor? bias=None, ScalarType? out_dtype=None, *, "
+    "Tensor(a!) out) -> ()",
+    "gptq_marlin_gemm": "(Tensor a, Tensor b_q_weight, Tensor b_scales, Tensor? global_scale, "
+    "Tensor? b_zeros, Tensor? g_idx, Tensor? perm, Tensor(b!) workspace, int b_q_type_id, "
+    "SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full=True, "
+    "bool use_atomic_add=False, bool use_fp32_reduce=False, bool is_zp_float=False) -> Tensor",
+    "gptq_marlin_repack": "(Tensor b_q_weight, Tensor? perm, SymInt size_k, SymInt size_n, "
+    "int num_bits) -> Tensor",
+    "awq_marlin_repack": "(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits) "
+    "-> Tensor",
+    "int8_scaled_mm": "(Tensor mat_a, Tensor mat_b, Tensor scales_a, Tensor scales_b, "
+    "ScalarType out_dtype, Tensor? bias=None) -> Tensor",
+    # 6: torch.float32's ScalarType number, as torch prints the default
+    "per_token_quant_int8": "(Tensor x, ScalarType scale_dtype=6) -> (Tensor, Tensor)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUANT_SCHEMAS))
+def test_gemm_family_schemas(name):
+    op_name, _, overload = name.partition(".")
+    op = getattr(getattr(OPS, op_name), overload or "default")
+    assert str(op._schema) == f"mllm_kernel::{name}{QUANT_SCHEMAS[name]}"
+
+
+def test_gemm_family_mutations_and_out_overloads():
+    def mutated(op):
+        return [a.name for a in op._schema.arguments if a.alias_info and a.alias_info.is_write]
+
+    assert mutated(OPS.gptq_marlin_gemm.default) == ["workspace"]
+    assert mutated(OPS.gptq_marlin_gemm.out) == ["workspace", "c"]
+    assert mutated(OPS.gemm.out) == ["out"]
+    for name in ("gemm", "gptq_marlin_repack", "awq_marlin_repack", "int8_scaled_mm"):
+        assert mutated(getattr(OPS, name).default) == [], name
+    assert mutated(OPS.per_token_quant_int8.default) == []
+    for name in ("gptq_marlin_repack", "awq_marlin_repack", "int8_scaled_mm"):
+        assert getattr(OPS, name).overloads() == ["default"], name
+
+
+def _layout(t):
+    return tuple(t.shape), t.stride(), t.dtype, t.device.type
+
+
+M_Q, N_Q, K_Q = 5, 128, 256  # a GEMM-family problem: M tokens, N outputs, K inputs
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _marlin_meta_args(m=M_Q, dtype=torch.bfloat16):
+    """gptq_marlin_gemm's arguments (uint4b8, 2 groups, no act-order) on meta tensors,
+    without its c."""
+    from mllm_kernel.scalar_type import scalar_types
+
+    return (
+        _meta(m, K_Q, dtype=dtype),
+        _meta(K_Q // 16, N_Q * 16 * 4 // 32, dtype=torch.int32),
+        _meta(2, N_Q, dtype=dtype),
+        None,
+        None,
+        None,
+        None,
+        _meta(132, dtype=torch.int32),
+        scalar_types.uint4b8.id,
+        m,
+        N_Q,
+        K_Q,
+    )
+
+
+def test_fake_gemm_is_a_new_m_by_n_tensor_in_the_output_dtype():
+    a, b = _meta(M_Q, K_Q), _meta(N_Q, K_Q)
+    assert _layout(OPS.gemm(a, b)) == ((M_Q, N_Q), (N_Q, 1), torch.bfloat16, "meta")
+    bias = _meta(N_Q, dtype=torch.float32)
+    got = OPS.gemm(a, b, bias, torch.float32)
+    assert _layout(got) == ((M_Q, N_Q), (N_Q, 1), torch.float32, "meta")
+    # a strided a (rows of a larger buffer) still gives a contiguous result
+    wide = _meta(M_Q, 2 * K_Q)[:, :K_Q]
+    assert _layout(OPS.gemm(wide, b, out_dtype=torch.bfloat16))[:2] == ((M_Q, N_Q), (N_Q, 1))
+    assert OPS.gemm.out(a, b, out=_meta(M_Q, N_Q)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fake_gptq_marlin_gemm_is_size_m_by_size_n_in_a_dtype(dtype):
+    got = OPS.gptq_marlin_gemm(*_marlin_meta_args(dtype=dtype))
+    assert _layout(got) == ((M_Q, N_Q), (N_Q, 1), dtype, "meta")
+    c = _meta(M_Q, N_Q, dtype=dtype)
+    assert OPS.gptq_marlin_gemm.out(*_marlin_meta_args(dtype=dtype), c=c) is None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_fake_repacks_are_the_marlin_layout(bits):
+    pack = 32 // bits
+    expected = ((K_Q // 16, N_Q * 16 // pack), (N_Q * 16 // pack, 1), torch.int32, "meta")
+    gptq = _meta(K_Q // pack, N_Q, dtype=torch.int32)
+    assert _layout(OPS.gptq_marlin_repack(gptq, None, K_Q, N_Q, bits)) == expected
+    perm = _meta(K_Q, dtype=torch.int32)
+    assert _layout(OPS.gptq_marlin_repack(gptq, perm, K_Q, N_Q, bits)) == expected
+    awq = _meta(K_Q, N_Q // pack, dtype=torch.int32)
+    assert _layout(OPS.awq_marlin_repack(awq, K_Q, N_Q, bits)) == expected
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_fake_int8_scaled_mm_is_m_by_n_in_out_dtype(out_dtype):
+    mat_a = _meta(M_Q, K_Q, dtype=torch.int8)
+    mat_b = _meta(N_Q, K_Q, dtype=torch.int8).t()  # [K, N] column-major
+    scales_a, scales_b = _meta(M_Q, 1, dtype=torch.float32), _meta(N_Q, dtype=torch.float32)
+    got = OPS.int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype)
+    assert _layout(got) == ((M_Q, N_Q), (N_Q, 1), out_dtype, "meta")
+    bias = _meta(N_Q, dtype=out_dtype)
+    assert _layout(OPS.int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias))[:2] == (
+        (M_Q, N_Q),
+        (N_Q, 1),
+    )
+
+
+def test_fake_per_token_quant_int8_is_int8_values_and_one_scale_per_row():
+    x = _meta(2, 3, K_Q)
+    x_q, scales = OPS.per_token_quant_int8(x)
+    assert _layout(x_q) == ((2, 3, K_Q), (3 * K_Q, K_Q, 1), torch.int8, "meta")
+    assert _layout(scales) == ((2, 3, 1), (3, 1, 1), torch.float32, "meta")
+    rows = _meta(4, 2 * K_Q, dtype=torch.float16)[:, :K_Q]  # a row stride of 2K: not kept
+    x_q, scales = OPS.per_token_quant_int8(rows, torch.float32)
+    assert _layout(x_q) == ((4, K_Q), (K_Q, 1), torch.int8, "meta")
+    assert _layout(scales) == ((4, 1), (1, 1), torch.float32, "meta")
+
+
+def _quant_pipeline(x, w_q, w_scale, b_q, b_scales, workspace, w_out, c):
+    """per-token int8 -> W8A8 GEMM -> 4-bit Marlin GEMM (into c, and into a new
+    tensor) -> dense GEMM: every GEMM-family op of the package, as a model calls them."""
+    from mllm_kernel.scalar_type import scalar_types
+
+    x_q, x_scale = cuda.per_token_quant_int8(x)
+    h = cuda.int8_scaled_mm(x_q, w_q.t(), x_scale, w_scale, torch.bfloat16)
+    marlin_args = (b_q, b_scales, None, None, None, None, workspace, scalar_types.uint4b8.id)
+    sizes = (h.shape[0], b_scales.shape[1], h.shape[1])
+    into_c = cuda.gptq_marlin_gemm(h, c, *marlin_args, *sizes)
+    fresh = cuda.gptq_marlin_gemm(h, None, *marlin_args, *sizes, use_fp32_reduce=True)
+    return cuda.gemm(into_c + fresh, w_out, out_dtype=torch.float32), into_c
+
+
+def _quant_pipeline_inputs(device, m=M_Q):
+    """Random inputs of _quant_pipeline: x [m, 64] -> [m, K_Q] -> [m, N_Q] -> [m, 64]."""
+    torch.manual_seed(0)
+    hidden = 64
+    return [
+        torch.randn(m, hidden, dtype=torch.bfloat16, device=device),
+        torch.randint(-127, 128, (K_Q, hidden), dtype=torch.int8, device=device),
+        torch.rand(K_Q, device=device) / 100 + 1e-3,
+        torch.randint(-(2**31), 2**31 - 1, (K_Q // 16, N_Q * 2), dtype=torch.int32, device=device),
+        (torch.rand(2, N_Q, device=device) / 50).to(torch.bfloat16),
+        # one zeroed entry per SM (on the meta device: an H100's 132)
+        cuda.marlin_make_workspace(device)
+        if device == "cuda"
+        else torch.zeros(132, dtype=torch.int32, device=device),
+        torch.randn(hidden, N_Q, dtype=torch.bfloat16, device=device) / 8,
+        torch.full((m, N_Q), float("nan"), dtype=torch.bfloat16, device=device),
+    ]
+
+
+def test_compile_fullgraph_traces_the_gemm_family_on_meta_tensors():
+    # No GPU: Dynamo traces the CUDA ops' Python functions (their _tracing() branch puts
+    # the registered ops in the graph), and the graph runs on the fake implementations.
+    import torch._dynamo
+
+    graphs = []
+
+    def count_graphs(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    inputs = [t.to("meta") for t in _quant_pipeline_inputs("cpu")]
+    out, into_c = torch.compile(_quant_pipeline, fullgraph=True, backend=count_graphs)(*inputs)
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    mine = [t for t in targets if t.startswith("mllm_kernel.")]
+    assert mine == [
+        "mllm_kernel.per_token_quant_int8.default",
+        "mllm_kernel.int8_scaled_mm.default",
+        "mllm_kernel.gptq_marlin_gemm.out",
+        "mllm_kernel.gptq_marlin_gemm.default",
+        "mllm_kernel.gemm.default",
+    ], targets
+    assert _layout(out) == ((M_Q, 64), (64, 1), torch.float32, "meta")
+    assert into_c is inputs[-1]
+
+
+def test_gemm_family_eager_calls_do_not_go_through_the_dispatcher():
+    # On a CPU tensor every op refuses the device in its Python function: before any
+    # torch op would run, so nothing of the namespace is dispatched.
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    inputs = _quant_pipeline_inputs("cpu")
+    with Record() as record:
+        for call in (
+            lambda: cuda.per_token_quant_int8(inputs[0]),
+            lambda: cuda.gemm(inputs[0], inputs[0]),
+            lambda: cuda.awq_marlin_repack(torch.zeros(256, 16, dtype=torch.int32), 256, 128, 4),
+        ):
+            with pytest.raises(ValueError, match=r"^argument '\w+': expected a tensor on cuda but"):
+                call()
+    assert not [op for op in record.ops if "mllm_kernel" in op], record.ops
+
+
+@pytest.mark.cuda
+def test_opcheck_cuda_gemm_family():
+    from mllm_kernel.cuda.jit import marlin_make_workspace
+    from mllm_kernel.scalar_type import scalar_types
+
+    dev = "cuda"
+    torch.manual_seed(0)
+    a16, b16 = torch.randn(5, 64, device=dev).bfloat16(), torch.randn(96, 64, device=dev).bfloat16()
+    mat_a = torch.randint(-127, 128, (5, 64), dtype=torch.int8, device=dev)
+    w8 = torch.randint(-127, 128, (96, 64), dtype=torch.int8, device=dev)
+    scales_a, scales_b = torch.rand(5, 1, device=dev), torch.rand(96, device=dev)
+    words = torch.randint(-(2**31), 2**31 - 1, (K_Q // 8, N_Q), dtype=torch.int32, device=dev)
+    a_marlin = torch.randn(3, K_Q, device=dev).half()
+    marlin = (
+        torch.randint(-(2**31), 2**31 - 1, (K_Q // 16, N_Q * 2), dtype=torch.int32, device=dev),
+        (torch.rand(2, N_Q, device=dev) / 50).half(),
+        None,
+        None,
+        None,
+        None,
+        marlin_make_workspace(dev),
+        scalar_types.uint4b8.id,
+        3,
+        N_Q,
+        K_Q,
+    )
+    cases = [
+        (OPS.gemm.default, (a16, b16), {}),
+        (OPS.gemm.default, (a16, b16, torch.randn(96, device=dev), torch.float32), {}),
+        (OPS.gemm.out, (a16, b16), {"out": torch.empty(5, 96, dtype=torch.bfloat16, device=dev)}),
+        (OPS.int8_scaled_mm.default, (mat_a, w8.t(), scales_a, scales_b, torch.bfloat16), {}),
+        (
+            OPS.int8_scaled_mm.default,
+            (mat_a, w8.t(), scales_a, scales_b, torch.float16, torch.randn(96, device=dev).half()),
+            {},
+        ),
+        (OPS.per_token_quant_int8.default, (a16,), {}),
+        (OPS.per_token_quant_int8.default, (torch.randn(2, 3, 64, device=dev),), {}),
+        (OPS.gptq_marlin_repack.default, (words, None, K_Q, N_Q, 4), {}),
+        (OPS.gptq_marlin_repack.default, (words[: K_Q // 4].clone(), None, K_Q, N_Q, 8), {}),
+        (OPS.awq_marlin_repack.default, (words.view(K_Q, N_Q // 8), K_Q, N_Q, 4), {}),
+        (OPS.gptq_marlin_gemm.default, (a_marlin, *marlin), {}),
+        (
+            OPS.gptq_marlin_gemm.out,
+            (a_marlin, *marlin),
+            {"c": torch.empty(3, N_Q, dtype=torch.float16, device=dev)},
+        ),
+    ]
+    for op, args, kwargs in cases:
+        torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.cuda
+def test_cuda_gemm_family_compiles_fullgraph_and_matches_eager():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    inputs = _quant_pipeline_inputs("cuda")
+    eager_inputs, compiled_inputs = _clone(inputs), _clone(inputs)
+    expected = _quant_pipeline(*eager_inputs)
+    got = torch.compile(_quant_pipeline, fullgraph=True)(*compiled_inputs)
+    torch.cuda.synchronize()
+    assert got[1] is compiled_inputs[-1]  # c= is written and returned
+    for a, b in zip((*got, *compiled_inputs), (*expected, *eager_inputs), strict=True):
+        torch.testing.assert_close(a, b)  # c started as NaN: written everywhere
+    assert not compiled_inputs[5].any()  # the workspace is left zeroed
+    explanation = torch._dynamo.explain(_quant_pipeline)(*_clone(inputs))
+    assert explanation.graph_break_count == 0

@@ -88,13 +88,15 @@ class TorchOp:
         self.devices: set[str] = set()
         _library.define(name + schema)
         torch.library.register_fake(f"{NAMESPACE}::{name}", fake or _no_output, lib=_library)
-        if not schema.endswith("-> ()"):  # ops that only write their arguments: no grads
+        packet = getattr(torch.ops, NAMESPACE)
+        self.functional = getattr(packet, name).default
+        # Ops that write an argument (gptq_marlin_gemm's workspace, fused_add_rmsnorm)
+        # have no grads, and torch.library.register_autograd refuses them.
+        if not self.functional._schema.is_mutable:
             backward, setup = autograd or (_no_backward, _refuse_grad(name))
             torch.library.register_autograd(
                 f"{NAMESPACE}::{name}", backward, setup_context=setup, lib=_library
             )
-        packet = getattr(torch.ops, NAMESPACE)
-        self.functional = getattr(packet, name).default
         self.in_place = None
         if out is not None:
             _library.define(f"{name}.out{_with_out_buffer(schema, out)}")

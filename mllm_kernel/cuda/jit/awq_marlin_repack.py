@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cuda.jit.gptq_marlin_repack import check_packed, check_repack_sizes
+from mllm_kernel.cuda.jit.gptq_marlin_repack import (
+    check_packed,
+    check_repack_sizes,
+    marlin_repacked_empty,
+)
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
 
 _REPACK = KernelModule(
     "awq_marlin_repack",
@@ -32,6 +39,8 @@ def awq_marlin_repack(
     >>> awq_marlin_repack(q, 4096, 4096, 4).shape  # doctest: +SKIP
     torch.Size([256, 8192])
     """
+    if _tracing():
+        return AWQ_MARLIN_REPACK_OP(b_q_weight, size_k, size_n, num_bits)
     b_q_weight = op_inputs.tensor(b_q_weight, "b_q_weight")
     size_k, size_n, num_bits = check_repack_sizes(size_k, size_n, num_bits)
     pack = 32 // num_bits
@@ -46,6 +55,13 @@ def awq_marlin_repack(
         op_inputs.explain(error, "cuda", b_q_weight=b_q_weight)
         raise
     return out
+
+
+AWQ_MARLIN_REPACK_OP = torch_op(
+    "awq_marlin_repack",
+    "(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits) -> Tensor",
+    fake=marlin_repacked_empty,
+).implement("cuda", awq_marlin_repack)
 
 
 __all__ = ["awq_marlin_repack"]

@@ -18,6 +18,9 @@ import torch
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _H100_SMS = 132
@@ -269,6 +272,8 @@ def gemm(
     >>> gemm(a, w).shape
     torch.Size([16, 14336])
     """
+    if _tracing():
+        return GEMM_OP(a, b, bias=bias, out_dtype=out_dtype, out=out)
     a, b = op_inputs.tensor(a, "a"), op_inputs.tensor(b, "b")
     bias = op_inputs.optional_tensor(bias, "bias")
     try:
@@ -281,6 +286,22 @@ def gemm(
     except Exception as error:
         op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
         raise
+
+
+def _gemm_op(a, b, bias=None, out_dtype=None, *, out=None) -> torch.Tensor:
+    """:func:`gemm` with the op's argument order: torch ops take no keyword-only tensor
+    but the output buffer, so ``bias`` is positional there."""
+    return gemm(a, b, out, bias=bias, out_dtype=out_dtype)
+
+
+GEMM_OP = torch_op(
+    "gemm",
+    "(Tensor a, Tensor b, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor",
+    fake=lambda a, b, bias=None, out_dtype=None: a.new_empty(
+        (a.shape[0], b.shape[0]), dtype=out_dtype or a.dtype
+    ),
+    out="out",
+).implement("cuda", _gemm_op)
 
 
 _DTYPE_NAMES = {

@@ -22,7 +22,10 @@ import torch
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
 from mllm_kernel.scalar_type import ScalarType, scalar_types
+
+_tracing = torch.compiler.is_dynamo_compiling
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _M_BLOCKS = (1, 4)  # compiled row blocks of 16: M <= 16 and M <= 64 per CTA
@@ -247,6 +250,11 @@ def gptq_marlin_gemm(
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
     ...                        scalar_types.uint4b8.id, m, n, k)  # doctest: +SKIP
     """
+    if _tracing():
+        return GPTQ_MARLIN_GEMM_OP(
+            a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
+            size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, c=c,
+        )  # fmt: skip
     a = op_inputs.tensor(a, "a")
     b_q_weight = op_inputs.tensor(b_q_weight, "b_q_weight")
     b_scales = op_inputs.tensor(b_scales, "b_scales")
@@ -379,6 +387,40 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         bias, how.split, how.k_tiles_per_split,
     )  # fmt: skip
     return c
+
+
+def _gptq_marlin_gemm_op(
+    a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
+    size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False,
+    is_zp_float=False, c=None,
+) -> torch.Tensor:  # fmt: skip
+    """:func:`gptq_marlin_gemm` with the output buffer ``c`` as the op's keyword ``c=``:
+    a torch op may not return its argument, so writing ``c`` is the op's ``.out``
+    overload and the functional op allocates its result."""
+    return gptq_marlin_gemm(
+        a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
+        size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float,
+    )  # fmt: skip
+
+
+def _gptq_marlin_gemm_fake(
+    a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
+    size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False,
+    is_zp_float=False,
+) -> torch.Tensor:  # fmt: skip
+    return a.new_empty((size_m, size_n))
+
+
+# The workspace is written during the call (split-K counters) and left zeroed: mutated.
+GPTQ_MARLIN_GEMM_OP = torch_op(
+    "gptq_marlin_gemm",
+    "(Tensor a, Tensor b_q_weight, Tensor b_scales, Tensor? global_scale, Tensor? b_zeros, "
+    "Tensor? g_idx, Tensor? perm, Tensor(b!) workspace, int b_q_type_id, SymInt size_m, "
+    "SymInt size_n, SymInt size_k, bool is_k_full=True, bool use_atomic_add=False, "
+    "bool use_fp32_reduce=False, bool is_zp_float=False) -> Tensor",
+    fake=_gptq_marlin_gemm_fake,
+    out="c",
+).implement("cuda", _gptq_marlin_gemm_op)
 
 
 __all__ = ["DEQUANT_GEMM_MIN_M", "Plan", "gptq_marlin_gemm", "plan"]

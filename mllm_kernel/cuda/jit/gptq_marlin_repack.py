@@ -7,6 +7,9 @@ import torch
 
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
 
 _REPACK = KernelModule(
     "gptq_marlin_repack",
@@ -84,6 +87,8 @@ def gptq_marlin_repack(
     >>> gptq_marlin_repack(q, None, 4096, 4096, 4).shape  # doctest: +SKIP
     torch.Size([256, 8192])
     """
+    if _tracing():
+        return GPTQ_MARLIN_REPACK_OP(b_q_weight, perm, size_k, size_n, num_bits)
     b_q_weight = op_inputs.tensor(b_q_weight, "b_q_weight")
     perm = op_inputs.optional_tensor(perm, "perm")
     size_k, size_n, num_bits = check_repack_sizes(size_k, size_n, num_bits)
@@ -100,6 +105,22 @@ def gptq_marlin_repack(
         op_inputs.explain(error, "cuda", b_q_weight=b_q_weight, perm=perm)
         raise
     return out
+
+
+def marlin_repacked_empty(
+    b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int
+) -> torch.Tensor:
+    """A new tensor of the shape and dtype the repacks return (their fake implementation)."""
+    return b_q_weight.new_empty((size_k // 16, size_n * num_bits // 2), dtype=torch.int32)
+
+
+GPTQ_MARLIN_REPACK_OP = torch_op(
+    "gptq_marlin_repack",
+    "(Tensor b_q_weight, Tensor? perm, SymInt size_k, SymInt size_n, int num_bits) -> Tensor",
+    fake=lambda b_q_weight, perm, size_k, size_n, num_bits: marlin_repacked_empty(
+        b_q_weight, size_k, size_n, num_bits
+    ),
+).implement("cuda", gptq_marlin_repack)
 
 
 __all__ = ["gptq_marlin_repack"]

@@ -18,6 +18,9 @@ import torch
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, _hopper_sms, choose_tile
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -120,6 +123,8 @@ def int8_scaled_mm(
     >>> int8_scaled_mm(x_q, w_q.t(), x_scale, w_scale, torch.bfloat16).shape
     torch.Size([M, N])
     """
+    if _tracing():
+        return INT8_SCALED_MM_OP(mat_a, mat_b, scales_a, scales_b, out_dtype, bias)
     mat_a, mat_b = op_inputs.tensor(mat_a, "mat_a"), op_inputs.tensor(mat_b, "mat_b")
     scales_a = op_inputs.tensor(scales_a, "scales_a")
     scales_b = op_inputs.tensor(scales_b, "scales_b")
@@ -152,3 +157,13 @@ def int8_scaled_mm(
             bias=bias,
         )
         raise
+
+
+INT8_SCALED_MM_OP = torch_op(
+    "int8_scaled_mm",
+    "(Tensor mat_a, Tensor mat_b, Tensor scales_a, Tensor scales_b, ScalarType out_dtype, "
+    "Tensor? bias=None) -> Tensor",
+    fake=lambda mat_a, mat_b, scales_a, scales_b, out_dtype, bias=None: mat_a.new_empty(
+        (mat_a.shape[0], mat_b.shape[1]), dtype=out_dtype
+    ),
+).implement("cuda", int8_scaled_mm)

@@ -6,6 +6,9 @@ import torch
 
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
+from mllm_kernel.jit_utils.torch_op import torch_op
+
+_tracing = torch.compiler.is_dynamo_compiling
 
 _QUANT = KernelModule(
     "per_token_quant",
@@ -31,6 +34,8 @@ def per_token_quant_int8(
     >>> x_q.dtype, scales.shape
     (torch.int8, torch.Size([16, 1]))
     """
+    if _tracing():
+        return PER_TOKEN_QUANT_INT8_OP(x, scale_dtype)
     x = op_inputs.tensor(x, "x")
     if scale_dtype != torch.float32:
         raise ValueError(
@@ -45,3 +50,20 @@ def per_token_quant_int8(
         op_inputs.explain(error, "cuda", x=x)
         raise
     return x_q, scales
+
+
+def _per_token_quant_int8_fake(
+    x: torch.Tensor, scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # New contiguous tensors, as the eager op allocates them (x's strides are not kept).
+    return (
+        x.new_empty(x.shape, dtype=torch.int8),
+        x.new_empty((*x.shape[:-1], 1), dtype=torch.float32),
+    )
+
+
+PER_TOKEN_QUANT_INT8_OP = torch_op(
+    "per_token_quant_int8",
+    "(Tensor x, ScalarType scale_dtype=float32) -> (Tensor, Tensor)",
+    fake=_per_token_quant_int8_fake,
+).implement("cuda", per_token_quant_int8)
