@@ -40,7 +40,7 @@ from bench_cuda import copy_bandwidth, l2_bytes, time_interleaved  # noqa: E402
 
 from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8  # noqa: E402
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile  # noqa: E402
-from mllm_kernel.cuda.jit.int8_gemm import _launch  # noqa: E402
+from mllm_kernel.cuda.jit.int8_scaled_mm import _launch  # noqa: E402
 
 LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192)]
 LLAMA_M = [1, 4, 16, 64, 256, 1024, 4096]

@@ -11,7 +11,9 @@ import re
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,15 +61,53 @@ CUDA_VARIANTS = [
 ]
 
 
+def _build_all(arch: str, jobs: list[tuple[Any, tuple[Any, ...]]], root: Path) -> dict:
+    """Builds every (entry, variant) of ``jobs`` for ``arch`` into ``root``, as many at
+    once as there are cores (nvcc is single-threaded: CI's 2 cores halve the wall time
+    of this file), and maps each job to its build result or the exception it raised."""
+    with cuda_arch_override(arch):
+        specs = [entry.plan(variant) for entry, variant in jobs]
+
+    def run(index):
+        spec, where = specs[index], root / str(index)
+        where.mkdir(parents=True)
+        started = time.monotonic()
+        try:
+            result = build(spec, where, where / "build.log")
+        except Exception as error:  # reported by the job's own test
+            return spec, error
+        print(f"{spec.describe()}: {time.monotonic() - started:.1f}s")
+        return spec, result
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        outcomes = pool.map(run, range(len(jobs)))
+        return {(e.name, v): outcome for (e, v), outcome in zip(jobs, outcomes, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def sm90a_builds(tmp_path_factory):
+    jobs = [tuple(param.values) for param in CUDA_VARIANTS]
+    return _build_all("9.0a", jobs, tmp_path_factory.mktemp("sm90a"))
+
+
+@pytest.fixture(scope="module")
+def sm80_builds(tmp_path_factory):
+    jobs = [tuple(param.values) for param in SM80_VARIANTS]
+    return _build_all("8.0", jobs, tmp_path_factory.mktemp("sm80"))
+
+
+def _outcome(builds: dict, entry: Any, variant: tuple[Any, ...]):
+    spec, outcome = builds[(entry.name, variant)]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return spec, outcome
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize(("entry", "variant"), CUDA_VARIANTS)
-def test_compiles_for_sm90a(entry, variant, tmp_path):
-    with cuda_arch_override("9.0a"):
-        spec = entry.plan(variant)
+def test_compiles_for_sm90a(entry, variant, sm90a_builds):
+    spec, result = _outcome(sm90a_builds, entry, variant)
     assert [str(a) for a in spec.cuda_archs] == ["9.0a"]
-    started = time.monotonic()
-    result = build(spec, tmp_path, tmp_path / "build.log")
-    print(f"{spec.describe()}: {time.monotonic() - started:.1f}s")
     assert result.artifact.is_file()
     instruction = EXPECTED_SASS.get(entry.name)
     if instruction:
@@ -76,15 +116,14 @@ def test_compiles_for_sm90a(entry, variant, tmp_path):
         )
 
 
+SM80_VARIANTS = [pytest.param(e, e.variants[0], id=e.name) for e in registry.kernels("cuda")]
+
+
 @pytest.mark.nvcc
-@pytest.mark.parametrize(
-    ("entry", "variant"),
-    [pytest.param(e, e.variants[0], id=e.name) for e in registry.kernels("cuda")],
-)
-def test_compiles_for_sm80(entry, variant, tmp_path):
-    with cuda_arch_override("8.0"):
-        spec = entry.plan(variant)
-    result = build(spec, tmp_path, tmp_path / "build.log")
+@pytest.mark.parametrize(("entry", "variant"), SM80_VARIANTS)
+def test_compiles_for_sm80(entry, variant, sm80_builds):
+    spec, result = _outcome(sm80_builds, entry, variant)
+    assert [str(a) for a in spec.cuda_archs] == ["8.0"]
     assert result.artifact.is_file()
 
 

@@ -15,7 +15,7 @@ import torch
 from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile
 
-int8_module = importlib.import_module("mllm_kernel.cuda.jit.int8_gemm")
+int8_module = importlib.import_module("mllm_kernel.cuda.jit.int8_scaled_mm")
 
 OUT_DTYPES = [torch.bfloat16, torch.float16]
 # The issue's M grid, N tails (multiples of 8) and K tails (multiples of 16) that cross
@@ -109,9 +109,10 @@ def test_original_module_path_and_signature():
     its parameter names and defaults; per_token_quant_int8 keeps its scale_dtype."""
     import inspect
 
-    from mllm_kernel.cuda.jit.int8_scaled_mm_cutlass import int8_scaled_mm as original_path
+    from mllm_kernel.cuda.jit.int8_scaled_mm import int8_scaled_mm as original_path
+    from mllm_kernel.cuda.jit.int8_scaled_mm_cutlass import int8_scaled_mm as cutlass_path
 
-    assert original_path is int8_scaled_mm
+    assert original_path is int8_scaled_mm and cutlass_path is int8_scaled_mm
     params = inspect.signature(int8_scaled_mm).parameters
     assert list(params) == ["mat_a", "mat_b", "scales_a", "scales_b", "out_dtype", "bias"]
     assert params["bias"].default is None

@@ -18,7 +18,7 @@ from mllm_kernel.cuda.jit import (
     marlin_zero_points,
 )
 from mllm_kernel.cuda.jit.gptq_marlin import plan
-from mllm_kernel.scalar_type import ScalarType, scalar_types
+from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 
 
 def test_scalar_type_ids_are_the_formats_ids():

@@ -503,7 +503,7 @@ def _meta(*shape, dtype=torch.bfloat16):
 def _marlin_meta_args(m=M_Q, dtype=torch.bfloat16):
     """gptq_marlin_gemm's arguments (uint4b8, 2 groups, no act-order) on meta tensors,
     without its c."""
-    from mllm_kernel.scalar_type import scalar_types
+    from mllm_kernel.cuda.jit.scalar_type import scalar_types
 
     return (
         _meta(m, K_Q, dtype=dtype),
@@ -581,7 +581,7 @@ def test_fake_per_token_quant_int8_is_int8_values_and_one_scale_per_row():
 def _quant_pipeline(x, w_q, w_scale, b_q, b_scales, workspace, w_out, c):
     """per-token int8 -> W8A8 GEMM -> 4-bit Marlin GEMM (into c, and into a new
     tensor) -> dense GEMM: every GEMM-family op of the package, as a model calls them."""
-    from mllm_kernel.scalar_type import scalar_types
+    from mllm_kernel.cuda.jit.scalar_type import scalar_types
 
     x_q, x_scale = cuda.per_token_quant_int8(x)
     h = cuda.int8_scaled_mm(x_q, w_q.t(), x_scale, w_scale, torch.bfloat16)
@@ -666,7 +666,7 @@ def test_gemm_family_eager_calls_do_not_go_through_the_dispatcher():
 @pytest.mark.cuda
 def test_opcheck_cuda_gemm_family():
     from mllm_kernel.cuda.jit import marlin_make_workspace
-    from mllm_kernel.scalar_type import scalar_types
+    from mllm_kernel.cuda.jit.scalar_type import scalar_types
 
     dev = "cuda"
     torch.manual_seed(0)

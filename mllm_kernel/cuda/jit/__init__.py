@@ -7,11 +7,10 @@ functions here call their kernels directly.
 
 The original mllm-kernel's module paths (``mllm_kernel.cuda.jit.store_cache``,
 ``.create_kv_indices``, ``.rms_norm_gated``, ``.add_constant``, ``.gptq_marlin``,
-``.gptq_marlin_repack``, ``.awq_marlin_repack``, ``.int8_scaled_mm_cutlass``) are
-modules too. They
-are imported below, before the function of the same name is bound here: importing a
-submodule for the first time sets the package attribute to the module, and that must
-not replace the function later.
+``.gptq_marlin_repack``, ``.awq_marlin_repack``, ``.int8_scaled_mm``,
+``.int8_scaled_mm_cutlass``) are modules too. They are imported below, before the
+function of the same name is bound here: importing a submodule for the first time sets
+the package attribute to the module, and that must not replace the function later.
 """
 
 from mllm_kernel.cuda.jit.activation import (
@@ -26,7 +25,7 @@ from mllm_kernel.cuda.jit.create_kv_indices import create_kv_indices
 from mllm_kernel.cuda.jit.gemm import gemm
 from mllm_kernel.cuda.jit.gptq_marlin import gptq_marlin_gemm
 from mllm_kernel.cuda.jit.gptq_marlin_repack import gptq_marlin_repack
-from mllm_kernel.cuda.jit.int8_gemm import int8_scaled_mm
+from mllm_kernel.cuda.jit.int8_scaled_mm import int8_scaled_mm
 from mllm_kernel.cuda.jit.marlin_format import (
     awq_to_marlin_zero_points,
     marlin_make_workspace,
@@ -37,9 +36,9 @@ from mllm_kernel.cuda.jit.per_token_quant import per_token_quant_int8
 from mllm_kernel.cuda.jit.rms_norm_gated import rms_norm_gated
 from mllm_kernel.cuda.jit.rmsnorm import fused_add_rmsnorm, rmsnorm, rmsnorm_backward
 from mllm_kernel.cuda.jit.rope import apply_rope_with_cos_sin_cache_inplace
+from mllm_kernel.cuda.jit.scalar_type import scalar_types
 from mllm_kernel.cuda.jit.softmax import softmax, softmax_backward
 from mllm_kernel.cuda.jit.store_cache import can_use_store_cache, store_cache
-from mllm_kernel.scalar_type import scalar_types
 
 __all__ = [
     "add_constant",

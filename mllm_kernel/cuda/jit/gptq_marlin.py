@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import torch_op
-from mllm_kernel.scalar_type import ScalarType, scalar_types
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -163,7 +163,7 @@ def _weight_type(b_q_type_id: object) -> WeightType:
         names = ", ".join(f"scalar_types.{w.scalar_type}.id" for w in _WEIGHT_TYPES.values())
         raise ValueError(
             f"argument 'b_q_type_id': {type_id} is not a supported weight type; use one of "
-            f"{names} (mllm_kernel.scalar_type)"
+            f"{names} (mllm_kernel.cuda.jit.scalar_type)"
         )
     return weight_type
 
@@ -246,7 +246,7 @@ def gptq_marlin_gemm(
     Needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
     with sm_90a code, M >= :data:`DEQUANT_GEMM_MIN_M` runs dequantize + wgmma GEMM.
 
-    >>> from mllm_kernel.scalar_type import scalar_types
+    >>> from mllm_kernel.cuda.jit.scalar_type import scalar_types
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
     ...                        scalar_types.uint4b8.id, m, n, k)  # doctest: +SKIP
     """

@@ -8,7 +8,7 @@ bias (32), finite_values_only (1), nan_repr (8); the ids therefore equal those o
 vLLM's and the original mllm-kernel's ``ScalarType``, and kernels take them as
 ``b_q_type_id``.
 
->>> from mllm_kernel.scalar_type import scalar_types
+>>> from mllm_kernel.cuda.jit.scalar_type import scalar_types
 >>> scalar_types.uint4b8.id
 1125899907892224
 >>> scalar_types.uint4b8.size_bits, scalar_types.uint4b8.bias
