@@ -73,15 +73,15 @@ def test_silu_and_mul_empty():
 
 
 def test_silu_and_mul_errors():
-    with pytest.raises(ValueError, match=r"'x'.*even.*\[2, 7\]"):
+    with pytest.raises(ValueError, match=r"'input'.*even.*\[2, 7\]"):
         silu_and_mul(torch.randn(2, 7))
     with pytest.raises(ValueError, match=r"'out'.*\[2, 4\]"):
         silu_and_mul(torch.randn(2, 8), out=torch.empty(2, 8))
     with pytest.raises(TypeError, match=r"'out'.*bfloat16"):
         silu_and_mul(torch.randn(2, 8), out=torch.empty(2, 4, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match=r"'x'.*float64"):
+    with pytest.raises(TypeError, match=r"'input'.*float64"):
         silu_and_mul(torch.randn(2, 8, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"'x'.*stride"):
+    with pytest.raises(ValueError, match=r"'input'.*stride"):
         silu_and_mul(torch.randn(8, 2).t())
-    with pytest.raises(ValueError, match="'x'"):
+    with pytest.raises(ValueError, match="'input'"):
         silu_and_mul(torch.tensor(1.0))

@@ -125,7 +125,7 @@ def test_add_constant_takes_any_integer_type():
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.bool, torch.int8], ids=str)
 def test_add_constant_rejects_dtype(dtype):
     name = str(dtype).removeprefix("torch.")
-    with pytest.raises(TypeError, match=rf"'x'.*{name}"):
+    with pytest.raises(TypeError, match=rf"'src'.*{name}"):
         add_constant(torch.zeros(4, dtype=dtype), 1)
 
 
@@ -164,5 +164,5 @@ def test_add_constant_runtime_special_values():
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8], ids=str)
 def test_add_constant_runtime_rejects_dtype(dtype):
     name = str(dtype).removeprefix("torch.")
-    with pytest.raises(TypeError, match=rf"'x'.*{name}"):
+    with pytest.raises(TypeError, match=rf"'src'.*{name}"):
         add_constant_runtime(torch.zeros(4, dtype=dtype), 1.0)

@@ -106,19 +106,19 @@ def test_empty():
 
 def test_rmsnorm_errors():
     x, weight = torch.randn(4, 8), torch.randn(8)
-    with pytest.raises(TypeError, match=r"'x'.*float64"):
+    with pytest.raises(TypeError, match=r"'input'.*float64"):
         rmsnorm(x.double(), weight.double())
     with pytest.raises(TypeError, match=r"'weight'.*bfloat16"):
         rmsnorm(x, weight.bfloat16())
     with pytest.raises(ValueError, match=r"'weight'.*hidden"):
         rmsnorm(x, torch.randn(7))
-    with pytest.raises(ValueError, match=r"'x'.*stride"):
+    with pytest.raises(ValueError, match=r"'input'.*stride"):
         rmsnorm(torch.randn(8, 4).t(), weight)
     with pytest.raises(ValueError, match=r"'out'.*\[4, 8\]"):
         rmsnorm(x, weight, out=torch.empty(4, 9))
     with pytest.raises(TypeError, match=r"'out'.*float16"):
         rmsnorm(x, weight, out=torch.empty(4, 8, dtype=torch.float16))
-    with pytest.raises(ValueError, match="'x'"):
+    with pytest.raises(ValueError, match="'input'"):
         rmsnorm(torch.tensor(1.0), torch.randn(1))
 
 
@@ -128,7 +128,7 @@ def test_fused_add_rmsnorm_errors():
         fused_add_rmsnorm(x, torch.randn(5, 8), weight)
     with pytest.raises(TypeError, match=r"'residual'.*bfloat16"):
         fused_add_rmsnorm(x, torch.randn(4, 8).bfloat16(), weight)
-    with pytest.raises(TypeError, match=r"'x'.*int32"):
+    with pytest.raises(TypeError, match=r"'input'.*int32"):
         fused_add_rmsnorm(x.int(), x.int(), weight.int())
     with pytest.raises(ValueError, match="'weight'"):
         fused_add_rmsnorm(x, torch.randn(4, 8), torch.randn(4))

@@ -72,7 +72,7 @@ def test_runtime_int32_needs_an_integer():
     from mllm_kernel.cuda.jit import add_constant_runtime
 
     x = torch.zeros(4, dtype=torch.int32, device="cuda")
-    with pytest.raises(ValueError, match="'c'"):
+    with pytest.raises(ValueError, match="'constant'"):
         add_constant_runtime(x, 0.5)
 
 
@@ -105,7 +105,7 @@ def test_bad_inputs():
     from mllm_kernel.cuda.jit import add_constant
 
     x = torch.zeros(8, device="cuda")
-    with pytest.raises(TypeError, match=r"'x'.*float64"):
+    with pytest.raises(TypeError, match=r"'src'.*float64"):
         add_constant(x.double(), 8)
     with pytest.raises(ValueError, match="'out'"):
         add_constant(x, 8, out=torch.zeros(9, device="cuda"))
@@ -113,5 +113,5 @@ def test_bad_inputs():
         add_constant(x, 8, out=torch.zeros(8, device="cuda", dtype=torch.float16))
     with pytest.raises(ValueError, match="'out'"):
         add_constant(x, 8, out=torch.zeros(8))
-    with pytest.raises(ValueError, match="'x'"):
+    with pytest.raises(ValueError, match="'src'"):
         add_constant(torch.zeros(4, 4, device="cuda").t(), 8)

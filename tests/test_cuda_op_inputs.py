@@ -198,16 +198,67 @@ def test_softmax_dim_out_of_range_is_an_index_error(no_arch_no_compile):
 def test_add_constant_refuses_overlapping_out():
     x = torch.randn(8, 8, device="cuda")
     with pytest.raises(
-        ValueError, match=r"^argument 'out': (overlaps argument 'x'|expected a contig)"
+        ValueError, match=r"^argument 'out': (overlaps argument 'src'|expected a contig)"
     ):
         cuda.add_constant(x, 8, out=x.t())
     b = torch.randn(65, device="cuda")
-    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'.*or 'x' itself"):
+    with pytest.raises(
+        ValueError, match=r"^argument 'out': overlaps argument 'src'.*or 'src' itself"
+    ):
         cuda.add_constant(b[:64], 1, out=b[1:])
     y = torch.randn(64, device="cuda")
     expected = y + 2
     assert cuda.add_constant(y, 2, out=y) is y  # in place on the same view is supported
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+def _cuda(*shape):
+    return torch.randn(*shape, device="cuda")
+
+
+# The C++ checks name the Python argument (issue 17 point 6): before, a bad tensor
+# passed as add_constant(src=...) was reported as argument 'x'.
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        (lambda bad: cuda.rmsnorm(input=bad, weight=_cuda(8)), "input"),
+        (
+            lambda bad: cuda.fused_add_rmsnorm(input=bad, residual=_cuda(4, 8), weight=_cuda(8)),
+            "input",
+        ),
+        (lambda bad: cuda.rms_norm_gated(x=bad, weight=_cuda(8), z=_cuda(4, 8)), "x"),
+        (lambda bad: cuda.silu_and_mul(input=bad), "input"),
+        (lambda bad: cuda.gelu_and_mul(input=bad), "input"),
+        (lambda bad: cuda.gelu_tanh_and_mul(input=bad), "input"),
+        (lambda bad: cuda.add_constant(src=bad, constant=4), "src"),
+        (lambda bad: cuda.add_constant_runtime(src=bad, constant=0.5), "src"),
+        (lambda bad: cuda.softmax(x=bad), "x"),
+        (lambda bad: cuda.softmax_backward(grad_out=bad, out=_cuda(4, 8)), "grad_out"),
+    ],
+    ids=[
+        "rmsnorm",
+        "fused_add_rmsnorm",
+        "rms_norm_gated",
+        "silu_and_mul",
+        "gelu_and_mul",
+        "gelu_tanh_and_mul",
+        "add_constant",
+        "runtime",
+        "softmax",
+        "softmax_backward",
+    ],
+)
+def test_dtype_error_names_the_keyword_the_caller_wrote(call, arg):
+    with pytest.raises(TypeError, match=rf"^argument '{arg}': .*uint8"):
+        call(torch.zeros(4, 8, dtype=torch.uint8, device="cuda"))
+
+
+@pytest.mark.cuda
+def test_runtime_constant_error_names_the_keyword_the_caller_wrote():
+    src = torch.zeros(4, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"^argument 'constant': an int32 tensor needs an int"):
+        cuda.add_constant_runtime(src=src, constant=0.5)
 
 
 @pytest.mark.cuda

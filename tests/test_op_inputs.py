@@ -213,17 +213,45 @@ def test_softmax_dim_out_of_range_is_an_index_error_naming_dim():
 def test_strided_last_dim_error_says_call_contiguous(op):
     fn, args = CPU_OPS[op]
     strided = torch.randn(8, 4).t()
-    with pytest.raises(ValueError, match=r"'x'.*stride 1 in the last dim.*call \.contiguous\(\)"):
+    with pytest.raises(
+        ValueError, match=r"'input'.*stride 1 in the last dim.*call \.contiguous\(\)"
+    ):
         fn(**{**args, "input": strided})
 
 
+# The C++ checks name the Python argument (issue 17 point 6): before, a bad tensor
+# passed as rmsnorm(input=...) was reported as argument 'x'.
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        (lambda bad: cpu.rmsnorm(input=bad, weight=torch.randn(8)), "input"),
+        (
+            lambda bad: cpu.fused_add_rmsnorm(
+                input=bad, residual=torch.randn(4, 8), weight=torch.randn(8)
+            ),
+            "input",
+        ),
+        (lambda bad: cpu.silu_and_mul(input=bad), "input"),
+        (lambda bad: cpu.add_constant(src=bad, constant=4), "src"),
+        (lambda bad: cpu.add_constant_runtime(src=bad, constant=0.5), "src"),
+        (lambda bad: cpu.softmax(x=bad), "x"),
+    ],
+    ids=["rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "add_constant", "runtime", "softmax"],
+)
+def test_cpu_dtype_error_names_the_keyword_the_caller_wrote(call, arg):
+    with pytest.raises(TypeError, match=rf"^argument '{arg}': .*uint8"):
+        call(torch.zeros(4, 8, dtype=torch.uint8))
+
+
 # --------------------------------------------------------------------------- overlaps (CPU)
-def test_add_constant_refuses_out_overlapping_x():
+def test_add_constant_refuses_out_overlapping_src():
     x = torch.randn(4, 4)
-    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'.*or 'x' itself"):
+    with pytest.raises(
+        ValueError, match=r"^argument 'out': overlaps argument 'src'.*or 'src' itself"
+    ):
         cpu.add_constant(x, 8, out=x.t())
     b = torch.randn(65)
-    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'"):
+    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'src'"):
         cpu.add_constant(b[:64], 1, out=b[1:])
 
 
@@ -247,17 +275,19 @@ def test_fused_add_rmsnorm_refuses_zero_strides_and_overlaps():
     weight = torch.randn(8)
     with pytest.raises(ValueError, match=r"^argument 'residual': has stride 0"):
         cpu.fused_add_rmsnorm(torch.randn(4, 8), torch.randn(1, 8).expand(4, 8), weight)
-    with pytest.raises(ValueError, match=r"^argument 'x': has stride 0"):
+    with pytest.raises(ValueError, match=r"^argument 'input': has stride 0"):
         cpu.fused_add_rmsnorm(torch.randn(1, 8).expand(4, 8), torch.randn(4, 8), weight)
     buf = torch.randn(4, 8)
-    with pytest.raises(ValueError, match=r"^argument 'x': is the same memory as argument 'resid"):
+    with pytest.raises(
+        ValueError, match=r"^argument 'input': is the same memory as argument 'resid"
+    ):
         cpu.fused_add_rmsnorm(buf, buf, weight)
     w = torch.randn(4, 8)
-    with pytest.raises(ValueError, match=r"^argument 'x': overlaps argument 'weight'"):
+    with pytest.raises(ValueError, match=r"^argument 'input': overlaps argument 'weight'"):
         cpu.fused_add_rmsnorm(w, torch.randn(4, 8), w[1])
 
 
-def test_rmsnorm_out_may_be_x_itself_but_not_weight():
+def test_rmsnorm_out_may_be_input_itself_but_not_weight():
     x, weight = torch.randn(4, 8), torch.randn(8)
     expected = cpu.rmsnorm(x, weight)
     assert cpu.rmsnorm(x, weight, out=x) is x
@@ -266,9 +296,9 @@ def test_rmsnorm_out_may_be_x_itself_but_not_weight():
         cpu.rmsnorm(torch.randn(1, 8), x[1], out=x[1:2])
 
 
-def test_silu_and_mul_refuses_out_inside_x():
+def test_silu_and_mul_refuses_out_inside_input():
     x = torch.randn(4, 16)
-    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'"):
+    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'input'"):
         cpu.silu_and_mul(x, out=x[:, :8])
 
 
@@ -293,5 +323,5 @@ def test_disjoint_views_of_one_buffer_are_accepted():
 
 def test_overlapping_but_shifted_views_are_refused():
     buf = torch.randn(5, 24)
-    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'"):
+    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'src'"):
         cpu.add_constant(buf[:, 8:16], 4, out=buf[:, 7:15])

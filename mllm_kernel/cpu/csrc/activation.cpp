@@ -1,5 +1,6 @@
-// SwiGLU's gate: out = silu(x[..., :d]) * x[..., d:] for x of last dim 2d, and its
-// backward. Rows may be strided; each row must be contiguous. Computed in float32.
+// SwiGLU's gate: out = silu(input[..., :d]) * input[..., d:] for input of last dim
+// 2d, and its backward. Rows may be strided; each row must be contiguous. Computed in
+// float32.
 #include <cstdint>
 
 #include "mllm_kernel/cpu/parallel.hpp"
@@ -21,7 +22,7 @@ inline int64_t half_width(const TensorView& x, const char* arg, const SymbolicSi
 
 }  // namespace silu_and_mul_detail
 
-inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
+inline void silu_and_mul(TensorView out, TensorView input, int64_t num_threads) {
   SymbolicSize width{"2d"};
   SymbolicDtype dtype;
   SymbolicDevice device;
@@ -29,20 +30,20 @@ inline void silu_and_mul(TensorView out, TensorView x, int64_t num_threads) {
       .dtype<fp32_t, bf16_t, fp16_t>(dtype)
       .device(kDLCPU, device)
       .rows(width)
-      .verify(x, "x");
-  const int64_t d = silu_and_mul_detail::half_width(x, "x", width);
+      .verify(input, "input");
+  const int64_t d = silu_and_mul_detail::half_width(input, "input", width);
   TensorMatcher()
       .dtype(dtype)
       .device(kDLCPU, device)
-      .same_shape_as(x, "x", d)
+      .same_shape_as(input, "input", d)
       .last_dim_contiguous()
       .verify(out, "out");
-  verify_output(out, "out", {{x, "x"}});
+  verify_output(out, "out", {{input, "input"}});
 
-  const RowLayout x_rows(x), out_rows(out);
-  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
+  const RowLayout x_rows(input), out_rows(out);
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "input", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* x_data = data_ptr<const T>(x);
+    const T* x_data = data_ptr<const T>(input);
     T* out_data = data_ptr<T>(out);
     parallel_for(x_rows.rows(), d * (3 + kExpCost), num_threads, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {

@@ -1,4 +1,4 @@
-// out = x + c, element-wise, for a compile-time constant C (one instantiation
+// out = src + c, element-wise, for a compile-time constant C (one instantiation
 // per constant) or a run-time float. Any rank and layout; one module handles
 // every dtype, dispatching at run time.
 #include <cstdint>
@@ -25,33 +25,33 @@ T add(T v, Scalar c) {
   }
 }
 
-/// out = x + c for x of one of the dtypes Ts.
+/// out = src + c for src of one of the dtypes Ts.
 template <typename... Ts, typename Scalar>
-void run(TensorView out, TensorView x, Scalar c, int64_t num_threads) {
+void run(TensorView out, TensorView src, Scalar c, int64_t num_threads) {
   SymbolicDtype dtype;
   SymbolicDevice device;
-  TensorMatcher().dtype<Ts...>(dtype).device(kDLCPU, device).verify(x, "x");
-  TensorMatcher().dtype(dtype).device(kDLCPU, device).same_shape_as(x, "x").verify(out, "out");
+  TensorMatcher().dtype<Ts...>(dtype).device(kDLCPU, device).verify(src, "src");
+  TensorMatcher().dtype(dtype).device(kDLCPU, device).same_shape_as(src, "src").verify(out, "out");
   // Each element is read before it is written by the same thread: in place works.
-  verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
-  dispatch_dtype<Ts...>(dtype.value(), "x", [&](auto tag) {
+  verify_output(out, "out", {{src, "src", Aliasing::kSameView}});
+  dispatch_dtype<Ts...>(dtype.value(), "src", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unary_map<T, T>(out, x, num_threads, [c](T v) { return add(v, c); });
+    unary_map<T, T>(out, src, num_threads, [c](T v) { return add(v, c); });
   });
 }
 
 }  // namespace add_constant_detail
 
 template <int C>
-void add_constant(TensorView out, TensorView x, int64_t num_threads) {
+void add_constant(TensorView out, TensorView src, int64_t num_threads) {
   // Integer constants add with wrap-around (torch's behaviour, and defined in C++).
-  add_constant_detail::run<fp32_t, bf16_t, fp16_t, fp64_t, int32_t, int64_t>(out, x, C,
+  add_constant_detail::run<fp32_t, bf16_t, fp16_t, fp64_t, int32_t, int64_t>(out, src, C,
                                                                              num_threads);
 }
 
-inline void add_constant_runtime(TensorView out, TensorView x, double c, int64_t num_threads) {
+inline void add_constant_runtime(TensorView out, TensorView src, double c, int64_t num_threads) {
   // A float constant would turn an integer tensor into a float one: floats only.
-  add_constant_detail::run<fp32_t, bf16_t, fp16_t, fp64_t>(out, x, c, num_threads);
+  add_constant_detail::run<fp32_t, bf16_t, fp16_t, fp64_t>(out, src, c, num_threads);
 }
 
 }  // namespace mllm_kernel::cpu

@@ -26,8 +26,8 @@ inline constexpr int64_t kMaxWeightPartials = 64;
 
 }  // namespace rmsnorm_detail
 
-/// out = x / sqrt(mean(x^2, -1) + eps) * weight
-inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
+/// out = input / sqrt(mean(input^2, -1) + eps) * weight
+inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double eps,
                     int64_t num_threads) {
   SymbolicSize hidden_dim{"hidden"};
   SymbolicDtype dtype;
@@ -36,7 +36,7 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
       .dtype<fp32_t, bf16_t, fp16_t>(dtype)
       .device(kDLCPU, device)
       .rows(hidden_dim)
-      .verify(x, "x");
+      .verify(input, "input");
   TensorMatcher({hidden_dim})
       .dtype(dtype)
       .device(kDLCPU, device)
@@ -45,19 +45,19 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
   TensorMatcher()
       .dtype(dtype)
       .device(kDLCPU, device)
-      .same_shape_as(x, "x")
+      .same_shape_as(input, "input")
       .last_dim_contiguous()
       .verify(out, "out");
   // A row is read in full (the sum) before it is written: in place works.
-  verify_output(out, "out", {{x, "x", Aliasing::kSameView}, {weight, "weight"}});
+  verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}});
 
-  const RowLayout x_rows(x), out_rows(out);
+  const RowLayout x_rows(input), out_rows(out);
   const int64_t hidden = hidden_dim.value();
   if (hidden == 0) return;
   const auto epsf = static_cast<float>(eps);
-  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "input", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* x_data = data_ptr<const T>(x);
+    const T* x_data = data_ptr<const T>(input);
     const T* w = data_ptr<const T>(weight);
     T* out_data = data_ptr<T>(out);
     parallel_for(x_rows.rows(), 3 * hidden, num_threads, [&](int64_t begin, int64_t end) {
@@ -77,9 +77,9 @@ inline void rmsnorm(TensorView out, TensorView x, TensorView weight, double eps,
   });
 }
 
-/// In place: residual += x; x = rmsnorm(residual) * weight. The sum is kept in
+/// In place: residual += input; input = rmsnorm(residual) * weight. The sum is kept in
 /// float32 for the norm (residual stores it rounded to its dtype), as FlashInfer.
-inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weight, double eps,
+inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView weight, double eps,
                               int64_t num_threads) {
   SymbolicSize hidden_dim{"hidden"};
   SymbolicDtype dtype;
@@ -88,7 +88,7 @@ inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weig
       .dtype<fp32_t, bf16_t, fp16_t>(dtype)
       .device(kDLCPU, device)
       .rows(hidden_dim)
-      .verify(x, "x");
+      .verify(input, "input");
   TensorMatcher({hidden_dim})
       .dtype(dtype)
       .device(kDLCPU, device)
@@ -97,19 +97,19 @@ inline void fused_add_rmsnorm(TensorView x, TensorView residual, TensorView weig
   TensorMatcher()
       .dtype(dtype)
       .device(kDLCPU, device)
-      .same_shape_as(x, "x")
+      .same_shape_as(input, "input")
       .last_dim_contiguous()
       .verify(residual, "residual");
-  verify_output(x, "x", {{residual, "residual"}, {weight, "weight"}});
+  verify_output(input, "input", {{residual, "residual"}, {weight, "weight"}});
   verify_output(residual, "residual", {{weight, "weight"}});
 
-  const RowLayout x_rows(x), res_rows(residual);
+  const RowLayout x_rows(input), res_rows(residual);
   const int64_t hidden = hidden_dim.value();
   if (hidden == 0) return;
   const auto epsf = static_cast<float>(eps);
-  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "x", [&](auto tag) {
+  dispatch_dtype<fp32_t, bf16_t, fp16_t>(dtype.value(), "input", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    T* x_data = data_ptr<T>(x);
+    T* x_data = data_ptr<T>(input);
     T* res_data = data_ptr<T>(residual);
     const T* w = data_ptr<const T>(weight);
     parallel_for(x_rows.rows(), 4 * hidden, num_threads, [&](int64_t begin, int64_t end) {

@@ -1,4 +1,4 @@
-// out = x + c, elementwise over contiguous tensors of any shape, with c a
+// out = src + c, elementwise over contiguous tensors of any shape, with c a
 // compile-time constant (one module per c) or a runtime value. A grid-stride loop
 // over 16-byte vectors (see kUnroll); a misaligned buffer goes
 // element by element. Floating types add in fp32 and round once.
@@ -54,28 +54,28 @@ __global__ void add_kernel(T* __restrict__ out, const T* __restrict__ in, int64_
     out[i] = add_value(in[i], c_int, c_float);
 }
 
-inline void run(TensorView out, TensorView x, int32_t c_int, double c_value) {
+inline void run(TensorView out, TensorView src, int32_t c_int, double c_value) {
   SymbolicDtype dtype;
   SymbolicDevice device;
   TensorMatcher()
       .dtype<int32_t, fp32_t, fp16_t, bf16_t>(dtype)
       .device(kDLCUDA, device)
       .contiguous()
-      .verify(x, "x");
+      .verify(src, "src");
   TensorMatcher()
       .dtype(dtype)
       .device(kDLCUDA, device)
-      .same_shape_as(x, "x")
+      .same_shape_as(src, "src")
       .contiguous()
       .verify(out, "out");
   // Each element is read before it is written by the same thread: in place works.
-  verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
-  const int64_t n = x.numel();
+  verify_output(out, "out", {{src, "src", Aliasing::kSameView}});
+  const int64_t n = src.numel();
   if (n == 0) return;
-  dispatch_dtype<int32_t, fp32_t, fp16_t, bf16_t>(dtype.value(), "x", [&](auto tag) {
+  dispatch_dtype<int32_t, fp32_t, fp16_t, bf16_t>(dtype.value(), "src", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int W = kVecWidth<T>;
-    const T* in = data_ptr<const T>(x);
+    const T* in = data_ptr<const T>(src);
     T* dst = data_ptr<T>(out);
     const float c_float = static_cast<float>(c_value);
     if (is_vec_aligned<T, W>(in) && is_vec_aligned<T, W>(dst)) {
@@ -93,21 +93,24 @@ inline void run(TensorView out, TensorView x, int32_t c_int, double c_value) {
 
 }  // namespace add
 
-/// out = x + C (C compile-time).
+/// out = src + C (C compile-time).
 template <int C>
-void add_constant(TensorView out, TensorView x) {
-  add::run(out, x, C, C);
+void add_constant(TensorView out, TensorView src) {
+  add::run(out, src, C, C);
 }
 
-/// out = x + c (c at run time; for int32 tensors it must be an int32 value).
+/// out = src + constant (at run time; for int32 tensors it must be an int32 value).
 template <typename = void>
-void add_constant_runtime(TensorView out, TensorView x, double c) {
-  if (is_dtype<int32_t>(x.dtype())) {
-    ValueCheck(std::nearbyint(c) == c && c >= -2147483648.0 && c <= 2147483647.0,
-               "argument 'c': an int32 tensor needs an integer constant in int32 range, got ", c);
+void add_constant_runtime(TensorView out, TensorView src, double constant) {
+  if (is_dtype<int32_t>(src.dtype())) {
+    ValueCheck(
+        std::nearbyint(constant) == constant && constant >= -2147483648.0 &&
+            constant <= 2147483647.0,
+        "argument 'constant': an int32 tensor needs an integer constant in int32 range, got ",
+        constant);
   }
-  const int32_t c_int = is_dtype<int32_t>(x.dtype()) ? static_cast<int32_t>(c) : 0;
-  add::run(out, x, c_int, c);
+  const int32_t c_int = is_dtype<int32_t>(src.dtype()) ? static_cast<int32_t>(constant) : 0;
+  add::run(out, src, c_int, constant);
 }
 
 }  // namespace mllm_kernel::cuda
