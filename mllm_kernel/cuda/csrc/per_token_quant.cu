@@ -7,7 +7,7 @@
 // 32k bf16 elements; longer rows are read again from L1/L2) and block-reduces its
 // absolute maximum, stage 2 writes the int8 row and its scale. Rows whose length or
 // alignment does not allow vectors take the same path one element at a time.
-#include "mllm_kernel/cuda/rows.hpp"
+#include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -135,9 +135,13 @@ inline void launch(Params p, DLDataType dtype, const RowMatrix& shape, bool alig
 inline void per_token_quant_int8(TensorView x_q, TensorView scales, TensorView x) {
   SymbolicDevice device;
   TensorMatcher().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(x, "x");
-  TensorMatcher().dtype<int8_t>().device(kDLCUDA, device).contiguous().verify(x_q, "x_q");
+  TensorMatcher()
+      .dtype<int8_t>()
+      .device(kDLCUDA, device)
+      .same_shape_as(x, "x")
+      .contiguous()
+      .verify(x_q, "x_q");
   TensorMatcher().dtype<fp32_t>().device(kDLCUDA, device).contiguous().verify(scales, "scales");
-  check_same_shape(x_q, "x_q", x, "x");
   verify_output(x_q, "x_q", {{x, "x"}, {scales, "scales"}});
   verify_output(scales, "scales", {{x, "x"}});
   const RowMatrix in = as_rows(x, "x");
@@ -148,7 +152,7 @@ inline void per_token_quant_int8(TensorView x_q, TensorView scales, TensorView x
              " x ", scale_rows.cols);
   const int64_t size = x.dtype().bits / 8;
   const int64_t width = 16 / size;
-  const bool aligned = rows_vec_aligned(in, size, width) && rows_vec_aligned(out, 1, width);
+  const bool aligned = in.vec_aligned(size, width) && out.vec_aligned(1, width);
   per_token_quant::Params p{};
   p.out = out.ptr<int8_t>();
   p.out_stride = out.row_stride;
