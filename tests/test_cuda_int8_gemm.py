@@ -169,7 +169,7 @@ def test_int8_every_tile_and_split(config):
     """Each configuration (and each split of K it allows) on shapes that cross its tails,
     into poisoned outputs."""
     m, n, k = 2 * config.tile_m + 3, 2 * config.tile_n + 8, 2064
-    splits = sorted({1, 2, config.max_split})
+    splits = sorted({s for s in (1, 2, config.max_split) if s <= config.max_split})
     a, w = _int8(m, k), _int8(n, k)
     scales_a, scales_b = _scales(m), _scales(n)
     for split in splits:

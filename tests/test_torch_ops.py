@@ -702,7 +702,7 @@ def test_opcheck_cuda_gemm_family():
         (OPS.per_token_quant_int8.default, (a16,), {}),
         (OPS.per_token_quant_int8.default, (torch.randn(2, 3, 64, device=dev),), {}),
         (OPS.gptq_marlin_repack.default, (words, None, K_Q, N_Q, 4), {}),
-        (OPS.gptq_marlin_repack.default, (words[: K_Q // 4].clone(), None, K_Q, N_Q, 8), {}),
+        (OPS.gptq_marlin_repack.default, (torch.cat([words, words]), None, K_Q, N_Q, 8), {}),
         (OPS.awq_marlin_repack.default, (words.view(K_Q, N_Q // 8), K_Q, N_Q, 4), {}),
         (OPS.gptq_marlin_gemm.default, (a_marlin, *marlin), {}),
         (
