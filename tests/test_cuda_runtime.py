@@ -183,7 +183,9 @@ def test_side_stream(add):
     a, b, c = _inputs(n)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    spin(200_000_000, stream=side)  # ~0.1 s: the side stream is busy, the default is not
+    # ~0.5 s: the side stream stays busy even when a loaded host (pytest -n 14 on the
+    # GPU machine) is slow to launch the next kernel; the default stream is not busy.
+    spin(1_000_000_000, stream=side)
     add(a, b, c, n, grid=_grid(n), stream=side)
     assert not side.query()
     add.synchronize(side)
@@ -192,7 +194,7 @@ def test_side_stream(add):
     c.fill_(float("nan"))
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # stream=None: torch's current stream
-        spin(200_000_000)
+        spin(1_000_000_000)
         add(a, b, c, n, grid=_grid(n))
         assert not side.query()
     add.synchronize(side.cuda_stream)  # a raw cudaStream_t
