@@ -193,7 +193,7 @@ def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
 
     report = cache_admin.config_report()
     exports = {(k.device, k.name): k.exports for k in report.kernels}
-    assert exports[("cpu", "rmsnorm")] == ("rmsnorm", "fused_add_rmsnorm")
+    assert exports[("cpu", "rmsnorm")] == ("rmsnorm", "fused_add_rmsnorm", "rmsnorm_backward")
     # Known without a GPU or an arch: the exports do not depend on the arch.
     assert "fused_add_rmsnorm" in exports[("cuda", "rmsnorm")]
     # Every public CPU op shows up in show-config.
@@ -201,7 +201,7 @@ def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
     assert set(mllm_kernel.cpu.jit.__all__) <= cpu_exports
     assert main(["show-config", "--device", "cpu"]) == 0
     (row,) = [r for r in capsys.readouterr().out.splitlines() if "fused_add_rmsnorm" in r]
-    assert row.split()[:3] == ["rmsnorm", "rmsnorm,", "fused_add_rmsnorm"]
+    assert row.split()[:4] == ["rmsnorm", "rmsnorm,", "fused_add_rmsnorm,", "rmsnorm_backward"]
     assert main(["show-config", "--device", "cuda", "--json"]) == 0
     kernels = json.loads(capsys.readouterr().out)["kernels"]
     norm = next(k for k in kernels if k["name"] == "rmsnorm")
