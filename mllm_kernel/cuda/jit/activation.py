@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cpu.jit.activation import SILU_AND_MUL_AUTOGRAD
+from mllm_kernel.cpu.jit.activation import SILU_AND_MUL_AUTOGRAD, SILU_AND_MUL_BACKWARD_OP
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import torch_op
@@ -103,11 +103,8 @@ SILU_AND_MUL_OP = torch_op(
     out="out",
     autograd=SILU_AND_MUL_AUTOGRAD,
 ).implement("cuda", silu_and_mul)
-SILU_AND_MUL_BACKWARD_OP = torch_op(
-    "silu_and_mul_backward",
-    "(Tensor grad_output, Tensor input) -> Tensor",
-    fake=lambda grad_output, input: torch.empty_like(input),
-).implement("cuda", silu_and_mul_backward)
+# The CPU file declares the op (schema, fake); this is its CUDA kernel.
+SILU_AND_MUL_BACKWARD_OP.implement("cuda", silu_and_mul_backward)
 GELU_AND_MUL_OP = torch_op(
     "gelu_and_mul", "(Tensor input) -> Tensor", fake=_gated_output, out="out"
 ).implement("cuda", gelu_and_mul)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mllm_kernel.cpu.jit.rmsnorm import RMSNORM_AUTOGRAD
+from mllm_kernel.cpu.jit.rmsnorm import RMSNORM_AUTOGRAD, RMSNORM_BACKWARD_OP
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import torch_op
@@ -162,14 +162,8 @@ RMSNORM_OP = torch_op(
     out="out",
     autograd=RMSNORM_AUTOGRAD,
 ).implement("cuda", rmsnorm)
-RMSNORM_BACKWARD_OP = torch_op(
-    "rmsnorm_backward",
-    "(Tensor grad_output, Tensor input, Tensor weight, float eps=1e-06) -> (Tensor, Tensor)",
-    fake=lambda grad_output, input, weight, eps=1e-6: (
-        torch.empty_like(input),
-        torch.empty_like(weight),
-    ),
-).implement("cuda", rmsnorm_backward)
+# The CPU file declares the op (schema, fake); this is its CUDA kernel.
+RMSNORM_BACKWARD_OP.implement("cuda", rmsnorm_backward)
 FUSED_ADD_RMSNORM_OP = torch_op(
     "fused_add_rmsnorm",
     "(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps=1e-06) -> ()",
