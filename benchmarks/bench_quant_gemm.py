@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_cuda import copy_bandwidth, git_commit, l2_bytes, time_interleaved  # noqa: E402
 
 import mllm_kernel.cuda.jit as jit  # noqa: E402
+from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module  # noqa: E402
 from mllm_kernel.cuda.jit import gptq_marlin_gemm, marlin_make_workspace, scalar_types  # noqa: E402
 from mllm_kernel.cuda.jit.gptq_marlin import plan  # noqa: E402
 
@@ -157,8 +158,10 @@ def main() -> None:
     for n, k in LLAMA_NK:
         for m in ms:
             t = measure(m, n, k)
-            how = plan(m, n, k, props.multi_processor_count, True, props.multi_processor_count)
-            path = "dequant+wgmma" if how.dequant_gemm else f"stream split {how.split}"
+            sms, hopper, clusters = gptq_marlin_module._device_facts(torch.cuda.current_device())
+            how = plan(m, n, k, sms, hopper, sms, clusters)
+            where = " (cluster)" if how.cluster else ""
+            path = "dequant+wgmma" if how.dequant_gemm else f"stream split {how.split}{where}"
             weight_bytes = n * k // 2 + (k // GROUP) * n * 2
             gbs = weight_bytes / t["w4a16"] / 1e9
             w8 = f"{t['cublas'] / t['w8a8']:.2f}x" if "w8a8" in t else "-"

@@ -113,7 +113,9 @@ def _check(out: torch.Tensor, a: torch.Tensor, w: Weights):
     assert worst <= 1, f"error {err.max().item():.3g} exceeds the bound by {worst:.2f}x"
 
 
-SHAPES = [(192, 256), (320, 1152), (4096, 4096)]  # (N, K): 1.5 column tiles, K tails
+# (N, K): less than one 256-column CTA, 1.25 and 1.75 CTAs, K slices of 18 k16 tiles (not
+# whole 8-tile ring turns), and a Llama shape.
+SHAPES = [(192, 256), (320, 1152), (448, 1408), (4096, 4096)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -134,6 +136,35 @@ def test_gemm_types_and_groups(dtype, type_name, group_size, m):
     torch.manual_seed(m + group_size)
     w = Weights(1152, 320, dtype, type_name, group_size)
     a = torch.randn(m, 1152, device="cuda").to(dtype)
+    _check(_run(w, a), a, w)
+
+
+@pytest.fixture(params=["cluster", "global"])
+def split_sums(request, monkeypatch):
+    """Runs a test with K slices summed in a cluster's shared memory (where the GPU has
+    clusters) and again through global memory (the path of GPUs without them)."""
+    index = torch.cuda.current_device()
+    sms, hopper, clusters = gptq_marlin_module._device_facts(index)
+    if request.param == "cluster" and not clusters:
+        pytest.skip("this GPU's code has no thread-block clusters")
+    monkeypatch.setitem(
+        gptq_marlin_module._devices, index, (sms, hopper, request.param == "cluster")
+    )
+    return request.param
+
+
+@pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128"])
+@pytest.mark.parametrize("m", [1, 3, 16, 40])
+def test_gemm_k_slices_starting_inside_a_group(split_sums, type_name, m):
+    """Group 512 over K = 2560: every plan's slices (320 or 256 rows) start mid-group."""
+    n, k = 4096, 2560
+    sms, hopper, clusters = gptq_marlin_module._devices[torch.cuda.current_device()]
+    how = gptq_marlin_module.plan(m, n, k, sms, hopper, sms, clusters)
+    assert how.split > 1 and how.cluster == (split_sums == "cluster")
+    assert how.k_tiles_per_split * 16 % 512
+    torch.manual_seed(m)
+    w = Weights(k, n, torch.bfloat16, type_name, group_size=512)
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     _check(_run(w, a), a, w)
 
 
@@ -196,7 +227,7 @@ def test_gemm_strided_rows_and_empty_m():
 def test_gemm_plans_cover_both_paths():
     index = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(index).multi_processor_count
-    _, hopper = gptq_marlin_module._device_facts(index)
+    _, hopper, _ = gptq_marlin_module._device_facts(index)
     assert gptq_marlin_module.plan(1024, 4096, 4096, sms, hopper, sms).dequant_gemm == hopper
     assert gptq_marlin_module.plan(1, 4096, 4096, sms, hopper, sms).split > 1
 

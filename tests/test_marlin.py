@@ -117,22 +117,38 @@ def test_ops_are_registered_under_their_public_names():
     for name in ("gptq_marlin_gemm", "gptq_marlin_repack", "awq_marlin_repack"):
         assert name in entries, f"{name} is not registered"
     variants = entries["gptq_marlin_gemm"].variants
-    # both dtypes x 4/8 bits x 16/64 rows per CTA x act-order or not
-    assert len(variants) == 16 and len(set(variants)) == 16
+    # both dtypes x 16/64 rows per CTA x (4-bit: type zero, int zeros, float zeros,
+    # act-order; 8-bit: the same but float zeros)
+    assert len(variants) == 28 and len(set(variants)) == 28
+    assert all(v[3] == 0 for v in variants if v[4]), "act-order only with the type's zero"
+    assert all(v[1] == 4 for v in variants if v[3] == 2), "float zero points only for 4 bits"
 
 
 def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
     small = plan(1, 4096, 4096, 132, True, 132)
     assert not small.dequant_gemm and small.m_blocks == 1
-    assert small.split * small.k_tiles_per_split >= 4096 // 16 and small.split == 8
+    # 16 column tiles of 256: K split 16 ways (the cap), slices of 16 k16 tiles
+    assert (small.split, small.k_tiles_per_split) == (16, 16)
     wide = plan(1, 28672, 8192, 132, True, 132)
-    assert wide.split == 1  # 224 column tiles fill the GPU; more than the workspace counts
+    # 112 column tiles: 4 slices make >= 3 CTAs per SM; slices are whole ring steps
+    assert (wide.split, wide.k_tiles_per_split) == (4, 128)
+    assert plan(1, 28672, 8192, 132, True, 100).split == 1  # the workspace is too short
+    deep = plan(1, 4096, 14336, 132, True, 132)
+    assert deep.split == 16 and deep.k_tiles_per_split == 56
     assert plan(64, 4096, 4096, 132, True, 132).m_blocks == 4
     assert plan(257, 4096, 4096, 132, False, 132).split == 1  # several row blocks
     assert plan(1024, 4096, 4096, 132, True, 132).dequant_gemm
     assert not plan(1024, 4096, 4096, 108, False, 108).dequant_gemm  # no Hopper GEMM
+    # With clusters: at most 8 slices, summed in the cluster; the workspace is not used.
+    clustered = plan(1, 4096, 4096, 132, True, 0, clusters=True)
+    assert (clustered.split, clustered.k_tiles_per_split, clustered.cluster) == (16, 16, True)
+    assert plan(64, 4096, 4096, 132, True, 0, clusters=True).split == 8
+    # several row blocks split too when the slices sum in a cluster
+    assert plan(256, 4096, 4096, 132, False, 132, clusters=True).split == 7
+    assert plan(256, 4096, 4096, 132, False, 132).split == 1
+    assert plan(1, 192, 256, 132, True, 132, clusters=True).cluster is False  # one slice
     tail = plan(1, 192, 272, 132, True, 132)
-    assert tail.split * tail.k_tiles_per_split >= 17 and tail.k_tiles_per_split % 8 == 0
+    assert (tail.split, tail.k_tiles_per_split) == (1, 20)  # 17 k16 tiles: too few to split
 
 
 # --- input checks: CPU tensors suffice, every check runs before the device is used ---

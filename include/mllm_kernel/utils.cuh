@@ -85,19 +85,6 @@ struct alignas(sizeof(T) * N) Vec {
   }
 };
 
-/// Asynchronous 16-byte copy global -> shared (cp.async, L1 bypassed): the thread
-/// issues all its copies before waiting for any (see cp_async_wait_all).
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
-}
-
-/// Waits for all of this thread's cp_async_16 copies; the thread then sees their data
-/// (other threads see it after a barrier).
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
-}
-
 /// Elements of T per 16-byte vector.
 template <typename T>
 inline constexpr int kVecWidth = 16 / sizeof(T);

@@ -44,6 +44,13 @@ __device__ __forceinline__ Pair<T> pair_of(float lo, float hi) {
   }
 }
 
+/// (a & mask) | bits in one instruction (ptxas emits two for the plain expression).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
+  uint32_t out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(out) : "r"(a), "r"(mask), "r"(bits));
+  return out;
+}
+
 /// Unsigned `Bits`-bit integers (4 or 8) of a packed word as `T` pairs of `q - zero`.
 template <typename T, int Bits>
 struct IntDequant {
@@ -65,13 +72,22 @@ struct IntDequant {
     }
   }
 
+  /// offset(zero) for an integer zero point in [0, 2^Bits), by OR-ing it into the
+  /// magic number's mantissa (exact, no conversion instructions).
+  __device__ __forceinline__ static Offset int_offset(uint32_t zero) {
+    if constexpr (kViaFloat) {
+      return __uint_as_float(0x4b000000u | zero);
+    } else {
+      return pair_from_bits<T>(kMagicBits | zero | (zero << 16));
+    }
+  }
+
   /// Pair `i` of `word` (0..3 for 4 bits, 0..1 for 8) minus the zero passed to
   /// offset(), exact. Called with a constant `i` (an unrolled loop), the shifts and
   /// selectors fold away.
   __device__ __forceinline__ static Pair<T> pair(uint32_t word, int i, Offset offset) {
     if constexpr (Bits == 4) {
-      const uint32_t biased = ((word >> (4 * i)) & 0x000f000fu) | kMagicBits;
-      return __hsub2(pair_from_bits<T>(biased), offset);
+      return __hsub2(pair_from_bits<T>(and_or(word >> (4 * i), 0x000f000fu, kMagicBits)), offset);
     } else if constexpr (!kViaFloat) {
       // bytes {i, 0x64, i + 2, 0x64}: two fp16 values 1024 + q
       const uint32_t biased = __byte_perm(word, 0x64646464u, 0x4040u | i | ((i + 2) << 8));

@@ -1,6 +1,6 @@
-// Warp-level tensor-core building blocks of sm_80 and newer: 16-byte cp.async
-// copies global -> shared (the multi-stage pipelines of streaming kernels),
-// ldmatrix for A fragments, and mma.sync m16n8k16 with fp32 accumulation.
+// Warp-level tensor-core building blocks of sm_80 and newer: ldmatrix for A
+// fragments and mma.sync m16n8k16 with fp32 accumulation (the copies that feed them
+// are in cp_async.cuh).
 //
 // Fragment layouts of m16n8k16 (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4):
 //   A (16 x 16, row-major)  a[0]: rows g,   k 2t..2t+1   a[1]: rows g+8, k 2t..2t+1
@@ -16,31 +16,6 @@
 
 namespace mllm_kernel::cuda {
 
-/// Copies 16 bytes global -> shared without passing through registers; nothing is
-/// copied (and `dst` is left as it was) when `valid` is false.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid = true) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile(
-      "{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %2, 0;\n"
-      "  @p cp.async.cg.shared.global [%0], [%1], 16;\n"
-      "}\n" ::"r"(address),
-      "l"(src), "r"(static_cast<int>(valid))
-      : "memory");
-}
-
-/// Closes the group of cp.async copies issued by this thread since the last commit.
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/// Waits until at most `Pending` committed groups of this thread are still in flight.
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-}
-
 /// Four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8
 /// of matrix i / 8, and receives one 32-bit pair of each matrix.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&frag)[4], const void* row_address) {
@@ -50,20 +25,26 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&frag)[4], const void* row
                : "r"(address));
 }
 
+/// ldmatrix_x4 from a shared-memory address (as from __cvta_generic_to_shared), for
+/// loops that keep per-lane addresses as 32-bit offsets.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&frag)[4], uint32_t shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+               : "r"(shared_address));
+}
+
 /// c += a * b for one 16 x 8 x 16 tile, inputs in `T` (fp16_t or bf16_t), fp32 accumulation.
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
     static_assert(std::is_same_v<T, __nv_bfloat16>, "mma_m16n8k16 takes fp16 or bf16 inputs");
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

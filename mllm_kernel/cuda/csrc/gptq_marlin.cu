@@ -3,16 +3,19 @@
 // with zero the type's bias (uint4b8: 8, uint8b128: 128), an int zero point per
 // group and column (uint4/uint8 + b_zeros) or a float one (is_zp_float).
 //
-// Streaming kernel (`marlin_gemm_kernel`), for the small M of decoding: each CTA
-// owns 128 output columns (2 warps across, one 64-column Marlin tile each) and a
-// slice of K (4 warps down, 2 k16 tiles each per 128-k pipeline stage). Weights,
-// activations, scales and zero points of a stage arrive by 16-byte cp.async through
-// kStages shared-memory stages, so every weight byte is read once, in full 16-byte
-// vectors; weights are dequantized in registers and multiplied with mma.sync
-// m16n8k16 (fp32 accumulation). The 4 K-warps reduce through shared memory. When
-// the N tiles alone cannot fill the GPU, K is split over `split` CTAs that write fp32
-// partials; the last to finish (counted in `workspace`, left zeroed again) sums
-// them in a fixed order and writes c. M beyond 16 * MBlocks rows takes grid.z.
+// Streaming kernel (`marlin_stream_kernel`), for the small M of decoding, where
+// reading the weights bounds the time. Each warp owns one 64-column Marlin tile of a
+// CTA's 256 columns and the CTA's slice of K, and streams its weight words straight
+// from global memory into registers: a lane's 16 bytes of a k16 x n64 tile are its
+// mma fragments, so each tile is one coalesced warp read, and kDepth tiles stay in
+// flight per warp. Warps never wait for each other on weights; the activations (at
+// most 16 * MBlocks rows) pass through two shared-memory chunks of 256 k, the CTA's
+// only barriers. Weights are dequantized in registers (magic-number trick,
+// dequant.cuh) and multiplied with mma.sync m16n8k16, fp32 accumulation. Scales and
+// zero points of the next group are loaded one group ahead. When the column tiles
+// alone cannot fill the GPU, K is split over `split` CTAs that write fp32 partials;
+// the last to finish (counted in `workspace`, left zeroed again) sums them in a fixed
+// order and writes c. M beyond 16 * MBlocks rows takes grid.z.
 //
 // `marlin_dequantize_kernel` writes dequant(b) as a [N, K] matrix (the nn.Linear
 // layout) for large M, where the product runs on the Hopper GEMM instead.
@@ -21,6 +24,10 @@
 // in Marlin row order; each k row then takes the scales of group g_idx[k].
 #include <tvm/ffi/optional.h>
 
+#include <climits>
+
+#include "mllm_kernel/cuda/cluster.cuh"
+#include "mllm_kernel/cuda/cp_async.cuh"
 #include "mllm_kernel/cuda/dequant.cuh"
 #include "mllm_kernel/cuda/mma_sync.cuh"
 #include "mllm_kernel/tensor.hpp"
@@ -28,14 +35,6 @@
 
 namespace mllm_kernel::cuda {
 namespace marlin {
-
-inline constexpr int kThreads = 256;
-inline constexpr int kWarpsN = 2;
-inline constexpr int kTileN = 64 * kWarpsN;  // output columns per CTA
-inline constexpr int kStageK = 128;          // k per pipeline stage
-inline constexpr int kStageTiles = kStageK / 16;
-inline constexpr int kStages = 4;
-inline constexpr int kMaxStageGroups = kStageK / 32;  // the smallest group is 32
 
 enum ZeroMode : int { kBias = 0, kIntZero = 1, kFloatZero = 2 };
 
@@ -49,14 +48,15 @@ struct Params {
   void* c;               // [M, N], row stride ldc
   int64_t ldc;
   float* partials;    // [split, M, N] when split > 1
-  int32_t* counters;  // one per column tile when split > 1, zero between launches
+  int32_t* counters;  // one per CTA column when split > 1, zero between launches
   int m, n, k;
   int groups;
   int group_shift;  // log2 of the rows per group; -1: one group over K (per channel)
   int zero_mode;
   int bias;               // the type's zero when zero_mode == kBias
   int split;              // CTAs along K
-  int k_tiles_per_split;  // a multiple of kStageTiles
+  int cluster_reduce;     // split-K sums through a cluster's shared memory (sm_90)
+  int k_tiles_per_split;  // a multiple of 4 (the kernel's turn)
 };
 
 /// Position of column `c` (0..63) of a 64-column block in the permuted scales: groups
@@ -94,15 +94,16 @@ struct TileConstants {
 
   /// Zeros that do not vary: the type's bias (or 0 under float zero points).
   __device__ __forceinline__ void set_fixed_zero(float zero) {
+    const typename Deq::Offset shared = Deq::offset(zero);  // once: one register, not 8
 #pragma unroll
-    for (int jb = 0; jb < 8; ++jb) offset[jb] = Deq::offset(zero);
+    for (int jb = 0; jb < 8; ++jb) offset[jb] = shared;
   }
 
   /// Int zero points of block jb from the lane's word(s).
   __device__ __forceinline__ void set_zero_points(const uint32_t (&words)[2]) {
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb) {
-      offset[jb] = Deq::offset(static_cast<float>(zero_point<Bits>(words, jb)));
+      offset[jb] = Deq::int_offset(zero_point<Bits>(words, jb));
     }
   }
 };
@@ -207,19 +208,22 @@ __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int 
   }
 }
 
-/// Dequantizes a lane's tile words and multiplies them with the A fragments.
+/// Dequantizes a lane's tile words and multiplies them with the A fragments of the row
+/// blocks that hold any of the `rows` valid rows.
 template <typename T, int Bits, int MBlocks, bool ActOrder, bool FloatZero>
 __device__ __forceinline__ void tile_mma(float (&acc)[MBlocks][8][4],
                                          const uint32_t (&a_frag)[MBlocks][4],
                                          const LaneWords<Bits>& words,
-                                         const TileConstants<T, Bits, ActOrder>& tc) {
+                                         const TileConstants<T, Bits, ActOrder>& tc, int rows) {
 #pragma unroll
   for (int jb = 0; jb < 8; ++jb) {
     Pair<T> lo, hi;
     dequant_block<T, Bits, ActOrder, FloatZero>(words, jb, tc, lo, hi);
 #pragma unroll
     for (int mb = 0; mb < MBlocks; ++mb) {
-      mma_m16n8k16<T>(acc[mb][jb], a_frag[mb], bits_of<T>(lo), bits_of<T>(hi));
+      if (mb == 0 || mb * 16 < rows) {
+        mma_m16n8k16<T>(acc[mb][jb], a_frag[mb], bits_of<T>(lo), bits_of<T>(hi));
+      }
     }
   }
 }
@@ -229,94 +233,131 @@ __device__ __forceinline__ float fixed_zero(const Params& p) {
   return p.zero_mode == kBias ? static_cast<float>(p.bias) : 0.f;
 }
 
-template <typename T, int Bits, int MBlocks>
-struct StageLayout {
-  static constexpr int kTileWords = 16 * 64 * Bits / 32;
-  static constexpr int kRows = 16 * MBlocks;
-  static constexpr int kBBytes = kStageTiles * kWarpsN * kTileWords * 4;
-  static constexpr int kABytes = kRows * kStageK * 2;
-  static constexpr int kSBytes = kMaxStageGroups * kTileN * 2;
-  static constexpr int kZBytes = kMaxStageGroups * kTileN * 2;  // float zeros; int ones fit
-  static constexpr int kBytes = kBBytes + kABytes + kSBytes + kZBytes;
-  static constexpr int kSharedBytes = kStages * kBytes;
-  static_assert(kRows * kTileN * 4 <= kSharedBytes, "the reduction reuses the stages");
+/// One group's scales (and zero points) for a lane, loaded ahead of their use.
+template <typename T, int Bits, int ZeroMode>
+struct GroupValues {
+  Vec<T, 8> scale;
+  uint32_t zero_words[2];  // kIntZero
+  Vec<T, 8> float_zero;    // kFloatZero
+
+  __device__ __forceinline__ void load(const Params& p, int group, int col0, int lane) {
+    const int64_t row = int64_t{group} * p.n + col0;
+    scale =
+        *reinterpret_cast<const Vec<T, 8>*>(static_cast<const T*>(p.scales) + row + 8 * (lane / 4));
+    if constexpr (ZeroMode == kIntZero) {
+      lane_zero_words<Bits>(zero_words, static_cast<const uint32_t*>(p.zeros) + row * Bits / 32,
+                            lane);
+    } else if constexpr (ZeroMode == kFloatZero) {
+      float_zero = *reinterpret_cast<const Vec<T, 8>*>(static_cast<const T*>(p.zeros) + row +
+                                                       8 * (lane / 4));
+    }
+  }
+
+  template <bool ActOrder>
+  __device__ __forceinline__ void apply(TileConstants<T, Bits, ActOrder>& tc) const {
+    tc.scale[0] = scale;
+    if constexpr (ZeroMode == kIntZero) tc.set_zero_points(zero_words);
+    if constexpr (ZeroMode == kFloatZero) tc.float_zero = float_zero;
+  }
 };
 
-template <typename T, int Bits, int MBlocks, bool ActOrder>
-__global__ void __launch_bounds__(kThreads, MBlocks == 1 ? 2 : 1)
-    marlin_gemm_kernel(const Params p) {
-  using Layout = StageLayout<T, Bits, MBlocks>;
-  constexpr int kTileWords = Layout::kTileWords;
+inline constexpr int kStreamWarps = 4;
+inline constexpr int kStreamThreads = 32 * kStreamWarps;
+inline constexpr int kStreamCols = 64 * kStreamWarps;  // output columns per CTA
+inline constexpr int kChunkTiles = 16;                 // k16 tiles per shared-memory A chunk
+inline constexpr int kChunkK = 16 * kChunkTiles;
+
+/// Weight tiles each warp keeps in flight: 8 x 512 bytes (4-bit) or 8 x 1 KB. 12 ran no
+/// faster on the H100 (RESULTS.md, session 7).
+inline constexpr int kDepth = 8;
+/// CTAs per SM the 16-row kernel is built for: 5 x 4 warps, at most 102 registers.
+inline constexpr int kStreamMinBlocks = 5;
+static_assert(kDepth < kChunkTiles, "a chunk's activations arrive with an earlier tile");
+static_assert(kDepth % 4 == 0 && kChunkTiles % 4 == 0, "the main loop takes 4 tiles a turn");
+
+/// Shared memory of the streaming kernel: each warp's ring of kDepth weight tiles, then
+/// two A chunks (rows x 256 k, 16-byte pieces XOR-swizzled by the row so that
+/// ldmatrix's 8 rows hit different banks).
+template <int Bits, int MBlocks>
+struct StreamLayout {
+  static constexpr int kRows = 16 * MBlocks;
+  static constexpr int kTileBytes = 16 * 64 * Bits / 8;
+  static constexpr int kRingBytes = kStreamWarps * kDepth * kTileBytes;
+  static constexpr int kChunkBytes = kRows * kChunkK * 2;
+  static constexpr int kFlagOffset = kRingBytes + 2 * kChunkBytes;  // the split-K flag
+  static constexpr int kSharedBytes = kFlagOffset + 16;
+  // After the main loop the same bytes stage the split-K sums, a row of kStreamCols
+  // floats per output row and split.
+  static constexpr int kStagingBytes = kFlagOffset;
+  static_assert(kRows * kStreamCols * 4 <= kStagingBytes, "a CTA's partial fits");
+};
+
+template <typename T, int Bits, int MBlocks, int ZeroMode, bool ActOrder>
+__global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlocks : 2)
+    marlin_stream_kernel(const Params p) {
+  static_assert(!ActOrder || ZeroMode == kBias, "act-order takes the type's zero");
+  using Layout = StreamLayout<Bits, MBlocks>;
   constexpr int kRows = Layout::kRows;
+  constexpr int kLaneBytes = Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int is_last;
+  int& is_last = *reinterpret_cast<int*>(smem + Layout::kFlagOffset);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int warp_n = warp % kWarpsN, warp_k = warp / kWarpsN;
-  const int n0 = blockIdx.x * kTileN;
   const int m0 = blockIdx.z * kRows;
   const int rows = min(kRows, p.m - m0);
-  const int k_tiles = p.k / 16;
-  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
-  const int kt_end = min(kt_begin + p.k_tiles_per_split, k_tiles);
-  const int iterations = (kt_end - kt_begin + kStageTiles - 1) / kStageTiles;
-  const bool strip_valid = n0 + 64 * warp_n < p.n;
-  const bool grouped = !ActOrder && p.group_shift >= 0;
-  // Groups per stage: 128 k rows hold 128 >> shift groups (at least a part of one).
-  const int stage_groups = grouped ? (p.group_shift >= 7 ? 1 : kStageK >> p.group_shift) : 0;
-  const int zero_row_bytes = p.zero_mode == kIntZero ? p.n * Bits / 8 : p.n * 2;
-  const int zero_tile_bytes = p.zero_mode == kIntZero ? kTileN * Bits / 8 : kTileN * 2;
+  // grid (split, column tiles, row blocks): the CTAs of one column tile are neighbours
+  // along x, so a cluster along x holds them.
+  const int slice = blockIdx.x, column_tile = blockIdx.y;
+  const int col0 = column_tile * kStreamCols + 64 * warp;
+  const bool warp_valid = col0 < p.n;  // uniform per warp
+  const int kt_begin = slice * p.k_tiles_per_split;
+  const int kt_end = min(kt_begin + p.k_tiles_per_split, p.k / 16);
+  const int tiles = kt_end - kt_begin;
 
-  auto stage = [&](int slot) { return smem + slot * Layout::kBytes; };
-  auto load_stage = [&](int it) {
-    unsigned char* base = stage(it % kStages);
-    const int kt0 = kt_begin + it * kStageTiles;
-    // Weights: per k16 tile, the CTA's two 64-column tiles are contiguous words.
-    constexpr int kChunksPerTileRow = kWarpsN * kTileWords / 4;
-    const int64_t row_words = static_cast<int64_t>(p.n) * 16 * Bits / 32;
+  // Weights: each lane copies its own bytes of each tile into its warp's ring and reads
+  // back only those, so no warp waits for another on weights. One cp.async group per
+  // tile (zero-filled past the slice), so "the group of tile r" is always kDepth groups
+  // back. `b_next` walks the slice's tile rows kDepth ahead of the tile being used.
+  const int64_t row_bytes = int64_t{p.n} * 16 * Bits / 8;
+  const unsigned char* b_next = reinterpret_cast<const unsigned char*>(p.b) +
+                                int64_t{warp_valid ? col0 / 64 : 0} * Layout::kTileBytes +
+                                lane * kLaneBytes + kt_begin * row_bytes;
+  unsigned char* ring = smem + (warp * kDepth * 32 + lane) * kLaneBytes;  // slot s: + s * 32 lanes
+  // Tile kt_begin + r into `slot` (ring slot r % kDepth); b_next moves on.
+  auto load_tile = [&](int r, unsigned char* slot) {
+    const bool valid = warp_valid && r < tiles;
 #pragma unroll
-    for (int c = tid; c < kStageTiles * kChunksPerTileRow; c += kThreads) {
-      const int r = c / kChunksPerTileRow, q = c % kChunksPerTileRow;
-      const int kt = kt0 + r;
-      const bool valid = kt < kt_end && n0 + 64 * (q / (kTileWords / 4)) < p.n;
-      const uint32_t* src = p.b + kt * row_words + (n0 / 64) * kTileWords + 4 * q;
-      cp_async_16(base + 16 * c, valid ? src : p.b, valid);
+    for (int v = 0; v < kLaneBytes / 16; ++v) {
+      cp_async_16_or_zero(slot + 16 * v, b_next + 16 * v, valid);
     }
-    // Activations: rows of 128 k as 16 chunks, chunk index XOR-swizzled by the row
-    // so that ldmatrix's 8 rows hit different banks.
-    T* a_stage = reinterpret_cast<T*>(base + Layout::kBBytes);
-    const T* a = static_cast<const T*>(p.a);
-    for (int c = tid; c < rows * 16; c += kThreads) {
-      const int row = c / 16, chunk = c % 16;
-      const int k = kt0 * 16 + chunk * 8;
-      const bool valid = k < kt_end * 16;
-      const T* src = a + (m0 + row) * p.lda + k;
-      cp_async_16(a_stage + row * kStageK + ((chunk ^ (row % 8)) * 8), valid ? src : a, valid);
-    }
-    if (!grouped) return;
-    // Scales (and zero points) of the groups this stage's k rows fall into.
-    const int first_group = (kt0 * 16) >> p.group_shift;
-    unsigned char* s_stage = base + Layout::kBBytes + Layout::kABytes;
-    for (int c = tid; c < stage_groups * 16; c += kThreads) {
-      const int group = first_group + c / 16, col = n0 + (c % 16) * 8;
-      const bool valid = group < p.groups && col < p.n;
-      const T* src = static_cast<const T*>(p.scales) + static_cast<int64_t>(group) * p.n + col;
-      cp_async_16(s_stage + 16 * c, valid ? src : p.scales, valid);
-    }
-    if (p.zero_mode == kBias) return;
-    unsigned char* z_stage = s_stage + Layout::kSBytes;
-    const int chunks_per_group = zero_tile_bytes / 16;
-    const int tile_offset = n0 * zero_tile_bytes / kTileN;
-    for (int c = tid; c < stage_groups * chunks_per_group; c += kThreads) {
-      const int group = first_group + c / chunks_per_group;
-      const int byte = (c % chunks_per_group) * 16;
-      const bool valid = group < p.groups && tile_offset + byte < zero_row_bytes;
-      const unsigned char* src = static_cast<const unsigned char*>(p.zeros) +
-                                 static_cast<int64_t>(group) * zero_row_bytes + tile_offset + byte;
-      cp_async_16(z_stage + (c / chunks_per_group) * zero_tile_bytes + byte, valid ? src : p.zeros,
-                  valid);
+    if (valid) b_next += row_bytes;
+  };
+
+  // Activations: chunks of 256 k for all rows, double-buffered; their copies join the
+  // group of a weight tile that is waited for before the chunk is used.
+  const T* a = static_cast<const T*>(p.a);
+  auto chunk_buffer = [&](int chunk) {
+    return reinterpret_cast<T*>(smem + Layout::kRingBytes + (chunk % 2) * Layout::kChunkBytes);
+  };
+  auto load_chunk = [&](int chunk) {
+    T* dst = chunk_buffer(chunk);
+    const int k_first = (kt_begin + chunk * kChunkTiles) * 16, k_stop = kt_end * 16;
+    for (int c = tid; c < rows * (kChunkK / 8); c += kStreamThreads) {
+      const int row = c / (kChunkK / 8), piece = c % (kChunkK / 8);
+      const int k = k_first + piece * 8;
+      if (k < k_stop) {
+        cp_async_16(dst + row * kChunkK + ((piece ^ (row % 8)) * 8), a + (m0 + row) * p.lda + k);
+      }
     }
   };
+
+  // The first copies go out before anything waits on memory (the first group's scales).
+  load_chunk(0);
+#pragma unroll
+  for (int r = 0; r < kDepth; ++r) {
+    load_tile(r, ring + r * 32 * kLaneBytes);
+    cp_async_commit();
+  }
 
   float acc[MBlocks][8][4];
 #pragma unroll
@@ -328,124 +369,197 @@ __global__ void __launch_bounds__(kThreads, MBlocks == 1 ? 2 : 1)
 
   TileConstants<T, Bits, ActOrder> constants;
   constants.set_fixed_zero(fixed_zero(p));
-  const int col0 = n0 + 64 * warp_n;
-  if (!ActOrder && !grouped && strip_valid) {
-    channel_constants(constants, p, col0, lane);  // they do not change along K
+  const bool grouped = !ActOrder && p.group_shift >= 0;
+  // k16 tiles per group (groups are >= 32 rows), the first tile of the next group, and
+  // that group's values, loaded one group ahead.
+  const int group_tiles = grouped ? max(1, (1 << p.group_shift) / 16) : 0;
+  int next_group_kt = INT_MAX, next_group_index = 0;
+  GroupValues<T, Bits, ZeroMode> next_group;
+  if (warp_valid) {
+    if (grouped) {
+      const int group = kt_begin / group_tiles;
+      GroupValues<T, Bits, ZeroMode> first;
+      first.load(p, group, col0, lane);
+      first.apply(constants);
+      next_group_index = min(group + 1, p.groups - 1);
+      next_group.load(p, next_group_index, col0, lane);
+      next_group_kt = (group + 1) * group_tiles;
+    } else if (!ActOrder) {
+      channel_constants(constants, p, col0, lane);  // they do not change along K
+    }
   }
-  const bool float_zero = p.zero_mode == kFloatZero;
-  int cached_group = -1;
 
-  for (int it = 0; it < kStages - 1; ++it) {
-    if (it < iterations) load_stage(it);
-    cp_async_commit();
+  // Per lane, the byte offset of its ldmatrix row for tile 4 q + u of a chunk is
+  // a_offset[mb][u] + 128 q: the swizzle only touches the low 3 bits of the 16-byte
+  // piece index, which 8 q leaves alone.
+  uint32_t a_offset[MBlocks][4];
+#pragma unroll
+  for (int mb = 0; mb < MBlocks; ++mb) {
+    // Rows past the valid ones read the last valid row (their results are dropped).
+    const int row = min(mb * 16 + lane % 16, rows - 1);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      a_offset[mb][u] = 2 * (row * kChunkK + (((2 * u + lane / 16) ^ (row % 8)) * 8));
+    }
   }
-  for (int it = 0; it < iterations; ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (it + kStages - 1 < iterations) load_stage(it + kStages - 1);
-    cp_async_commit();
+  const uint32_t a_shared =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem + Layout::kRingBytes));
 
-    const unsigned char* base = stage(it % kStages);
-    const int kt0 = kt_begin + it * kStageTiles;
+  // The next group's values take over at its first tile. Slices start at a multiple of
+  // 4 tiles and groups span a power of two >= 2 of them, so groups change only at the
+  // first (or, for 2-tile groups, the third) tile of a turn: checked there alone, the
+  // switch costs nothing on the other tiles.
+  auto switch_group = [&](int kt) {
+    if (kt != next_group_kt) return;  // never equal unless grouped
+    next_group.apply(constants);
+    next_group_index = min(next_group_index + 1, p.groups - 1);
+    next_group.load(p, next_group_index, col0, lane);
+    next_group_kt += group_tiles;
+  };
+
+  // Four tiles per turn: slots, chunk offsets and loop tests are paid once per four.
+  // Built twice: only 2-tile groups (32 rows) check for a new group mid-turn.
+  auto main_loop = [&](auto two_tile_groups) {
+    for (int r0 = 0; r0 < tiles; r0 += 4) {
+      const uint32_t a_tiles =
+          a_shared + (r0 / kChunkTiles % 2) * Layout::kChunkBytes + (r0 % kChunkTiles / 4) * 128;
+      unsigned char* ring_turn = ring + (r0 % kDepth) * 32 * kLaneBytes;
+      if (warp_valid && !ActOrder) switch_group(kt_begin + r0);
 #pragma unroll
-    for (int sub = 0; sub < kStageTiles / 4; ++sub) {
-      const int local = warp_k * (kStageTiles / 4) + sub;
-      const int kt = kt0 + local;
-      if (!strip_valid || kt >= kt_end) continue;
-      const LaneWords<Bits> words = *reinterpret_cast<const LaneWords<Bits>*>(
-          base + 4 * ((local * kWarpsN + warp_n) * kTileWords + lane * (Bits == 4 ? 4 : 8)));
-      const T* a_stage = reinterpret_cast<const T*>(base + Layout::kBBytes);
-      uint32_t a_frag[MBlocks][4];
-#pragma unroll
-      for (int mb = 0; mb < MBlocks; ++mb) {
-        const int row = mb * 16 + lane % 16, chunk = 2 * local + lane / 16;
-        ldmatrix_x4(a_frag[mb], a_stage + row * kStageK + ((chunk ^ (row % 8)) * 8));
-      }
-      if constexpr (ActOrder) {
-        act_order_constants(constants, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
-      } else if (grouped) {
-        const int group = (kt * 16) >> p.group_shift;
-        if (group != cached_group) {  // scales change once per group, not per tile
-          cached_group = group;
-          const int in_stage = group - ((kt0 * 16) >> p.group_shift);
-          const unsigned char* s_stage = base + Layout::kBBytes + Layout::kABytes;
-          group_constants(constants,
-                          reinterpret_cast<const T*>(s_stage) + in_stage * kTileN + 64 * warp_n,
-                          s_stage + Layout::kSBytes + in_stage * zero_tile_bytes +
-                              warp_n * zero_tile_bytes / kWarpsN,
-                          p.zero_mode, lane);
+      for (int u = 0; u < 4; ++u) {
+        const int r = r0 + u;
+        cp_async_wait<kDepth - 1>();  // tile r, and any A chunk sent with it, landed
+        if (u == 0 && r0 % kChunkTiles == 0) {
+          __syncthreads();  // the chunk is visible to all; all are done with the other buffer
+          if (r0 + kChunkTiles < tiles) load_chunk(r0 / kChunkTiles + 1);
         }
-      }
-      if (float_zero) {
-        tile_mma<T, Bits, MBlocks, ActOrder, true>(acc, a_frag, words, constants);
-      } else {
-        tile_mma<T, Bits, MBlocks, ActOrder, false>(acc, a_frag, words, constants);
+        unsigned char* slot = ring_turn + u * 32 * kLaneBytes;
+        const int kt = kt_begin + r;
+        if (warp_valid && r < tiles) {
+          if constexpr (ActOrder) {
+            act_order_constants(constants, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
+          } else if constexpr (decltype(two_tile_groups)::value) {
+            if (u == 2) switch_group(kt);
+          }
+          const LaneWords<Bits> words = *reinterpret_cast<const LaneWords<Bits>*>(slot);
+          uint32_t a_frag[MBlocks][4];
+#pragma unroll
+          for (int mb = 0; mb < MBlocks; ++mb) ldmatrix_x4(a_frag[mb], a_tiles + a_offset[mb][u]);
+          tile_mma<T, Bits, MBlocks, ActOrder, ZeroMode == kFloatZero>(acc, a_frag, words,
+                                                                       constants, rows);
+        }
+        load_tile(r + kDepth, slot);  // into the slot just read (its reads have completed)
+        cp_async_commit();
       }
     }
+  };
+  if (group_tiles == 2) {
+    main_loop(std::true_type{});
+  } else {
+    main_loop(std::false_type{});
   }
   cp_async_wait<0>();
-  __syncthreads();
 
-  // Reduce the K-warps in shared memory (the stages are free now), one after another:
-  // a fixed order of additions, so results repeat exactly from run to run.
-  float* red = reinterpret_cast<float*>(smem);
-  for (int turn = 0; turn < kThreads / 32 / kWarpsN; ++turn) {
-    if (warp_k == turn && strip_valid) {
+  // Lane's results: rows mb * 16 + g (+ 8), columns col0 + 8 jb + 2 t (+ 1).
+  auto for_each_pair = [&](auto&& visit) {
 #pragma unroll
-      for (int mb = 0; mb < MBlocks; ++mb)
+    for (int mb = 0; mb < MBlocks; ++mb)
 #pragma unroll
-        for (int jb = 0; jb < 8; ++jb)
+      for (int jb = 0; jb < 8; ++jb)
 #pragma unroll
-          for (int i = 0; i < 4; i += 2) {
-            const int row = mb * 16 + lane / 4 + 8 * (i / 2);
-            const int col = 64 * warp_n + 8 * jb + 2 * (lane % 4);
-            float2* slot = reinterpret_cast<float2*>(red + row * kTileN + col);
-            const float2 mine = {acc[mb][jb][i], acc[mb][jb][i + 1]};
-            if (row < rows) *slot = turn == 0 ? mine : float2{slot->x + mine.x, slot->y + mine.y};
+        for (int half = 0; half < 2; ++half) {
+          const int row = mb * 16 + lane / 4 + 8 * half;
+          if (row < rows) {
+            visit(row, col0 + 8 * jb + 2 * (lane % 4), acc[mb][jb][2 * half],
+                  acc[mb][jb][2 * half + 1]);
           }
-    }
-    __syncthreads();
-  }
-
-  const int cols = min(kTileN, p.n - n0);
+        }
+  };
   T* c = static_cast<T*>(p.c);
   if (p.split == 1) {
-    for (int i = tid; i < rows * (kTileN / 2); i += kThreads) {
-      const int row = i / (kTileN / 2), col = 2 * (i % (kTileN / 2));
-      if (col >= cols) continue;
-      const float2 v = *reinterpret_cast<const float2*>(red + row * kTileN + col);
-      *reinterpret_cast<Pair<T>*>(c + (m0 + row) * p.ldc + n0 + col) = pair_of<T>(v.x, v.y);
+    if (warp_valid) {
+      for_each_pair([&](int row, int col, float x, float y) {
+        *reinterpret_cast<Pair<T>*>(c + (m0 + row) * p.ldc + col) = pair_of<T>(x, y);
+      });
     }
     return;
   }
-  // Split K: publish this CTA's partial, then the last CTA of the column tile sums all
-  // of them in split order (the same result whichever CTA finishes last).
-  for (int i = tid; i < rows * (kTileN / 2); i += kThreads) {
-    const int row = i / (kTileN / 2), col = 2 * (i % (kTileN / 2));
-    if (col >= cols) continue;
-    float* dst = p.partials + (static_cast<int64_t>(blockIdx.y) * p.m + m0 + row) * p.n + n0 + col;
-    __stcg(reinterpret_cast<float2*>(dst),
-           *reinterpret_cast<const float2*>(red + row * kTileN + col));
+  const int n0 = column_tile * kStreamCols;
+  const int quads = min(kStreamCols, p.n - n0) / 4;  // n is a multiple of 64
+  float* staging = reinterpret_cast<float*>(smem);
+  if (p.cluster_reduce) {
+    // Split K over a cluster (sm_90): each CTA leaves its partial in its own shared
+    // memory, then sums a 1/split share of the outputs over all of them, read through
+    // distributed shared memory in rank order. No global round trip, no counter.
+#if __CUDA_ARCH__ >= 900
+    cp_async_wait<0>();
+    __syncthreads();  // the ring and chunks are free
+    if (warp_valid) {
+      for_each_pair([&](int row, int col, float x, float y) {
+        *reinterpret_cast<float2*>(staging + row * kStreamCols + col - n0) = float2{x, y};
+      });
+    }
+    cluster_sync();
+    for (int i = slice * kStreamThreads + tid; i < rows * quads; i += p.split * kStreamThreads) {
+      const int row = i / quads, quad = i % quads;
+      float4 sum = {0.f, 0.f, 0.f, 0.f};
+      for (int rank = 0; rank < p.split; ++rank) {
+        const float4 v = *reinterpret_cast<const float4*>(cluster_map_shared(staging, rank) +
+                                                          row * kStreamCols + 4 * quad);
+        sum = float4{sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w};
+      }
+      T* out = c + (m0 + row) * p.ldc + n0 + 4 * quad;
+      *reinterpret_cast<Pair<T>*>(out) = pair_of<T>(sum.x, sum.y);
+      *reinterpret_cast<Pair<T>*>(out + 2) = pair_of<T>(sum.z, sum.w);
+    }
+    cluster_sync();  // no CTA leaves while another reads its shared memory
+#else
+    __trap();  // the host launches clusters only on sm_90 and newer
+#endif
+    return;
+  }
+  // Split K through global memory: publish this CTA's partial, then the last CTA of the
+  // column tile sums all of them in split order (the same result whichever CTA
+  // finishes last).
+  if (warp_valid) {
+    float* partial = p.partials + int64_t{slice} * p.m * p.n;
+    for_each_pair([&](int row, int col, float x, float y) {
+      __stcg(reinterpret_cast<float2*>(partial + int64_t{m0 + row} * p.n + col), float2{x, y});
+    });
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) is_last = atomicAdd(p.counters + blockIdx.x, 1) == p.split - 1;
+  if (tid == 0) is_last = atomicAdd(p.counters + column_tile, 1) == p.split - 1;
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int i = tid; i < rows * (kTileN / 2); i += kThreads) {
-    const int row = i / (kTileN / 2), col = 2 * (i % (kTileN / 2));
-    if (col >= cols) continue;
-    float2 sum = {0.f, 0.f};
-    for (int s = 0; s < p.split; ++s) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(
-          p.partials + (static_cast<int64_t>(s) * p.m + m0 + row) * p.n + n0 + col));
-      sum.x += v.x;
-      sum.y += v.y;
+  // Sum the partials through shared memory (free now), as many rows at a time as fit:
+  // every thread first issues all its copies (one memory round trip in all, not one
+  // per split), then each sums its columns over the splits in split order.
+  float4* staged = reinterpret_cast<float4*>(staging);
+  const int pass_rows = max(1, Layout::kStagingBytes / (p.split * quads * 16));
+  for (int row0 = 0; row0 < rows; row0 += pass_rows) {
+    const int pass = min(pass_rows, rows - row0);
+    __syncthreads();  // the previous pass is done with the staging area
+    for (int i = tid; i < p.split * pass * quads; i += kStreamThreads) {
+      const int split = i / (pass * quads), row = (i / quads) % pass, quad = i % quads;
+      cp_async_16(staged + i,
+                  p.partials + (int64_t{split} * p.m + m0 + row0 + row) * p.n + n0 + 4 * quad);
     }
-    *reinterpret_cast<Pair<T>*>(c + (m0 + row) * p.ldc + n0 + col) = pair_of<T>(sum.x, sum.y);
+    cp_async_wait_all();
+    __syncthreads();
+    for (int i = tid; i < pass * quads; i += kStreamThreads) {
+      float4 sum = staged[i];
+      for (int split = 1; split < p.split; ++split) {
+        const float4 v = staged[split * pass * quads + i];
+        sum = float4{sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w};
+      }
+      T* out = c + (m0 + row0 + i / quads) * p.ldc + n0 + 4 * (i % quads);
+      *reinterpret_cast<Pair<T>*>(out) = pair_of<T>(sum.x, sum.y);
+      *reinterpret_cast<Pair<T>*>(out + 2) = pair_of<T>(sum.z, sum.w);
+    }
   }
-  if (tid == 0) p.counters[blockIdx.x] = 0;  // ready for the next launch
+  if (tid == 0) p.counters[column_tile] = 0;  // ready for the next launch
 }
 
 // grid (N / 64, ceil(K / 64)), 4 warps: warp w dequantizes k16 tile 4 y + w of the
@@ -552,16 +666,18 @@ inline Params check_weights(SymbolicDevice& device, TensorView b_q_weight, Tenso
 }  // namespace marlin
 
 /// c = a @ dequant(b) with the streaming kernel; see the file comment. `a` [M, K]
-/// (act-order: already a[:, perm]), c [M, N]; `partials` fp32 [split, M, N] and
-/// `workspace` int32 [>= N / 128] when split > 1. Group size 0: per-channel scales (or
-/// act-order, which `ActOrder` builds and which takes `g_idx`).
-template <typename T, int Bits, int MBlocks, bool ActOrder>
+/// (act-order: already a[:, perm]), c [M, N]. With split > 1 the K slices are summed in
+/// a cluster's shared memory (`cluster_reduce`, sm_90 and newer, split <= 16) or
+/// through `partials` fp32 [split, M, N] and `workspace` int32 [>= N / 256]. Group size 0:
+/// per-channel scales (or act-order, which `ActOrder` builds and which takes `g_idx`). `ZeroMode`
+/// is the build's zero mode (kBias, kIntZero, kFloatZero).
+template <typename T, int Bits, int MBlocks, int ZeroMode, bool ActOrder>
 void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
                              tvm::ffi::Optional<TensorView> g_idx, TensorView c,
                              tvm::ffi::Optional<TensorView> partials, TensorView workspace,
-                             int64_t group_size, int64_t zero_mode, int64_t bias, int64_t split,
-                             int64_t k_tiles_per_split) {
+                             int64_t group_size, int64_t bias, int64_t split,
+                             int64_t k_tiles_per_split, bool cluster_reduce) {
   using namespace marlin;
   SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
   SymbolicDevice device;
@@ -572,7 +688,7 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
              " elements); call .contiguous() on it first");
   TensorMatcher({m, n}).dtype<T>().device(kDLCUDA, device).contiguous().verify(c, "c");
   Params p = check_weights(device, b_q_weight, b_scales, b_zeros, g_idx, dtype_trait<T>::value,
-                           Bits, k.value(), n.value(), group_size, zero_mode, bias);
+                           Bits, k.value(), n.value(), group_size, ZeroMode, bias);
   verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
   RuntimeCheck(ActOrder == g_idx.has_value(), "this module is built for act-order ", ActOrder);
   p.a = data_ptr<void>(a);
@@ -582,37 +698,38 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
   p.m = static_cast<int>(m.value());
   p.split = static_cast<int>(split);
   p.k_tiles_per_split = static_cast<int>(k_tiles_per_split);
-  const int64_t column_tiles = div_ceil<int64_t>(n.value(), kTileN);
-  RuntimeCheck(k_tiles_per_split % kStageTiles == 0 && split >= 1 &&
+  using Layout = StreamLayout<Bits, MBlocks>;
+  const int64_t column_tiles = div_ceil<int64_t>(n.value(), kStreamCols);
+  RuntimeCheck(k_tiles_per_split > 0 && k_tiles_per_split % 4 == 0 && split >= 1 &&
                    split * k_tiles_per_split >= k.value() / 16,
                "bad split plan: split ", split, " x ", k_tiles_per_split, " k16 tiles");
   TensorMatcher({kAnySize}).dtype<int32_t>().device(kDLCUDA, device).verify(workspace, "workspace");
   if (split > 1) {
-    RuntimeCheck(partials.has_value(), "split-K needs partials");
-    TensorMatcher({split, m, n})
-        .dtype<fp32_t>()
-        .device(kDLCUDA, device)
-        .contiguous()
-        .verify(*partials, "partials");
-    ValueCheck(workspace.size(0) >= column_tiles, "argument 'workspace': split-K needs ",
-               column_tiles, " entries, got ", workspace.size(0));
-    RuntimeCheck(m.value() <= 16 * MBlocks, "split-K runs one block of rows");
-    p.partials = data_ptr<float>(*partials);
-    p.counters = data_ptr<int32_t>(workspace);
+    p.cluster_reduce = cluster_reduce;
+    if (cluster_reduce) {
+      RuntimeCheck(split <= 16, "split ", split, " is more than a cluster holds (16)");
+    } else {
+      RuntimeCheck(m.value() <= 16 * MBlocks, "split-K through global memory: one row block");
+      RuntimeCheck(partials.has_value(), "split-K through global memory needs partials");
+      TensorMatcher({split, m, n})
+          .dtype<fp32_t>()
+          .device(kDLCUDA, device)
+          .contiguous()
+          .verify(*partials, "partials");
+      ValueCheck(workspace.size(0) >= column_tiles, "argument 'workspace': split-K needs ",
+                 column_tiles, " entries, got ", workspace.size(0));
+      RuntimeCheck(split * kStreamCols * 4 <= Layout::kStagingBytes, "split ", split,
+                   " is more than the final sum stages in shared memory");
+      p.partials = data_ptr<float>(*partials);
+      p.counters = data_ptr<int32_t>(workspace);
+    }
   }
   if (m.value() == 0) return;
-  using Layout = StageLayout<T, Bits, MBlocks>;
-  const dim3 grid(static_cast<unsigned>(column_tiles), static_cast<unsigned>(split),
+  const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(column_tiles),
                   static_cast<unsigned>(div_ceil<int64_t>(m.value(), Layout::kRows)));
-  const auto kernel = marlin_gemm_kernel<T, Bits, MBlocks, ActOrder>;
-  {
-    // Shared memory before L1: two CTAs of the 16-row kernel then fit on an SM.
-    ::tvm::ffi::CUDADeviceGuard guard(device.value().device_id);
-    RuntimeCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess,
-                 "cudaFuncSetAttribute(PreferredSharedMemoryCarveout) failed");
-  }
-  KernelLauncher(grid, dim3(kThreads), device.value(), Layout::kSharedBytes)(kernel, p);
+  KernelLauncher(grid, dim3(kStreamThreads), device.value(), Layout::kSharedBytes)
+      .cluster(p.cluster_reduce ? static_cast<unsigned>(split) : 1u)(
+          marlin_stream_kernel<T, Bits, MBlocks, ZeroMode, ActOrder>, p);
 }
 
 /// out [N, K] = dequant(b)^T (the nn.Linear layout of the weight).

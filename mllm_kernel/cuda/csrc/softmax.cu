@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "mllm_kernel/cuda/cp_async.cuh"
 #include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"

@@ -29,17 +29,22 @@ _tracing = torch.compiler.is_dynamo_compiling
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _M_BLOCKS = (1, 4)  # compiled row blocks of 16: M <= 16 and M <= 64 per CTA
-_TILE_N = 128  # output columns per CTA of the streaming kernel
-_STAGE_K = 128  # k rows per pipeline stage
+_TILE_N = 256  # output columns per CTA of the streaming kernel
+_SLICE_ALIGN = 4  # k16 tiles: slices start where the kernel's 4-tile turns do
+_MIN_SLICE_TILES = 16
+_MAX_SPLIT = 16
+_MAX_CLUSTER_SPLIT = 16  # a non-portable cluster size (Hopper's limit)
+_MAX_CLUSTER_SPLIT_64 = 8  # with 64 rows per CTA more slices cost more than they gain
+_CTAS_PER_SM = 3
 _GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a larger power of two"
 
 # M from which Hopper runs dequantize + wgmma GEMM instead of the streaming kernel.
-# Measured on an H100 (bf16, uint4b8, group 128): at M = 1024 dequantize + GEMM ran at
-# 0.68-0.74x cuBLAS bf16 on the Llama shapes, the dequantized scratch's write and
-# re-read costing ~25% over the GEMM alone; the streaming kernel re-reads the weights
-# per 64 rows and runs mma.sync, far below wgmma there. Between M = 64 and 1024 the
-# crossover is not measured yet: 512 is a guess to revisit with bench_quant_gemm.
-DEQUANT_GEMM_MIN_M = 512
+# Measured on an H100 (bf16, uint4b8, group 128; benchmarks/RESULTS.md, session 7):
+# streaming / dequant+GEMM at M = 64: 23 / 28 us (4096^2), 131 / 400 us (28672x8192);
+# M = 128: 37 / 32, 258 / 426; M = 256: 55 / 39, 467 / 429, and 147 / 117 at
+# 14336x4096. The streaming kernel re-reads the weights per 64 rows on mma.sync; the
+# other path writes and re-reads a bf16 copy of them.
+DEQUANT_GEMM_MIN_M = 256
 
 
 @dataclass(frozen=True)
@@ -58,18 +63,24 @@ _WEIGHT_TYPES = {
 _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 
 
+def _stream_variants() -> list[tuple]:
+    """(dtype, bits, row blocks, zero mode, act-order) the streaming kernel is built in:
+    float zero points only for 4-bit weights, act-order only with the type's zero."""
+    variants = []
+    for dtype in _DTYPES:
+        for bits in (4, 8):
+            for m_blocks in _M_BLOCKS:
+                modes = [(0, False), (1, False), (0, True)] + ([(2, False)] if bits == 4 else [])
+                variants += [(dtype, bits, m_blocks, zero, act) for zero, act in modes]
+    return variants
+
+
 _STREAM = KernelModule(
     "gptq_marlin_gemm",
     device="cuda",
     sources=["gptq_marlin.cu"],
     exports=[("stream", "mllm_kernel::cuda::gptq_marlin_gemm_stream<{args}>")],
-    variants=[
-        (dtype, bits, m, act_order)
-        for dtype in _DTYPES
-        for bits in (4, 8)
-        for m in _M_BLOCKS
-        for act_order in (False, True)
-    ],
+    variants=_stream_variants(),
 )
 # The large-M path's dequantization: the same source, its own (smaller) variant set.
 _DEQUANTIZE = KernelModule(
@@ -89,47 +100,64 @@ _DEQUANTIZE = KernelModule(
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: the streaming kernel with ``m_blocks`` row blocks per CTA
-    and K split over ``split`` CTAs of ``k_tiles_per_split`` k16 tiles, or
+    and K split over ``split`` CTAs of ``k_tiles_per_split`` k16 tiles (summed in a
+    cluster's shared memory when ``cluster``, else through global memory), or
     (``dequant_gemm``) dequantize + Hopper GEMM."""
 
     dequant_gemm: bool
     m_blocks: int = 1
     split: int = 1
     k_tiles_per_split: int = 0
+    cluster: bool = False
 
 
-def plan(m: int, n: int, k: int, sms: int, hopper: bool, counters: int) -> Plan:
+def plan(
+    m: int, n: int, k: int, sms: int, hopper: bool, counters: int, clusters: bool = False
+) -> Plan:
     """The way an ``m x n x k`` product runs on a GPU of ``sms`` SMs.
 
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
-    - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA. It has
-      ``ceil(n / 128)`` column tiles; while those fill less than two CTAs per SM, K
-      is split (each CTA keeping at least 2 of its 128-row stages) as long as the
-      ``counters`` entries of the workspace cover the column tiles.
+    - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA and
+      ``ceil(n / 256)`` column tiles. Each of its warps keeps 8 weight tiles (4 KB) in
+      flight; a GPU reaches its bandwidth with some 12 warps per SM, so while the column
+      tiles give fewer than ``3 * sms`` CTAs, K is split (up to 16 ways, each CTA keeping
+      at least 16 k16 tiles: more slices cost more in partial sums than they gain).
+      With ``clusters`` (sm_90 and newer) a column tile's slices form a thread-block
+      cluster and sum in its shared memory (up to 16 slices, 8 with 64 rows per CTA),
+      for any number of row blocks; otherwise they sum through global memory, for
+      one row block, as long as the ``counters`` entries of the workspace cover the
+      column tiles.
     """
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
     m_blocks = 1 if m <= 16 else 4
     k_tiles = k // 16
-    stages = -(-k // _STAGE_K)
     column_tiles = -(-n // _TILE_N)
+    row_blocks = -(-m // (16 * m_blocks))
     split = 1
-    if m <= 16 * m_blocks and column_tiles <= counters:
-        while column_tiles * split * 2 <= 2 * sms and stages // (split * 2) >= 2:
-            split *= 2
-    per_split = -(-stages // split) * (_STAGE_K // 16)
+    if clusters or (row_blocks == 1 and column_tiles <= counters):
+        wanted = -(-_CTAS_PER_SM * sms // (column_tiles * row_blocks))
+        most = (
+            (_MAX_CLUSTER_SPLIT if m_blocks == 1 else _MAX_CLUSTER_SPLIT_64)
+            if clusters
+            else _MAX_SPLIT
+        )
+        split = max(1, min(wanted, most, k_tiles // _MIN_SLICE_TILES))
+    per_split = -(-k_tiles // split)
+    per_split = -(-per_split // _SLICE_ALIGN) * _SLICE_ALIGN
     split = -(-k_tiles // per_split)
-    return Plan(False, m_blocks, split, per_split)
+    return Plan(False, m_blocks, split, per_split, clusters and split > 1)
 
 
 # Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
-_devices: dict[int, tuple[int, bool]] = {}
+_devices: dict[int, tuple[int, bool, bool]] = {}
 _lock = threading.Lock()
 
 
-def _device_facts(index: int) -> tuple[int, bool]:
-    """SM count of GPU ``index`` and whether it runs the Hopper GEMM; NotImplementedError
-    below sm_80 (mma.sync on bf16 and cp.async need Ampere)."""
+def _device_facts(index: int) -> tuple[int, bool, bool]:
+    """SM count of GPU ``index``, whether it runs the Hopper GEMM, and whether its code
+    has thread-block clusters (built for sm_90 or newer); NotImplementedError below sm_80
+    (mma.sync on bf16 and cp.async need Ampere)."""
     facts = _devices.get(index)
     if facts is not None:
         return facts
@@ -139,8 +167,13 @@ def _device_facts(index: int) -> tuple[int, bool]:
             f"gptq_marlin_gemm needs a GPU of compute capability 8.0 or newer (Ampere, Ada, "
             f"Hopper: mma.sync and cp.async); cuda:{index} has {major}.{minor}"
         )
-    hopper = (major, minor) == (9, 0) and CudaArch(9, 0, "a") in resolve_cuda_archs(index)
-    facts = (torch.cuda.get_device_properties(index).multi_processor_count, hopper)
+    archs = resolve_cuda_archs(index)
+    hopper = (major, minor) == (9, 0) and CudaArch(9, 0, "a") in archs
+    # The driver runs the newest code not newer than the GPU; clusters need sm_90's.
+    runs = max(((a.major, a.minor) for a in archs if (a.major, a.minor) <= (major, minor)),
+               default=(0, 0))  # fmt: skip
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    facts = (sms, hopper, runs >= (9, 0))
     with _lock:
         _devices[index] = facts
     return facts
@@ -342,7 +375,7 @@ def gptq_marlin_gemm(
         index = a.get_device()
         if index < 0:
             op_inputs.check_device("cuda", a=a)
-        sms, hopper = _devices.get(index) or _device_facts(index)
+        sms, hopper, clusters = _devices.get(index) or _device_facts(index)
         if workspace.numel() < sms:
             raise ValueError(
                 f"argument 'workspace': expected at least {sms} entries (one per SM of "
@@ -354,7 +387,8 @@ def gptq_marlin_gemm(
             return c
         return _run(
             a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
-            zero_mode, weight_type.scalar_type.bias, plan(m, n, k, sms, hopper, workspace.numel()),
+            zero_mode, weight_type.scalar_type.bias,
+            plan(m, n, k, sms, hopper, workspace.numel(), clusters),
         )  # fmt: skip
     except Exception as error:
         op_inputs.explain(
@@ -378,13 +412,13 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         weight = torch.empty((c.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
         module.dequantize(b_q_weight, b_scales, zeros, g_idx, weight, group_size, zero_mode, bias)
         return gemm(a if a.stride(1) == 1 else a.contiguous(), weight, c)
-    module = _STREAM[a.get_device(), a.dtype, bits, how.m_blocks, g_idx is not None]
+    module = _STREAM[a.get_device(), a.dtype, bits, how.m_blocks, zero_mode, g_idx is not None]
     partials = None
-    if how.split > 1:
+    if how.split > 1 and not how.cluster:
         partials = torch.empty((how.split, *c.shape), dtype=torch.float32, device=a.device)
     module.stream(
-        a, b_q_weight, b_scales, zeros, g_idx, c, partials, workspace, group_size, zero_mode,
-        bias, how.split, how.k_tiles_per_split,
+        a, b_q_weight, b_scales, zeros, g_idx, c, partials, workspace, group_size, bias,
+        how.split, how.k_tiles_per_split, how.cluster,
     )  # fmt: skip
     return c
 

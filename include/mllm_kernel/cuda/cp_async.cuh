@@ -1,0 +1,54 @@
+// cp.async (sm_80 and newer): 16-byte copies global -> shared that bypass registers
+// and L1, so a thread can issue many before waiting for any. Copies issued since the
+// last commit form a group; a thread waits for its own groups, and other threads see
+// the data after a barrier.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mllm_kernel::cuda {
+
+/// Copies 16 bytes global -> shared; nothing is copied (and `dst` is left as it was)
+/// when `valid` is false.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid = true) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  @p cp.async.cg.shared.global [%0], [%1], 16;\n"
+      "}\n" ::"r"(address),
+      "l"(src), "r"(static_cast<int>(valid))
+      : "memory");
+}
+
+/// Copies 16 bytes global -> shared, or writes 16 zero bytes when `valid` is false
+/// (`src` must still be a valid address). Unlike cp_async_16's predicate, the source
+/// size operand costs no extra instructions.
+__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool valid) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+/// Closes the group of copies issued by this thread since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/// Waits until at most `Pending` committed groups of this thread are still in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+/// Commits this thread's open copies and waits for all of them.
+__device__ __forceinline__ void cp_async_wait_all() {
+  cp_async_commit();
+  cp_async_wait<0>();
+}
+
+}  // namespace mllm_kernel::cuda
