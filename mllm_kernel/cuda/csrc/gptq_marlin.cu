@@ -4,18 +4,24 @@
 // group and column (uint4/uint8 + b_zeros) or a float one (is_zp_float).
 //
 // Streaming kernel (`marlin_stream_kernel`), for the small M of decoding, where
-// reading the weights bounds the time. Each warp owns one 64-column Marlin tile of a
-// CTA's 256 columns and the CTA's slice of K, and streams its weight words straight
-// from global memory into registers: a lane's 16 bytes of a k16 x n64 tile are its
-// mma fragments, so each tile is one coalesced warp read, and kDepth tiles stay in
-// flight per warp. Warps never wait for each other on weights; the activations (at
-// most 16 * MBlocks rows) pass through two shared-memory chunks of 256 k, the CTA's
-// only barriers. Weights are dequantized in registers (magic-number trick,
-// dequant.cuh) and multiplied with mma.sync m16n8k16, fp32 accumulation. Scales and
-// zero points of the next group are loaded one group ahead. When the column tiles
-// alone cannot fill the GPU, K is split over `split` CTAs that write fp32 partials;
-// the last to finish (counted in `workspace`, left zeroed again) sums them in a fixed
-// order and writes c. M beyond 16 * MBlocks rows takes grid.z.
+// reading the weights bounds the time. A CTA is 4 warps; each warp owns one 64-column
+// Marlin tile of the CTA's 256 columns, for the CTA's slice of K. A lane's 16 bytes of
+// a k16 x n64 tile are exactly its mma fragments, so each lane copies its own bytes
+// (cp.async) into its warp's ring of kDepth tiles and reads back only those: every
+// tile is one coalesced warp read, and no warp waits for another on weights. The
+// activations (at most 16 * MBlocks rows) pass through two shared-memory chunks of
+// 256 k; those chunks are the CTA's only barriers. Weights are dequantized in
+// registers (the magic-number trick, dequant.cuh) and multiplied with mma.sync
+// m16n8k16 into fp32, four tiles a turn. Scales and zero points are loaded one group
+// ahead, and the zero mode and act-order are template parameters.
+//
+// When the column tiles alone cannot fill the GPU, K is split over `split` CTAs, which
+// are summed in a fixed order (run-to-run identical results) in one of two ways:
+//   - on sm_90+, the split CTAs of a column tile form a thread-block cluster and sum
+//     through distributed shared memory;
+//   - elsewhere they write fp32 partials, and the last to finish (counted in
+//     `workspace`, left zeroed again) sums them.
+// M beyond 16 * MBlocks rows takes grid.z.
 //
 // `marlin_dequantize_kernel` writes dequant(b) as a [N, K] matrix (the nn.Linear
 // layout) for large M, where the product runs on the Hopper GEMM instead.
