@@ -17,8 +17,10 @@ from mllm_kernel.cuda.jit import (
     marlin_permute_scales,
     marlin_zero_points,
 )
+from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
 from mllm_kernel.cuda.jit.gptq_marlin import plan
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
+from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
 
 def test_scalar_type_ids_are_the_formats_ids():
@@ -149,6 +151,37 @@ def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
     assert plan(1, 192, 256, 132, True, 132, clusters=True).cluster is False  # one slice
     tail = plan(1, 192, 272, 132, True, 132)
     assert (tail.split, tail.k_tiles_per_split) == (1, 20)  # 17 k16 tiles: too few to split
+
+
+@pytest.mark.parametrize(
+    ("capability", "archs", "hopper", "clusters"),
+    [
+        ((9, 0), [CudaArch(9, 0, "a")], True, True),
+        ((9, 0), [CudaArch(8, 0, ptx=True)], False, False),  # Ampere code runs on Hopper
+        ((9, 0), [CudaArch(8, 0), CudaArch(9, 0, "a")], True, True),
+        ((8, 6), [CudaArch(8, 0)], False, False),
+        ((10, 0), [CudaArch(10, 0, "a")], False, True),
+    ],
+)
+def test_device_facts_take_clusters_only_where_sm90_code_runs(
+    monkeypatch, capability, archs, hopper, clusters
+):
+    """The split-K sum through a cluster needs the code the driver picks for the GPU (the
+    newest built arch not newer than it) to be sm_90 or newer; otherwise the kernel would
+    trap, so the global-memory path must be planned."""
+    monkeypatch.setattr(gptq_marlin_module, "_devices", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    monkeypatch.setattr(gptq_marlin_module, "resolve_cuda_archs", lambda index: archs)
+    props = type("Props", (), {"multi_processor_count": 100})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    assert gptq_marlin_module._device_facts(0) == (100, hopper, clusters)
+
+
+def test_device_facts_refuse_gpus_before_ampere(monkeypatch):
+    monkeypatch.setattr(gptq_marlin_module, "_devices", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 5))
+    with pytest.raises(NotImplementedError, match=r"8\.0 or newer.*cuda:0 has 7\.5"):
+        gptq_marlin_module._device_facts(0)
 
 
 # --- input checks: CPU tensors suffice, every check runs before the device is used ---
