@@ -137,11 +137,10 @@ def plan(
     split = 1
     if clusters or (row_blocks == 1 and column_tiles <= counters):
         wanted = -(-_CTAS_PER_SM * sms // (column_tiles * row_blocks))
-        most = (
-            (_MAX_CLUSTER_SPLIT if m_blocks == 1 else _MAX_CLUSTER_SPLIT_64)
-            if clusters
-            else _MAX_SPLIT
-        )
+        if clusters:
+            most = _MAX_CLUSTER_SPLIT if m_blocks == 1 else _MAX_CLUSTER_SPLIT_64
+        else:
+            most = _MAX_SPLIT
         split = max(1, min(wanted, most, k_tiles // _MIN_SLICE_TILES))
     per_split = -(-k_tiles // split)
     per_split = -(-per_split // _SLICE_ALIGN) * _SLICE_ALIGN
