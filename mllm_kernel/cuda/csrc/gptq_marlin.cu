@@ -273,8 +273,8 @@ inline constexpr int kStreamCols = 64 * kStreamWarps;  // output columns per CTA
 inline constexpr int kChunkTiles = 16;                 // k16 tiles per shared-memory A chunk
 inline constexpr int kChunkK = 16 * kChunkTiles;
 
-/// Weight tiles each warp keeps in flight: 8 x 512 bytes (4-bit) or 8 x 1 KB. 12 ran no
-/// faster on the H100 (RESULTS.md, session 7).
+/// Weight tiles each warp keeps in flight: 8 x 512 bytes (4-bit) or 8 x 1 KB. Depths 12
+/// and 16 ran no faster on the H100 (RESULTS.md, session 7).
 inline constexpr int kDepth = 8;
 /// CTAs per SM the 16-row kernel is built for: 5 x 4 warps, at most 102 registers.
 inline constexpr int kStreamMinBlocks = 5;
