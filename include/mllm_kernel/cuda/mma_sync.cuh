@@ -16,17 +16,9 @@
 
 namespace mllm_kernel::cuda {
 
-/// Four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8
-/// of matrix i / 8, and receives one 32-bit pair of each matrix.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&frag)[4], const void* row_address) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
-               : "r"(address));
-}
-
-/// ldmatrix_x4 from a shared-memory address (as from __cvta_generic_to_shared), for
-/// loops that keep per-lane addresses as 32-bit offsets.
+/// Four 8x8 b16 matrices from shared memory; lane i gives the shared-memory address (as
+/// from __cvta_generic_to_shared: loops keep per-lane offsets as 32-bit values) of row
+/// i % 8 of matrix i / 8, and receives one 32-bit pair of each matrix.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&frag)[4], uint32_t shared_address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
