@@ -25,7 +25,7 @@ from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
 # Kernel name -> the SASS instruction every variant must contain (HGMMA / IGMMA: the
 # 16-bit / int8 wgmma ran through; a kernel on the slower mma.sync path would show only
 # HMMA / IMMA).
-EXPECTED_SASS = {"gemm": "HGMMA", "int8_scaled_mm": "IGMMA"}
+EXPECTED_SASS = {"gemm": "HGMMA", "int8_scaled_mm": "IGMMA", "gptq_marlin_gemm_wgmma": "HGMMA"}
 
 
 def _cuda_binary(name: str) -> Path | None:

@@ -2,7 +2,8 @@
 pure-torch layout (tests/marlin_reference.py), and gptq_marlin_gemm against a float64
 product with the dequantized weight, (q - zero) * scale, over M, shapes with tails,
 both activation dtypes, every group size and weight type, act-order, zero points,
-c=, split-K, the dequantize + Hopper GEMM path, CUDA graphs and a second GPU."""
+c=, split-K, Hopper's fused wgmma and dequantize + GEMM paths, CUDA graphs and a second
+GPU."""
 
 from __future__ import annotations
 
@@ -139,6 +140,64 @@ def test_gemm_types_and_groups(dtype, type_name, group_size, m):
     _check(_run(w, a), a, w)
 
 
+def _hopper() -> bool:
+    return gptq_marlin_module._device_facts(torch.cuda.current_device())[1]
+
+
+@pytest.fixture(params=gptq_marlin_module._FUSED_TOKENS)
+def fused_tokens(request, monkeypatch):
+    """Runs a test with the fused kernel built for each token tile (Hopper only)."""
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    monkeypatch.setattr(gptq_marlin_module, "_FUSED_TOKENS", (request.param,))
+    return request.param
+
+
+# (N, K, M): one 128-column CTA; half a CTA of columns past the last whole one with K
+# not a multiple of the 64-k block (group 32 ends mid-block); several token tiles, the
+# last one partial.
+FUSED_SHAPES = [(128, 256, 64), (320, 1120, 100), (1024, 2048, 515)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("type_name", ["uint4b8", "uint4"])
+@pytest.mark.parametrize("group_size", [-1, 32, 128])
+@pytest.mark.parametrize(("n", "k", "m"), FUSED_SHAPES)
+def test_fused_gemm_types_groups_and_tiles(fused_tokens, dtype, type_name, group_size, n, k, m):
+    if k % abs(group_size):
+        pytest.skip("the group size does not divide K")
+    torch.manual_seed(m + n + group_size)
+    w = Weights(k, n, dtype, type_name, group_size)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True).fused_tokens == (
+        fused_tokens
+    )
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    _check(_run(w, a, c=c), a, w)
+
+
+@pytest.mark.parametrize("group_size", [64, 256])
+def test_fused_gemm_other_group_sizes(group_size):
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    torch.manual_seed(group_size)
+    w = Weights(1024, 256, torch.bfloat16, "uint4", group_size)
+    a = torch.randn(200, 1024, device="cuda").to(torch.bfloat16)
+    _check(_run(w, a), a, w)
+
+
+def test_fused_gemm_strided_rows():
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    w = Weights(512, 128, torch.float16)
+    big = torch.randn(300, 1024, device="cuda").to(torch.float16)
+    a = big[:, 256:768]  # row stride 1024
+    _check(_run(w, a), a, w)
+    with pytest.raises(ValueError, match="argument 'a': rows must start on 16-byte"):
+        _run(w, big[:, 3:515])
+
+
 @pytest.fixture(params=["cluster", "global"])
 def split_sums(request, monkeypatch):
     """Runs a test with K slices summed in a cluster's shared memory (where the GPU has
@@ -232,12 +291,13 @@ def test_gemm_plans_cover_both_paths():
     assert gptq_marlin_module.plan(1, 4096, 4096, sms, hopper, sms).split > 1
 
 
-def test_gemm_cuda_graph_on_a_side_stream():
+@pytest.mark.parametrize("m", [4, 300])
+def test_gemm_cuda_graph_on_a_side_stream(m):
     torch.manual_seed(5)
     w = Weights(4096, 1024, torch.float16)
-    a = torch.randn(4, 4096, device="cuda").to(torch.float16)
+    a = torch.randn(m, 4096, device="cuda").to(torch.float16)
     workspace = marlin_make_workspace("cuda")
-    c = torch.empty(4, 1024, device="cuda", dtype=torch.float16)
+    c = torch.empty(m, 1024, device="cuda", dtype=torch.float16)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -247,7 +307,7 @@ def test_gemm_cuda_graph_on_a_side_stream():
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         _run(w, a, c=c, workspace=workspace)
     c.fill_(float("nan"))
-    a.copy_(torch.randn(4, 4096, device="cuda").to(torch.float16))
+    a.copy_(torch.randn(m, 4096, device="cuda").to(torch.float16))
     graph.replay()
     torch.cuda.synchronize()
     _check(c, a, w)

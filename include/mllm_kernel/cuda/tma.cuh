@@ -101,6 +101,10 @@ struct TmaMatrix {
   uint32_t box_cols;         // box_cols * element size <= 128 for the 128-byte swizzle
   CUtensorMapDataType dtype;
   uint32_t element_bytes;
+  // The 128-byte swizzle is how wgmma reads K-major tiles; data that threads read
+  // themselves (packed weights, scales) lands unswizzled, with a box row of at most 256
+  // elements and a multiple of 16 bytes.
+  CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
 
   bool operator==(const TmaMatrix&) const = default;
 };
@@ -143,7 +147,7 @@ inline CUtensorMap encode_tma_2d(const TmaMatrix& m, source_location loc) {
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult status =
       encode_tiled(loc)(&map, m.dtype, 2, const_cast<void*>(m.data), dims, pitches, box,
-                        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, m.swizzle,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
     mllm_kernel::detail::throw_error(
@@ -159,7 +163,7 @@ inline CUtensorMap encode_tma_2d(const TmaMatrix& m, source_location loc) {
 
 }  // namespace tma_detail
 
-/// The 128-byte-swizzled tensor map of `matrix`, encoded once per (pointer, shape,
+/// The tensor map of `matrix`, encoded once per (pointer, shape,
 /// box): a decode loop calls a GEMM on the same weights every step, and encoding
 /// costs more than the lookup. A small direct-mapped table; a collision re-encodes.
 inline CUtensorMap tma_map_2d(const TmaMatrix& matrix,

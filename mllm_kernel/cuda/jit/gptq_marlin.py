@@ -2,14 +2,18 @@
 format (GPTQ and AWQ checkpoints through :func:`gptq_marlin_repack` /
 :func:`awq_marlin_repack`), with the original mllm-kernel's signature and module path.
 
-Two ways to run, chosen per call by :func:`plan` (the one place that knows):
+Three ways to run, chosen per call by :func:`plan` (the one place that knows):
 
 - the streaming kernel (``csrc/gptq_marlin.cu``, mma.sync, sm_80 and newer) for small
   M, where reading the weights bounds the time: each weight byte is read once;
-- for M of at least :data:`DEQUANT_GEMM_MIN_M` on Hopper (sm_90 with sm_90a code):
-  the weights are dequantized into a bf16/fp16 ``[N, K]`` scratch and multiplied by
-  the Hopper GEMM (:func:`mllm_kernel.cuda.jit.gemm`), since there the tensor cores
-  bound the time and wgmma is several times faster than mma.sync.
+- on Hopper (sm_90 with sm_90a code), for M of at least :data:`FUSED_MIN_M` and 4-bit
+  weights without act-order or float zero points: the fused kernel
+  (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in registers as
+  wgmma's A operand, since there the tensor cores bound the time and wgmma is several
+  times faster than mma.sync;
+- on Hopper for the other weights, from M = :data:`DEQUANT_GEMM_MIN_M`: the weights
+  are dequantized into a bf16/fp16 ``[N, K]`` scratch and multiplied by the Hopper
+  GEMM (:func:`mllm_kernel.cuda.jit.gemm`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ _GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a larger power of tw
 # 14336x4096. The streaming kernel re-reads the weights per 64 rows on mma.sync; the
 # other path writes and re-reads a bf16 copy of them.
 DEQUANT_GEMM_MIN_M = 256
+
+# M from which Hopper runs the fused kernel (4-bit weights, no act-order, no float
+# zero points), and the token tiles (wgmma's N) it is built with.
+FUSED_MIN_M = 64
+_FUSED_TOKENS = (64, 128, 256)
+_FUSED_COLS = 128  # weight columns per CTA of the fused kernel
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,18 @@ _STREAM = KernelModule(
     exports=[("stream", "mllm_kernel::cuda::gptq_marlin_gemm_stream<{args}>")],
     variants=_stream_variants(),
 )
-# The large-M path's dequantization: the same source, its own (smaller) variant set.
+# Hopper's fused path for 4-bit weights: (dtype, tokens per CTA, zero mode 0 or 1).
+_FUSED = KernelModule(
+    "gptq_marlin_gemm_wgmma",
+    device="cuda",
+    sources=["gptq_marlin_wgmma.cu"],
+    exports=[("fused", "mllm_kernel::cuda::gptq_marlin_gemm_wgmma<{args}>")],
+    variants=[
+        (dtype, tokens, zero) for dtype in _DTYPES for tokens in _FUSED_TOKENS for zero in (0, 1)
+    ],
+)
+# The dequantize + GEMM path's dequantization: the same source as the streaming
+# kernel, its own (smaller) variant set.
 _DEQUANTIZE = KernelModule(
     "gptq_marlin_dequantize",
     device="cuda",
@@ -99,23 +120,29 @@ _DEQUANTIZE = KernelModule(
 
 @dataclass(frozen=True)
 class Plan:
-    """How one call runs: the streaming kernel with ``m_blocks`` row blocks per CTA
-    and K split over ``split`` CTAs of ``k_tiles_per_split`` k16 tiles (summed in a
-    cluster's shared memory when ``cluster``, else through global memory), or
-    (``dequant_gemm``) dequantize + Hopper GEMM."""
+    """How one call runs: the fused kernel with ``fused_tokens`` tokens per CTA (when
+    not 0); dequantize + Hopper GEMM (``dequant_gemm``); or the streaming kernel with
+    ``m_blocks`` row blocks per CTA and K split over ``split`` CTAs of
+    ``k_tiles_per_split`` k16 tiles (summed in a cluster's shared memory when
+    ``cluster``, else through global memory)."""
 
     dequant_gemm: bool
     m_blocks: int = 1
     split: int = 1
     k_tiles_per_split: int = 0
     cluster: bool = False
+    fused_tokens: int = 0
 
 
 def plan(
-    m: int, n: int, k: int, sms: int, hopper: bool, counters: int, clusters: bool = False
-) -> Plan:
+    m: int, n: int, k: int, sms: int, hopper: bool, counters: int, clusters: bool = False,
+    fusable: bool = False,
+) -> Plan:  # fmt: skip
     """The way an ``m x n x k`` product runs on a GPU of ``sms`` SMs.
 
+    - ``hopper``, ``fusable`` weights (4-bit, no act-order, no float zero points) and
+      ``m >= FUSED_MIN_M``: the fused kernel, with the widest token tile that still
+      gives most SMs a CTA (:func:`fused_tokens`).
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA and
       ``ceil(n / 256)`` column tiles. Each of its warps keeps 8 weight tiles (4 KB) in
@@ -128,6 +155,8 @@ def plan(
       one row block, as long as the ``counters`` entries of the workspace cover the
       column tiles.
     """
+    if hopper and fusable and m >= FUSED_MIN_M:
+        return Plan(dequant_gemm=False, fused_tokens=fused_tokens(m, n, sms))
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
     m_blocks = 1 if m <= 16 else 4
@@ -146,6 +175,16 @@ def plan(
     per_split = -(-per_split // _SLICE_ALIGN) * _SLICE_ALIGN
     split = -(-k_tiles // per_split)
     return Plan(False, m_blocks, split, per_split, clusters and split > 1)
+
+
+def fused_tokens(m: int, n: int, sms: int) -> int:
+    """The fused kernel's tokens per CTA for ``m`` tokens and ``n`` columns: the widest
+    tile (fewest weight re-reads, widest wgmma) whose CTAs cover 90% of the ``sms``."""
+    columns = -(-n // _FUSED_COLS)
+    for tokens in sorted(_FUSED_TOKENS, reverse=True):
+        if -(-m // tokens) * columns >= 0.9 * sms:
+            return tokens
+    return min(_FUSED_TOKENS)
 
 
 # Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
@@ -276,7 +315,9 @@ def gptq_marlin_gemm(
     - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).
 
     Needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
-    with sm_90a code, M >= :data:`DEQUANT_GEMM_MIN_M` runs dequantize + wgmma GEMM.
+    with sm_90a code, M >= :data:`FUSED_MIN_M` runs the fused wgmma kernel for 4-bit
+    weights (no act-order, no float zero points) and M >= :data:`DEQUANT_GEMM_MIN_M`
+    dequantize + wgmma GEMM for the others.
 
     >>> from mllm_kernel.cuda.jit.scalar_type import scalar_types
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
@@ -387,7 +428,8 @@ def gptq_marlin_gemm(
         return _run(
             a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
             zero_mode, weight_type.scalar_type.bias,
-            plan(m, n, k, sms, hopper, workspace.numel(), clusters),
+            plan(m, n, k, sms, hopper, workspace.numel(), clusters,
+                 fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"]),
         )  # fmt: skip
     except Exception as error:
         op_inputs.explain(
@@ -404,6 +446,10 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         a = a.index_select(1, perm)  # act-order: the columns in Marlin row order
     else:
         g_idx = None
+    if how.fused_tokens:
+        module = _FUSED[a.get_device(), a.dtype, how.fused_tokens, zero_mode]
+        module.fused(a, b_q_weight, b_scales, zeros, c, group_size, bias)
+        return c
     if how.dequant_gemm:
         from mllm_kernel.cuda.jit.gemm import gemm
 
@@ -456,4 +502,4 @@ GPTQ_MARLIN_GEMM_OP = torch_op(
 ).implement("cuda", _gptq_marlin_gemm_op)
 
 
-__all__ = ["DEQUANT_GEMM_MIN_M", "Plan", "gptq_marlin_gemm", "plan"]
+__all__ = ["DEQUANT_GEMM_MIN_M", "FUSED_MIN_M", "Plan", "fused_tokens", "gptq_marlin_gemm", "plan"]

@@ -1,0 +1,343 @@
+// W4A16 GEMM for Hopper (sm_90a) on weights in the Marlin layout, dequantized in
+// registers and fed straight to wgmma: c[M, N] = a[M, K] @ dequant(b)[K, N], for the
+// M where the tensor cores bound the time (prefill). Without it those M dequantized
+// the whole weight into a bf16/fp16 copy first, a memory pass that cost a quarter of
+// the time at M = 1024.
+//
+// The product is computed transposed, C^T[N, M] = dequant(b)^T @ a^T: wgmma takes its
+// A operand (64 rows x k16) from registers, and a k16 x n64 Marlin tile is exactly one
+// such operand. Warp w of a warpgroup holds rows 16 w .. 16 w + 15, which in an
+// m16n8k16 A fragment are lane (g, t)'s columns 16 w + g and 16 w + 8 + g at rows
+// 2 t + {0, 1, 8, 9}: the two n8 blocks of lane l's Marlin word w (marlin_layout.cuh).
+// So each thread reads one 32-bit word per k16 step, dequantizes its four pairs (the
+// magic-number trick, then the zero and the group's scale in T, as the other paths
+// do), and issues wgmma with the activations (B, K-major, 128-byte swizzle) from
+// shared memory.
+//
+// A CTA is a producer warpgroup, one thread of which streams each 64-k block's
+// activation tile (kTokens rows), weight tiles (4 k16 rows x the CTA's 128 columns,
+// 4 KB) and scale / zero-point rows into a ring of stages with TMA, and two consumer
+// warpgroups, one per 64 weight columns. Each consumer keeps one k16 wgmma in flight
+// while it dequantizes the next into the other of two register sets. Per-channel
+// scales (one group) multiply the fp32 sums in the epilogue instead.
+//
+// Grid: (token tiles, column tiles), token tiles fastest, so the CTAs running at once
+// share the weight columns they read and the activations stay in L2.
+#include <tvm/ffi/optional.h>
+
+#include "mllm_kernel/cuda/dequant.cuh"
+#include "mllm_kernel/cuda/marlin_layout.cuh"
+#include "mllm_kernel/cuda/mbarrier.cuh"
+#include "mllm_kernel/cuda/tma.cuh"
+#include "mllm_kernel/cuda/wgmma.cuh"
+#include "mllm_kernel/tensor.hpp"
+#include "mllm_kernel/utils.cuh"
+
+namespace mllm_kernel::cuda {
+namespace marlin_wgmma {
+
+using marlin::kBias;
+using marlin::kIntZero;
+
+/// One build: activation dtype, tokens per CTA (wgmma's N) and zero mode.
+template <typename T, int kTokens_, int ZeroMode_>
+struct FusedConfig {
+  static constexpr int kTokens = kTokens_;
+  static constexpr int kZeroMode = ZeroMode_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kCols = 64 * kConsumers;  // weight columns: one Marlin tile each
+  static constexpr int kTileK = 64;              // one 128-byte activation row
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kAccumulators = kTokens / 2;
+  // A stage: activations [kTokens][64] swizzled, then the weight words [4 k16 rows][2
+  // tiles][512 bytes], then up to two group rows (groups of 32) of the columns'
+  // scales and of their packed zero points.
+  static constexpr int kActBytes = kTokens * kSwizzle128Bytes;
+  static constexpr int kWeightBytes = (kTileK / 16) * kCols * 16 / 2;
+  static constexpr int kScaleRowBytes = kCols * 2;
+  static constexpr int kZeroRowBytes = kCols / 2;
+  static constexpr int kWeightOffset = kActBytes;
+  static constexpr int kScaleOffset = kWeightOffset + kWeightBytes;
+  static constexpr int kZeroOffset = kScaleOffset + 2 * kScaleRowBytes;
+  static constexpr int kStageBytes = (kZeroOffset + 2 * kZeroRowBytes + 1023) / 1024 * 1024;
+  static constexpr int kStages = 200 * 1024 / kStageBytes < 8 ? 200 * 1024 / kStageBytes : 8;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static constexpr std::size_t kSharedBytes =
+      1024 + std::size_t{kStages} * kStageBytes + 2 * kStages * sizeof(MBarrier);
+
+  static_assert(kActBytes % 1024 == 0 && kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0 &&
+                    kZeroOffset % 128 == 0,
+                "TMA destinations: 1024-byte (swizzled) and 128-byte aligned");
+};
+
+/// Group rows one k-block's scale box covers: two for groups of 32, else one.
+__host__ __device__ inline int group_rows_per_block(int group_shift) {
+  return group_shift == 5 ? 2 : 1;
+}
+
+/// A k-block's first group row: its scales' and zero points' row (one group: row 0).
+__device__ __forceinline__ int group_row(const marlin::Params& p, int kb) {
+  return p.group_shift >= 0 ? (kb * 64) >> p.group_shift : 0;
+}
+
+/// What one thread subtracts from and multiplies into its pairs for one group: its
+/// two n8 blocks' `magic + zero` and scales, each broadcast to a pair.
+template <typename T>
+struct BlockConstants {
+  Pair<T> offset[2];
+  Pair<T> scale[2];
+};
+
+/// The four A registers of one k16 step from the thread's Marlin word: rows g and
+/// g + 8 (blocks 2 w and 2 w + 1) at k 2 t + {0, 1} then 2 t + {8, 9}.
+template <typename T, bool kScaled>
+__device__ __forceinline__ void dequant_a(uint32_t (&a)[4], uint32_t word,
+                                          const BlockConstants<T>& bc) {
+  using Deq = IntDequant<T, 4>;
+  constexpr int kPair[4] = {0, 2, 1, 3};  // the word's pair in each A register
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int block = r % 2;
+    Pair<T> v = Deq::pair(word, kPair[r], bc.offset[block]);
+    if constexpr (kScaled) v = __hmul2(v, bc.scale[block]);
+    a[r] = bits_of<T>(v);
+  }
+}
+
+/// Keeps the compiler from reusing an A register set's registers while a wgmma that
+/// reads them asynchronously may still run (the asm names them as inputs only).
+__device__ __forceinline__ void keep_live(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[r])::"memory");
+}
+
+template <typename T, typename Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    marlin_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
+                        const __grid_constant__ CUtensorMap map_w,
+                        const __grid_constant__ CUtensorMap map_s,
+                        const __grid_constant__ CUtensorMap map_z, const marlin::Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = Config::kStages;
+  using Deq = IntDequant<T, 4>;
+  extern __shared__ uint8_t shared_raw[];
+  // Aligned by an offset from shared_raw, so that the compiler still knows the pointers
+  // below address shared memory (LDS, not generic loads).
+  uint8_t* shared = shared_raw + ((1024 - shared_address(shared_raw) % 1024) % 1024);
+  MBarrier* full = reinterpret_cast<MBarrier*>(shared + kStages * Config::kStageBytes);
+  MBarrier* empty = full + kStages;
+
+  const int token0 = static_cast<int>(blockIdx.x) * Config::kTokens;
+  const int col0 = static_cast<int>(blockIdx.y) * Config::kCols;
+  const int k_blocks = (p.k + Config::kTileK - 1) / Config::kTileK;
+  const bool grouped = p.group_shift >= 0;
+  const int rows_per_block = group_rows_per_block(p.group_shift);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      full[s].init(1);
+      empty[s].init(Config::kConsumers * 4);  // lane 0 of every consumer warp
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    warpgroup_release_registers<Config::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      const uint32_t bytes = Config::kActBytes + Config::kWeightBytes +
+                             (grouped ? rows_per_block * Config::kScaleRowBytes : 0) +
+                             (Config::kZeroMode == kIntZero ? rows_per_block * Config::kZeroRowBytes
+                                                            : 0);
+      PipelineState state;
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        empty[state.stage].wait(state.phase ^ 1);
+        uint8_t* stage = shared + state.stage * Config::kStageBytes;
+        MBarrier* barrier = &full[state.stage];
+        barrier->arrive_expect_tx(bytes);
+        tma_load_2d(stage, &map_a, barrier, kb * Config::kTileK, token0);
+        // Weight words: k16 rows 4 kb .. 4 kb + 3, 2 words per column.
+        tma_load_2d(stage + Config::kWeightOffset, &map_w, barrier, col0 * 2, kb * 4);
+        if (grouped) {
+          tma_load_2d(stage + Config::kScaleOffset, &map_s, barrier, col0, group_row(p, kb));
+        }
+        if constexpr (Config::kZeroMode == kIntZero) {
+          tma_load_2d(stage + Config::kZeroOffset, &map_z, barrier, col0 / 8, group_row(p, kb));
+        }
+        state.advance(kStages);
+      }
+    }
+  } else {
+    warpgroup_claim_registers<Config::kConsumerRegisters>();
+    const int consumer = warpgroup - 1;
+    const int warp = (static_cast<int>(threadIdx.x) / 32) % 4;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    BlockConstants<T> bc;
+    const Pair<T> fixed = Deq::offset(static_cast<float>(Config::kZeroMode == kBias ? p.bias : 0));
+    bc.offset[0] = bc.offset[1] = fixed;
+    // Load the group constants of group row `row` of a stage: the scales of columns
+    // 16 w + g and 16 w + 8 + g sit side by side (permuted positions 8 g + 2 w, + 1);
+    // their zero points are nibbles w and w + 4 of the row's word g.
+    auto load_constants = [&](const uint8_t* stage, int row) {
+      if (grouped) {
+        const Pair<T> s = *reinterpret_cast<const Pair<T>*>(
+            stage + Config::kScaleOffset + row * Config::kScaleRowBytes +
+            (consumer * 64 + 8 * g + 2 * warp) * 2);
+        bc.scale[0] = Pair<T>{s.x, s.x};
+        bc.scale[1] = Pair<T>{s.y, s.y};
+      }
+      if constexpr (Config::kZeroMode == kIntZero) {
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            stage + Config::kZeroOffset + row * Config::kZeroRowBytes + (consumer * 8 + g) * 4);
+        bc.offset[0] = Deq::int_offset((word >> (4 * warp)) & 0xf);
+        bc.offset[1] = Deq::int_offset((word >> (4 * (warp + 4))) & 0xf);
+      }
+    };
+
+    float acc[Config::kAccumulators];
+#pragma unroll
+    for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.f;
+    uint32_t a_regs[2][4];
+    const bool lane0 = lane == 0;
+
+    PipelineState state;
+    int previous = -1;  // the stage whose last wgmma may still run
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      full[state.stage].wait(state.phase);
+      const uint8_t* stage = shared + state.stage * Config::kStageBytes;
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Config::kWeightOffset) +
+                              consumer * 128 + lane * 4 + warp;
+      uint32_t word[4];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) word[s] = words[s * 2 * 128];  // k16 row s: 1 KB
+      load_constants(stage, 0);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if (s == 2 && rows_per_block == 2) load_constants(stage, 1);
+        uint32_t(&a)[4] = a_regs[s % 2];
+        if (grouped) {
+          dequant_a<T, true>(a, word[s], bc);
+        } else {
+          dequant_a<T, false>(a, word[s], bc);
+        }
+        wgmma_fence();
+        wgmma_m64k16_rs<T, Config::kTokens>(
+            acc, a, smem_desc_k_major_sw128(stage, s));
+        wgmma_commit_group();
+        // The step before this one has finished: its registers may be rewritten and,
+        // at a block's first step, the previous block's stage released.
+        wgmma_wait_group<1>();
+        keep_live(a_regs[(s + 1) % 2]);
+        if (s == 0 && previous >= 0 && lane0) empty[previous].arrive();
+      }
+      previous = state.stage;
+      state.advance(kStages);
+    }
+    wgmma_wait_group<0>();
+    wgmma_fence_operands(acc);
+    keep_live(a_regs[0]);
+    keep_live(a_regs[1]);
+    if (previous >= 0 && lane0) empty[previous].arrive();
+
+    // Epilogue: acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of this consumer's
+    // 64) and token 8 j + 2 t + e.
+    T* c = static_cast<T*>(p.c);
+    const int col_base = col0 + consumer * 64 + 16 * warp + g;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = col_base + 8 * h;
+      if (col >= p.n) continue;
+      float scale = 1.f;
+      if (!grouped) {
+        const int position = col / 64 * 64 + marlin::channel_scale_position(col % 64);
+        scale = to_float(static_cast<const T*>(p.scales)[position]);
+      }
+#pragma unroll
+      for (int j = 0; j < Config::kTokens / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int token = token0 + 8 * j + 2 * t + e;
+          if (token < p.m) {
+            c[int64_t{token} * p.ldc + col] = from_float<T>(acc[4 * j + 2 * h + e] * scale);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+/// An unswizzled tensor map of a row-major matrix [rows, cols] of `element_bytes`
+/// elements, boxes of `box_rows` x `box_cols`.
+inline CUtensorMap plain_map(const void* data, int64_t rows, int64_t cols, uint32_t element_bytes,
+                             CUtensorMapDataType type, int box_rows, int box_cols) {
+  return tma_map_2d(TmaMatrix{data, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols),
+                              static_cast<uint64_t>(cols) * element_bytes,
+                              static_cast<uint32_t>(box_rows), static_cast<uint32_t>(box_cols),
+                              type, element_bytes, CU_TENSOR_MAP_SWIZZLE_NONE});
+}
+
+}  // namespace marlin_wgmma
+
+/// c = a @ dequant(b) for 4-bit weights (uint4b8, or uint4 with int zero points:
+/// `ZeroMode`), no act-order, on sm_90a; see the file comment. `a` [M, K] with
+/// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales.
+template <typename T, int kTokens, int ZeroMode>
+void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_scales,
+                            tvm::ffi::Optional<TensorView> b_zeros, TensorView c,
+                            int64_t group_size, int64_t bias) {
+  using namespace marlin;
+  using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
+  SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
+  SymbolicDevice device;
+  TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
+  TensorMatcher({m, n}).dtype<T>().device(kDLCUDA, device).contiguous().verify(c, "c");
+  Params p = check_weights(device, b_q_weight, b_scales, b_zeros, tvm::ffi::Optional<TensorView>(),
+                           dtype_trait<T>::value, 4, k.value(), n.value(), group_size, ZeroMode,
+                           bias);
+  verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
+  const int64_t lda = m.value() > 1 ? a.stride(0) : k.value();
+  ValueCheck(lda % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
+             "argument 'a': rows must start on 16-byte boundaries (row stride ", lda,
+             " elements); call .contiguous() on it first");
+  if (m.value() == 0) return;
+  p.a = data_ptr<void>(a);
+  p.lda = lda;
+  p.c = data_ptr<void>(c);
+  p.ldc = n.value();
+  p.m = static_cast<int>(m.value());
+
+  constexpr auto kType = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMap map_a = tma_map_2d(TmaMatrix{
+      p.a, static_cast<uint64_t>(m.value()), static_cast<uint64_t>(k.value()),
+      static_cast<uint64_t>(lda) * sizeof(T), static_cast<uint32_t>(kTokens),
+      static_cast<uint32_t>(kSwizzle128Bytes / sizeof(T)), kType, sizeof(T)});
+  const CUtensorMap map_w =
+      marlin_wgmma::plain_map(p.b, k.value() / 16, n.value() * 2, 4, CU_TENSOR_MAP_DATA_TYPE_INT32,
+                              4, Config::kCols * 2);
+  const int rows = marlin_wgmma::group_rows_per_block(p.group_shift);
+  const CUtensorMap map_s =
+      p.group_shift >= 0 ? marlin_wgmma::plain_map(p.scales, p.groups, n.value(), sizeof(T), kType,
+                                                   rows, Config::kCols)
+                         : CUtensorMap{};
+  const CUtensorMap map_z = ZeroMode == kIntZero
+                                ? marlin_wgmma::plain_map(p.zeros, p.groups, n.value() / 8, 4,
+                                                          CU_TENSOR_MAP_DATA_TYPE_INT32, rows,
+                                                          Config::kCols / 8)
+                                : CUtensorMap{};
+  RuntimeCheck(Config::kSharedBytes <= max_shared_memory_per_block(device.value()),
+               "gptq_marlin_gemm: the fused kernel needs ", Config::kSharedBytes,
+               " bytes of shared memory, more than the device's ",
+               max_shared_memory_per_block(device.value()));
+  const dim3 grid(static_cast<unsigned>(div_ceil<int64_t>(m.value(), kTokens)),
+                  static_cast<unsigned>(div_ceil<int64_t>(n.value(), Config::kCols)));
+  KernelLauncher(grid, dim3(Config::kThreads), device.value(), Config::kSharedBytes)(
+      marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a, map_w, map_s, map_z, p);
+}
+
+}  // namespace mllm_kernel::cuda
