@@ -137,8 +137,8 @@ def main() -> None:
         "/// thread's 4 registers hold its 8 values of A (as an m16n8k16 mma.sync A fragment\n"
         "/// of its warp's 16 rows). They must stay unchanged until the wgmma completes.\n"
         "template <typename T, int N>\n"
-        "__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_t (&a)[4], "
-        "uint64_t desc_b, int scale_d = 1) {\n"
+        "__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], "
+        "const uint32_t (&a)[4], uint64_t desc_b, int scale_d = 1) {\n"
         + _dispatch("wgmma_m64n{w}k16_rs<T>(d, a, desc_b, scale_d)")
         + "\n"
         + missing

@@ -147,10 +147,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (warpgroup == 0) {
     warpgroup_release_registers<Config::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      const uint32_t bytes = Config::kActBytes + Config::kWeightBytes +
-                             (grouped ? rows_per_block * Config::kScaleRowBytes : 0) +
-                             (Config::kZeroMode == kIntZero ? rows_per_block * Config::kZeroRowBytes
-                                                            : 0);
+      const uint32_t bytes =
+          Config::kActBytes + Config::kWeightBytes +
+          (grouped ? rows_per_block * Config::kScaleRowBytes : 0) +
+          (Config::kZeroMode == kIntZero ? rows_per_block * Config::kZeroRowBytes : 0);
       PipelineState state;
       for (int kb = 0; kb < k_blocks; ++kb) {
         empty[state.stage].wait(state.phase ^ 1);
@@ -184,9 +184,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // their zero points are nibbles w and w + 4 of the row's word g.
     auto load_constants = [&](const uint8_t* stage, int row) {
       if (grouped) {
-        const Pair<T> s = *reinterpret_cast<const Pair<T>*>(
-            stage + Config::kScaleOffset + row * Config::kScaleRowBytes +
-            (consumer * 64 + 8 * g + 2 * warp) * 2);
+        const Pair<T> s = *reinterpret_cast<const Pair<T>*>(stage + Config::kScaleOffset +
+                                                            row * Config::kScaleRowBytes +
+                                                            (consumer * 64 + 8 * g + 2 * warp) * 2);
         bc.scale[0] = Pair<T>{s.x, s.x};
         bc.scale[1] = Pair<T>{s.y, s.y};
       }
@@ -218,15 +218,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         if (s == 2 && rows_per_block == 2) load_constants(stage, 1);
-        uint32_t(&a)[4] = a_regs[s % 2];
+        uint32_t (&a)[4] = a_regs[s % 2];
         if (grouped) {
           dequant_a<T, true>(a, word[s], bc);
         } else {
           dequant_a<T, false>(a, word[s], bc);
         }
         wgmma_fence();
-        wgmma_m64k16_rs<T, Config::kTokens>(
-            acc, a, smem_desc_k_major_sw128(stage, s));
+        wgmma_m64k16_rs<T, Config::kTokens>(acc, a, smem_desc_k_major_sw128(stage, s));
         wgmma_commit_group();
         // The step before this one has finished: its registers may be rewritten and,
         // at a block's first step, the previous block's stage released.
@@ -296,9 +295,9 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   SymbolicDevice device;
   TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
   TensorMatcher({m, n}).dtype<T>().device(kDLCUDA, device).contiguous().verify(c, "c");
-  Params p = check_weights(device, b_q_weight, b_scales, b_zeros, tvm::ffi::Optional<TensorView>(),
-                           dtype_trait<T>::value, 4, k.value(), n.value(), group_size, ZeroMode,
-                           bias);
+  Params p =
+      check_weights(device, b_q_weight, b_scales, b_zeros, tvm::ffi::Optional<TensorView>(),
+                    dtype_trait<T>::value, 4, k.value(), n.value(), group_size, ZeroMode, bias);
   verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
   const int64_t lda = m.value() > 1 ? a.stride(0) : k.value();
   ValueCheck(lda % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
@@ -313,23 +312,22 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
 
   constexpr auto kType = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUtensorMap map_a = tma_map_2d(TmaMatrix{
-      p.a, static_cast<uint64_t>(m.value()), static_cast<uint64_t>(k.value()),
-      static_cast<uint64_t>(lda) * sizeof(T), static_cast<uint32_t>(kTokens),
-      static_cast<uint32_t>(kSwizzle128Bytes / sizeof(T)), kType, sizeof(T)});
-  const CUtensorMap map_w =
-      marlin_wgmma::plain_map(p.b, k.value() / 16, n.value() * 2, 4, CU_TENSOR_MAP_DATA_TYPE_INT32,
-                              4, Config::kCols * 2);
+  const CUtensorMap map_a =
+      tma_map_2d(TmaMatrix{p.a, static_cast<uint64_t>(m.value()), static_cast<uint64_t>(k.value()),
+                           static_cast<uint64_t>(lda) * sizeof(T), static_cast<uint32_t>(kTokens),
+                           static_cast<uint32_t>(kSwizzle128Bytes / sizeof(T)), kType, sizeof(T)});
+  const CUtensorMap map_w = marlin_wgmma::plain_map(
+      p.b, k.value() / 16, n.value() * 2, 4, CU_TENSOR_MAP_DATA_TYPE_INT32, 4, Config::kCols * 2);
   const int rows = marlin_wgmma::group_rows_per_block(p.group_shift);
-  const CUtensorMap map_s =
-      p.group_shift >= 0 ? marlin_wgmma::plain_map(p.scales, p.groups, n.value(), sizeof(T), kType,
-                                                   rows, Config::kCols)
-                         : CUtensorMap{};
-  const CUtensorMap map_z = ZeroMode == kIntZero
-                                ? marlin_wgmma::plain_map(p.zeros, p.groups, n.value() / 8, 4,
-                                                          CU_TENSOR_MAP_DATA_TYPE_INT32, rows,
-                                                          Config::kCols / 8)
+  const CUtensorMap map_s = p.group_shift >= 0
+                                ? marlin_wgmma::plain_map(p.scales, p.groups, n.value(), sizeof(T),
+                                                          kType, rows, Config::kCols)
                                 : CUtensorMap{};
+  const CUtensorMap map_z =
+      ZeroMode == kIntZero
+          ? marlin_wgmma::plain_map(p.zeros, p.groups, n.value() / 8, 4,
+                                    CU_TENSOR_MAP_DATA_TYPE_INT32, rows, Config::kCols / 8)
+          : CUtensorMap{};
   RuntimeCheck(Config::kSharedBytes <= max_shared_memory_per_block(device.value()),
                "gptq_marlin_gemm: the fused kernel needs ", Config::kSharedBytes,
                " bytes of shared memory, more than the device's ",
