@@ -17,9 +17,10 @@
 // A CTA is a producer warpgroup, one thread of which streams each 64-k block's
 // activation tile (kTokens rows), weight tiles (4 k16 rows x the CTA's 128 columns,
 // 4 KB) and scale / zero-point rows into a ring of stages with TMA, and two consumer
-// warpgroups, one per 64 weight columns. Each consumer keeps one k16 wgmma in flight
-// while it dequantizes the next into the other of two register sets. Per-channel
-// scales (one group) multiply the fp32 sums in the epilogue instead.
+// warpgroups, one per 64 weight columns. Each consumer issues a k-block's four k16
+// wgmmas at once and dequantizes the next k-block into a second register set while
+// they run. Per-channel scales (one group) multiply the fp32 sums in the epilogue
+// instead.
 //
 // Grid: (token tiles, column tiles), token tiles fastest, so the CTAs running at once
 // share the weight columns they read and the activations stay in L2.
@@ -201,14 +202,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float acc[Config::kAccumulators];
 #pragma unroll
     for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.f;
-    uint32_t a_regs[2][4];
+    // Pins the zeroing before the first wgmma: ptxas otherwise may sink it into the
+    // pipeline and then serializes every wgmma (warning C7515).
+    wgmma_fence_operands(acc);
+    // A registers of two k-blocks (4 k16 steps each): one block's wgmmas run while the
+    // next block is dequantized into the other set.
+    uint32_t a_regs[2][4][4];
     const bool lane0 = lane == 0;
-
-    PipelineState state;
-    int previous = -1;  // the stage whose last wgmma may still run
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      full[state.stage].wait(state.phase);
-      const uint8_t* stage = shared + state.stage * Config::kStageBytes;
+    // Dequantizes the k-block in `stage` into `a`.
+    auto dequant_block = [&](const uint8_t* stage, uint32_t (&a)[4][4]) {
       const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Config::kWeightOffset) +
                               consumer * 128 + lane * 4 + warp;
       uint32_t word[4];
@@ -218,29 +220,53 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         if (s == 2 && rows_per_block == 2) load_constants(stage, 1);
-        uint32_t (&a)[4] = a_regs[s % 2];
         if (grouped) {
-          dequant_a<T, true>(a, word[s], bc);
+          dequant_a<T, true>(a[s], word[s], bc);
         } else {
-          dequant_a<T, false>(a, word[s], bc);
+          dequant_a<T, false>(a[s], word[s], bc);
         }
-        wgmma_fence();
-        wgmma_m64k16_rs<T, Config::kTokens>(acc, a, smem_desc_k_major_sw128(stage, s));
-        wgmma_commit_group();
-        // The step before this one has finished: its registers may be rewritten and,
-        // at a block's first step, the previous block's stage released.
-        wgmma_wait_group<1>();
-        keep_live(a_regs[(s + 1) % 2]);
-        if (s == 0 && previous >= 0 && lane0) empty[previous].arrive();
       }
-      previous = state.stage;
+    };
+    auto keep_block_live = [&](uint32_t (&a)[4][4]) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) keep_live(a[s]);
+    };
+
+    PipelineState state;
+    // Runs block kb, whose registers `a` are ready, and readies block kb + 1's in `next`.
+    auto run_block = [&](int kb, uint32_t (&a)[4][4], uint32_t (&next)[4][4]) {
+      const uint8_t* stage = shared + state.stage * Config::kStageBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        wgmma_m64k16_rs<T, Config::kTokens>(acc, a[s], smem_desc_k_major_sw128(stage, s));
+      }
+      wgmma_commit_group();
+      // The previous block's wgmmas have finished: its registers may be rewritten and
+      // its stage released.
+      wgmma_wait_group<1>();
+      keep_block_live(next);
+      if (kb > 0 && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
       state.advance(kStages);
+      if (kb + 1 < k_blocks) {
+        full[state.stage].wait(state.phase);
+        dequant_block(shared + state.stage * Config::kStageBytes, next);
+      }
+    };
+    if (k_blocks > 0) {
+      full[state.stage].wait(state.phase);
+      dequant_block(shared + state.stage * Config::kStageBytes, a_regs[0]);
+    }
+    // Two blocks a turn, so that each register set is named at compile time.
+    for (int kb = 0; kb < k_blocks; kb += 2) {
+      run_block(kb, a_regs[0], a_regs[1]);
+      if (kb + 1 < k_blocks) run_block(kb + 1, a_regs[1], a_regs[0]);
     }
     wgmma_wait_group<0>();
     wgmma_fence_operands(acc);
-    keep_live(a_regs[0]);
-    keep_live(a_regs[1]);
-    if (previous >= 0 && lane0) empty[previous].arrive();
+    keep_block_live(a_regs[0]);
+    keep_block_live(a_regs[1]);
+    if (k_blocks > 0 && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
 
     // Epilogue: acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of this consumer's
     // 64) and token 8 j + 2 t + e.

@@ -179,12 +179,15 @@ def plan(
 
 def fused_tokens(m: int, n: int, sms: int) -> int:
     """The fused kernel's tokens per CTA for ``m`` tokens and ``n`` columns: the widest
-    tile (fewest weight re-reads, widest wgmma) whose CTAs cover 90% of the ``sms``."""
+    tile (fewest weight re-reads, widest wgmma) whose CTAs cover 90% of the ``sms``,
+    but none wider than the narrowest that holds all ``m`` tokens."""
+    tiles = sorted(_FUSED_TOKENS)
+    widest = next((t for t in tiles if t >= m), tiles[-1])
     columns = -(-n // _FUSED_COLS)
-    for tokens in sorted(_FUSED_TOKENS, reverse=True):
+    for tokens in reversed([t for t in tiles if t <= widest]):
         if -(-m // tokens) * columns >= 0.9 * sms:
             return tokens
-    return min(_FUSED_TOKENS)
+    return tiles[0]
 
 
 # Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
