@@ -159,9 +159,14 @@ def main() -> None:
         for m in ms:
             t = measure(m, n, k)
             sms, hopper, clusters = gptq_marlin_module._device_facts(torch.cuda.current_device())
-            how = plan(m, n, k, sms, hopper, sms, clusters)
+            how = plan(m, n, k, sms, hopper, sms, clusters, fusable=True)
             where = " (cluster)" if how.cluster else ""
-            path = "dequant+wgmma" if how.dequant_gemm else f"stream split {how.split}{where}"
+            if how.fused_tokens:
+                path = f"fused {how.fused_tokens} split {how.fused_split}"
+            elif how.dequant_gemm:
+                path = "dequant+wgmma"
+            else:
+                path = f"stream split {how.split}{where}"
             weight_bytes = n * k // 2 + (k // GROUP) * n * 2
             gbs = weight_bytes / t["w4a16"] / 1e9
             w8 = f"{t['cublas'] / t['w8a8']:.2f}x" if "w8a8" in t else "-"

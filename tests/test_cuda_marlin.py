@@ -177,6 +177,23 @@ def test_fused_gemm_types_groups_and_tiles(fused_tokens, dtype, type_name, group
     _check(_run(w, a, c=c), a, w)
 
 
+@pytest.mark.parametrize("type_name", ["uint4b8", "uint4"])
+@pytest.mark.parametrize("group_size", [-1, 32, 64])
+def test_fused_gemm_splits_k_over_a_cluster(fused_tokens, type_name, group_size):
+    """Two column tiles and 65 k-blocks: K splits as far as the tile allows, unevenly,
+    and the partial sums add up in a fixed order."""
+    n, k, m = 256, 4160, 70
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    how = gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True)
+    assert how.fused_split == gptq_marlin_module._FUSED_MAX_SPLIT[fused_tokens]
+    torch.manual_seed(group_size)
+    w = Weights(k, n, torch.bfloat16, type_name, group_size)
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    out = _run(w, a)
+    _check(out, a, w)
+    assert torch.equal(_run(w, a), out), "the partial sums must add in a fixed order"
+
+
 @pytest.mark.parametrize("group_size", [64, 256])
 def test_fused_gemm_other_group_sizes(group_size):
     if not _hopper():

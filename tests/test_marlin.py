@@ -18,7 +18,7 @@ from mllm_kernel.cuda.jit import (
     marlin_zero_points,
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
-from mllm_kernel.cuda.jit.gptq_marlin import plan
+from mllm_kernel.cuda.jit.gptq_marlin import FUSED_MIN_M, fused_tiling, plan
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
@@ -124,6 +124,35 @@ def test_ops_are_registered_under_their_public_names():
     assert len(variants) == 28 and len(set(variants)) == 28
     assert all(v[3] == 0 for v in variants if v[4]), "act-order only with the type's zero"
     assert all(v[1] == 4 for v in variants if v[3] == 2), "float zero points only for 4 bits"
+
+
+def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
+    fused = plan(1024, 4096, 4096, 132, True, 132, fusable=True)
+    assert (fused.fused_tokens, fused.fused_split) == (256, 1) and not fused.dequant_gemm
+    # 4096 columns are 32 CTAs of 128: at M = 64, K splits 4 ways to fill the SMs
+    small = plan(64, 4096, 4096, 132, True, 132, fusable=True)
+    assert (small.fused_tokens, small.fused_split) == (64, 4)
+    # 8-bit, act-order or float zero points (not fusable), or not Hopper: as before
+    assert plan(1024, 4096, 4096, 132, True, 132).dequant_gemm
+    assert plan(1024, 4096, 4096, 132, False, 132, fusable=True).fused_tokens == 0
+    below = plan(FUSED_MIN_M - 1, 4096, 4096, 132, True, 132, fusable=True)
+    assert below.fused_tokens == 0 and not below.dequant_gemm
+
+
+def test_fused_tiling_is_no_wider_than_m_needs_and_keeps_slices_long():
+    assert fused_tiling(100, 28672, 8192, 132) == (128, 1)
+    assert fused_tiling(256, 4096, 4096, 132) == (128, 2)  # 256 tokens: 32 CTAs only
+    assert fused_tiling(64, 4096, 1024, 132) == (64, 2)  # 16 k-blocks: slices of 8
+
+
+def test_fused_kernel_is_registered_with_its_variants():
+    from mllm_kernel.jit_utils import registry
+
+    entries = {entry.name: entry for entry in registry.kernels("cuda")}
+    variants = entries["gptq_marlin_gemm_wgmma"].variants
+    # both dtypes x tokens per CTA (64, 128, 256) x zero mode (the type's, int zero points)
+    assert len(set(variants)) == len(variants) == 12
+    assert {v[1] for v in variants} == {64, 128, 256} and {v[2] for v in variants} == {0, 1}
 
 
 def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():

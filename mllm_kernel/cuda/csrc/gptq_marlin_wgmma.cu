@@ -22,10 +22,13 @@
 // they run. Per-channel scales (one group) multiply the fp32 sums in the epilogue
 // instead.
 //
-// Grid: (token tiles, column tiles), token tiles fastest, so the CTAs running at once
-// share the weight columns they read and the activations stay in L2.
+// Grid: (K slices, token tiles, column tiles), token tiles fastest after the slices,
+// so the CTAs running at once share the weight columns they read and the activations
+// stay in L2. When the output tiles alone leave SMs idle, K is split over a cluster of
+// CTAs, whose sums meet in the first CTA's shared memory (distributed shared memory).
 #include <tvm/ffi/optional.h>
 
+#include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/dequant.cuh"
 #include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
@@ -61,11 +64,19 @@ struct FusedConfig {
   static constexpr int kScaleOffset = kWeightOffset + kWeightBytes;
   static constexpr int kZeroOffset = kScaleOffset + 2 * kScaleRowBytes;
   static constexpr int kStageBytes = (kZeroOffset + 2 * kZeroRowBytes + 1023) / 1024 * 1024;
-  static constexpr int kStages = 200 * 1024 / kStageBytes < 8 ? 200 * 1024 / kStageBytes : 8;
+  // As many stages as fit in an SM's 227 KB (a CTA takes the SM: its consumers hold
+  // the accumulators in registers moved from the producer), at most 8.
+  static constexpr int kRingBudget = 227 * 1024 - 2048;
+  static constexpr int kStages = kRingBudget / kStageBytes < 8 ? kRingBudget / kStageBytes : 8;
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
-  static constexpr std::size_t kSharedBytes =
-      1024 + std::size_t{kStages} * kStageBytes + 2 * kStages * sizeof(MBarrier);
+  static constexpr std::size_t kRingBytes = std::size_t{kStages} * kStageBytes;
+  static constexpr std::size_t kSharedBytes = 1024 + kRingBytes + 2 * kStages * sizeof(MBarrier);
+  // Split-K: a partner CTA's sums (every consumer thread's accumulators), written into
+  // the first CTA's ring once every CTA of the cluster is done with its own.
+  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
+  static constexpr std::size_t kPartialBytes = std::size_t{kConsumerThreads} * kAccumulators * 4;
+  static constexpr int kMaxSplit = static_cast<int>(kRingBytes / kPartialBytes) + 1;
 
   static_assert(kActBytes % 1024 == 0 && kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0 &&
                     kZeroOffset % 128 == 0,
@@ -129,9 +140,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   MBarrier* full = reinterpret_cast<MBarrier*>(shared + kStages * Config::kStageBytes);
   MBarrier* empty = full + kStages;
 
-  const int token0 = static_cast<int>(blockIdx.x) * Config::kTokens;
-  const int col0 = static_cast<int>(blockIdx.y) * Config::kCols;
+  // A cluster of `split` CTAs along x shares one output tile, each summing its share
+  // of the k-blocks.
+  const int split = static_cast<int>(cluster_size());
+  const int rank = static_cast<int>(cluster_rank());
+  const int token0 = static_cast<int>(blockIdx.y) * Config::kTokens;
+  const int col0 = static_cast<int>(blockIdx.z) * Config::kCols;
   const int k_blocks = (p.k + Config::kTileK - 1) / Config::kTileK;
+  const int kb_begin = rank * k_blocks / split;
+  const int kb_end = (rank + 1) * k_blocks / split;
   const bool grouped = p.group_shift >= 0;
   const int rows_per_block = group_rows_per_block(p.group_shift);
 
@@ -153,7 +170,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           (grouped ? rows_per_block * Config::kScaleRowBytes : 0) +
           (Config::kZeroMode == kIntZero ? rows_per_block * Config::kZeroRowBytes : 0);
       PipelineState state;
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      for (int kb = kb_begin; kb < kb_end; ++kb) {
         empty[state.stage].wait(state.phase ^ 1);
         uint8_t* stage = shared + state.stage * Config::kStageBytes;
         MBarrier* barrier = &full[state.stage];
@@ -169,6 +186,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
         state.advance(kStages);
       }
+    }
+    if (split > 1) {  // the consumers' two reduction barriers, for every thread
+      cluster_sync();
+      cluster_sync();
     }
   } else {
     warpgroup_claim_registers<Config::kConsumerRegisters>();
@@ -246,27 +267,57 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       // its stage released.
       wgmma_wait_group<1>();
       keep_block_live(next);
-      if (kb > 0 && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
+      if (kb > kb_begin && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
       state.advance(kStages);
-      if (kb + 1 < k_blocks) {
+      if (kb + 1 < kb_end) {
         full[state.stage].wait(state.phase);
         dequant_block(shared + state.stage * Config::kStageBytes, next);
       }
     };
-    if (k_blocks > 0) {
+    if (kb_begin < kb_end) {
       full[state.stage].wait(state.phase);
       dequant_block(shared + state.stage * Config::kStageBytes, a_regs[0]);
     }
     // Two blocks a turn, so that each register set is named at compile time.
-    for (int kb = 0; kb < k_blocks; kb += 2) {
+    for (int kb = kb_begin; kb < kb_end; kb += 2) {
       run_block(kb, a_regs[0], a_regs[1]);
-      if (kb + 1 < k_blocks) run_block(kb + 1, a_regs[1], a_regs[0]);
+      if (kb + 1 < kb_end) run_block(kb + 1, a_regs[1], a_regs[0]);
     }
     wgmma_wait_group<0>();
     wgmma_fence_operands(acc);
     keep_block_live(a_regs[0]);
     keep_block_live(a_regs[1]);
-    if (k_blocks > 0 && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
+    if (kb_begin < kb_end && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
+
+    if (split > 1) {
+      // Every CTA of the cluster is done with its ring, so the partners write their sums
+      // into the first CTA's, which adds them in rank order (run-to-run identical).
+      constexpr int kVectors = Config::kAccumulators / 4;
+      const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;
+      auto* partials = reinterpret_cast<float4*>(shared);
+      cluster_sync();
+      if (rank != 0) {
+        float4* slot =
+            cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+          slot[v * Config::kConsumerThreads + thread] =
+              float4{acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]};
+        }
+      }
+      cluster_sync();
+      if (rank != 0) return;
+      for (int partner = 0; partner < split - 1; ++partner) {
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+          const float4 x = partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
+          acc[4 * v] += x.x;
+          acc[4 * v + 1] += x.y;
+          acc[4 * v + 2] += x.z;
+          acc[4 * v + 3] += x.w;
+        }
+      }
+    }
 
     // Epilogue: acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of this consumer's
     // 64) and token 8 j + 2 t + e.
@@ -310,11 +361,12 @@ inline CUtensorMap plain_map(const void* data, int64_t rows, int64_t cols, uint3
 
 /// c = a @ dequant(b) for 4-bit weights (uint4b8, or uint4 with int zero points:
 /// `ZeroMode`), no act-order, on sm_90a; see the file comment. `a` [M, K] with
-/// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales.
+/// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales. K is
+/// split over the `split` CTAs of a cluster (at most the build's kMaxSplit).
 template <typename T, int kTokens, int ZeroMode>
 void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_scales,
                             tvm::ffi::Optional<TensorView> b_zeros, TensorView c,
-                            int64_t group_size, int64_t bias) {
+                            int64_t group_size, int64_t bias, int64_t split) {
   using namespace marlin;
   using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
   SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
@@ -358,10 +410,15 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
                "gptq_marlin_gemm: the fused kernel needs ", Config::kSharedBytes,
                " bytes of shared memory, more than the device's ",
                max_shared_memory_per_block(device.value()));
-  const dim3 grid(static_cast<unsigned>(div_ceil<int64_t>(m.value(), kTokens)),
+  RuntimeCheck(split >= 1 && split <= Config::kMaxSplit && split <= 8, "gptq_marlin_gemm: split ",
+               split, " is outside [1, ", Config::kMaxSplit < 8 ? Config::kMaxSplit : 8, "] for ",
+               kTokens, " tokens per CTA");
+  const dim3 grid(static_cast<unsigned>(split),
+                  static_cast<unsigned>(div_ceil<int64_t>(m.value(), kTokens)),
                   static_cast<unsigned>(div_ceil<int64_t>(n.value(), Config::kCols)));
-  KernelLauncher(grid, dim3(Config::kThreads), device.value(), Config::kSharedBytes)(
-      marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a, map_w, map_s, map_z, p);
+  KernelLauncher(grid, dim3(Config::kThreads), device.value(), Config::kSharedBytes)
+      .cluster(static_cast<unsigned>(split))(marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a,
+                                             map_w, map_s, map_z, p);
 }
 
 }  // namespace mllm_kernel::cuda

@@ -51,10 +51,19 @@ _GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a larger power of tw
 DEQUANT_GEMM_MIN_M = 256
 
 # M from which Hopper runs the fused kernel (4-bit weights, no act-order, no float
-# zero points), and the token tiles (wgmma's N) it is built with.
+# zero points), and the token tiles (wgmma's N) it is built with. Measured on an H100
+# (bf16, uint4b8, group 128; benchmarks/RESULTS.md, session 8), fused / streaming at
+# M = 64: 21.0 / 21.9 us (4096^2), 47.1 / 56.3 (4096 x 14336), 94.8 / 133.0
+# (28672 x 8192); at M = 1 and 16 the streaming kernel was faster than fused tiles of
+# 16 and 32 tokens (10.5 / 15.0 us at 4096^2, 58.1 / 70.7 at 28672 x 8192), which are
+# therefore not built.
 FUSED_MIN_M = 64
 _FUSED_TOKENS = (64, 128, 256)
 _FUSED_COLS = 128  # weight columns per CTA of the fused kernel
+# Most K slices of a cluster: the partners' sums must fit in the first CTA's ring of
+# stages (csrc/gptq_marlin_wgmma.cu, kMaxSplit).
+_FUSED_MAX_SPLIT = {64: 4, 128: 2, 256: 2}
+_FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks of 64 per slice
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,8 @@ _DEQUANTIZE = KernelModule(
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: the fused kernel with ``fused_tokens`` tokens per CTA (when
-    not 0); dequantize + Hopper GEMM (``dequant_gemm``); or the streaming kernel with
+    not 0) and K split over ``fused_split`` CTAs of a cluster; dequantize + Hopper GEMM
+    (``dequant_gemm``); or the streaming kernel with
     ``m_blocks`` row blocks per CTA and K split over ``split`` CTAs of
     ``k_tiles_per_split`` k16 tiles (summed in a cluster's shared memory when
     ``cluster``, else through global memory)."""
@@ -132,6 +142,7 @@ class Plan:
     k_tiles_per_split: int = 0
     cluster: bool = False
     fused_tokens: int = 0
+    fused_split: int = 1
 
 
 def plan(
@@ -141,8 +152,7 @@ def plan(
     """The way an ``m x n x k`` product runs on a GPU of ``sms`` SMs.
 
     - ``hopper``, ``fusable`` weights (4-bit, no act-order, no float zero points) and
-      ``m >= FUSED_MIN_M``: the fused kernel, with the widest token tile that still
-      gives most SMs a CTA (:func:`fused_tokens`).
+      ``m >= FUSED_MIN_M``: the fused kernel, tiled by :func:`fused_tiling`.
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA and
       ``ceil(n / 256)`` column tiles. Each of its warps keeps 8 weight tiles (4 KB) in
@@ -156,7 +166,8 @@ def plan(
       column tiles.
     """
     if hopper and fusable and m >= FUSED_MIN_M:
-        return Plan(dequant_gemm=False, fused_tokens=fused_tokens(m, n, sms))
+        tokens, split = fused_tiling(m, n, k, sms)
+        return Plan(dequant_gemm=False, fused_tokens=tokens, fused_split=split)
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
     m_blocks = 1 if m <= 16 else 4
@@ -177,17 +188,28 @@ def plan(
     return Plan(False, m_blocks, split, per_split, clusters and split > 1)
 
 
-def fused_tokens(m: int, n: int, sms: int) -> int:
-    """The fused kernel's tokens per CTA for ``m`` tokens and ``n`` columns: the widest
-    tile (fewest weight re-reads, widest wgmma) whose CTAs cover 90% of the ``sms``,
-    but none wider than the narrowest that holds all ``m`` tokens."""
+def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
+    """The fused kernel's tokens per CTA and K slices for an ``m x n x k`` product on
+    ``sms`` SMs: the widest token tile (fewest weight re-reads, widest wgmma), none wider
+    than the narrowest that holds all ``m`` tokens, whose CTAs, with K split over a
+    cluster (slices of at least 8 k-blocks of 64), fill 90% of the CTA slots; failing
+    that, the narrowest tile, split as far as it goes."""
     tiles = sorted(_FUSED_TOKENS)
     widest = next((t for t in tiles if t >= m), tiles[-1])
-    columns = -(-n // _FUSED_COLS)
+    k_blocks = -(-k // 64)
     for tokens in reversed([t for t in tiles if t <= widest]):
-        if -(-m // tokens) * columns >= 0.9 * sms:
-            return tokens
-    return tiles[0]
+        slots = sms  # one CTA per SM
+        ctas = -(-m // tokens) * -(-n // _FUSED_COLS)
+        split = 1
+        while (
+            split * 2 <= _FUSED_MAX_SPLIT[tokens]
+            and ctas * split * 2 <= slots
+            and k_blocks // (split * 2) >= _FUSED_MIN_SLICE_BLOCKS
+        ):
+            split *= 2
+        if ctas * split >= 0.9 * slots:
+            break
+    return tokens, split
 
 
 # Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
@@ -451,7 +473,7 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         g_idx = None
     if how.fused_tokens:
         module = _FUSED[a.get_device(), a.dtype, how.fused_tokens, zero_mode]
-        module.fused(a, b_q_weight, b_scales, zeros, c, group_size, bias)
+        module.fused(a, b_q_weight, b_scales, zeros, c, group_size, bias, how.fused_split)
         return c
     if how.dequant_gemm:
         from mllm_kernel.cuda.jit.gemm import gemm
@@ -505,4 +527,4 @@ GPTQ_MARLIN_GEMM_OP = torch_op(
 ).implement("cuda", _gptq_marlin_gemm_op)
 
 
-__all__ = ["DEQUANT_GEMM_MIN_M", "FUSED_MIN_M", "Plan", "fused_tokens", "gptq_marlin_gemm", "plan"]
+__all__ = ["DEQUANT_GEMM_MIN_M", "FUSED_MIN_M", "Plan", "fused_tiling", "gptq_marlin_gemm", "plan"]
