@@ -43,9 +43,12 @@ extern "C" __global__ void reverse_chunks(const float* in, float* out, int n, in
 
 extern "C" __global__ void count_threads(int* hits) { atomicAdd(hits, 1); }
 
-extern "C" __global__ void spin(long long cycles) {
+// Spins until the host opens the gate, an int in pinned host memory (at most ~10 s,
+// so that a broken test cannot hang the GPU).
+extern "C" __global__ void wait_for_gate(unsigned long long gate_address) {
+  const volatile int* gate = reinterpret_cast<const volatile int*>(gate_address);
   const long long start = clock64();
-  while (clock64() - start < cycles) {
+  while (*gate == 0 && clock64() - start < 20000000000LL) {
   }
 }
 
@@ -178,25 +181,29 @@ def test_shared_memory_above_the_opt_in_limit(reverse):
 
 
 def test_side_stream(add):
-    spin = compile_kernel(SOURCE, "spin", grid=1, block=1)
+    wait_for_gate = compile_kernel(SOURCE, "wait_for_gate", grid=1, block=1)
+    # The side stream stays busy until the host opens the gate, however slow a loaded
+    # host (pytest -n 14 on the GPU machine) is; the default stream is not busy.
+    gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     n = 5000
     a, b, c = _inputs(n)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    # ~0.5 s: the side stream stays busy even when a loaded host (pytest -n 14 on the
-    # GPU machine) is slow to launch the next kernel; the default stream is not busy.
-    spin(1_000_000_000, stream=side)
+    wait_for_gate(gate.data_ptr(), stream=side)
     add(a, b, c, n, grid=_grid(n), stream=side)
     assert not side.query()
+    gate[0] = 1
     add.synchronize(side)
     assert side.query()
     torch.testing.assert_close(c, _expected(a, b), rtol=0, atol=0)
     c.fill_(float("nan"))
+    gate[0] = 0
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # stream=None: torch's current stream
-        spin(1_000_000_000)
+        wait_for_gate(gate.data_ptr())
         add(a, b, c, n, grid=_grid(n))
         assert not side.query()
+    gate[0] = 1
     add.synchronize(side.cuda_stream)  # a raw cudaStream_t
     torch.testing.assert_close(c, _expected(a, b), rtol=0, atol=0)
 

@@ -18,7 +18,7 @@ from mllm_kernel.cuda.jit import (
     marlin_zero_points,
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
-from mllm_kernel.cuda.jit.gptq_marlin import FUSED_MIN_M, fused_tiling, plan
+from mllm_kernel.cuda.jit.gptq_marlin import FUSED_MAX_M, FUSED_MIN_M, fused_tiling, plan
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
@@ -137,6 +137,8 @@ def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
     assert plan(1024, 4096, 4096, 132, False, 132, fusable=True).fused_tokens == 0
     below = plan(FUSED_MIN_M - 1, 4096, 4096, 132, True, 132, fusable=True)
     assert below.fused_tokens == 0 and not below.dequant_gemm
+    above = plan(FUSED_MAX_M, 4096, 4096, 132, True, 132, fusable=True)
+    assert above.fused_tokens == 0 and above.dequant_gemm
 
 
 def test_fused_tiling_is_no_wider_than_m_needs_and_keeps_slices_long():

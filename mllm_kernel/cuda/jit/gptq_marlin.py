@@ -6,14 +6,15 @@ Three ways to run, chosen per call by :func:`plan` (the one place that knows):
 
 - the streaming kernel (``csrc/gptq_marlin.cu``, mma.sync, sm_80 and newer) for small
   M, where reading the weights bounds the time: each weight byte is read once;
-- on Hopper (sm_90 with sm_90a code), for M of at least :data:`FUSED_MIN_M` and 4-bit
-  weights without act-order or float zero points: the fused kernel
+- on Hopper (sm_90 with sm_90a code), for M from :data:`FUSED_MIN_M` up to
+  :data:`FUSED_MAX_M` and 4-bit weights without act-order or float zero points: the
+  fused kernel
   (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in registers as
   wgmma's A operand, since there the tensor cores bound the time and wgmma is several
   times faster than mma.sync;
-- on Hopper for the other weights, from M = :data:`DEQUANT_GEMM_MIN_M`: the weights
-  are dequantized into a bf16/fp16 ``[N, K]`` scratch and multiplied by the Hopper
-  GEMM (:func:`mllm_kernel.cuda.jit.gemm`).
+- on Hopper for the other weights from M = :data:`DEQUANT_GEMM_MIN_M`, and for all
+  from :data:`FUSED_MAX_M`: the weights are dequantized into a bf16/fp16 ``[N, K]``
+  scratch and multiplied by the Hopper GEMM (:func:`mllm_kernel.cuda.jit.gemm`).
 """
 
 from __future__ import annotations
@@ -50,14 +51,20 @@ _GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a larger power of tw
 # other path writes and re-reads a bf16 copy of them.
 DEQUANT_GEMM_MIN_M = 256
 
-# M from which Hopper runs the fused kernel (4-bit weights, no act-order, no float
-# zero points), and the token tiles (wgmma's N) it is built with. Measured on an H100
-# (bf16, uint4b8, group 128; benchmarks/RESULTS.md, session 8), fused / streaming at
-# M = 64: 21.0 / 21.9 us (4096^2), 47.1 / 56.3 (4096 x 14336), 94.8 / 133.0
-# (28672 x 8192); at M = 1 and 16 the streaming kernel was faster than fused tiles of
-# 16 and 32 tokens (10.5 / 15.0 us at 4096^2, 58.1 / 70.7 at 28672 x 8192), which are
-# therefore not built.
-FUSED_MIN_M = 64
+# The M for which Hopper runs the fused kernel (4-bit weights, no act-order, no float
+# zero points): FUSED_MIN_M <= M < FUSED_MAX_M; and the token tiles (wgmma's N) it is
+# built with. Measured on an H100 (bf16, uint4b8, group 128; benchmarks/RESULTS.md,
+# session 8):
+# - fused / streaming at M = 32: 21.6 / 19.3 us (4096^2), 26.0 / 39.0 (14336 x 4096),
+#   92.5 / 113.2 (28672 x 8192); at M = 64 the fused kernel won on all four shapes but
+#   4096^2 (21.8 / 22.8). At M = 1 and 16 the streaming kernel beat fused tiles of 16
+#   and 32 tokens (10.5 / 15.0 us at 4096^2, 58.1 / 70.7 at 28672 x 8192): not built.
+# - fused / dequantize + GEMM, in cuBLAS speed: 0.75-0.94x / 0.68-0.74x at M = 1024;
+#   0.78-0.90x / 0.83-0.91x at M = 4096, where the dequantized copy costs little
+#   against the product and the bf16 GEMM (wgmma from shared memory, persistent,
+#   multicast) runs faster per flop than wgmma with A from registers.
+FUSED_MIN_M = 32
+FUSED_MAX_M = 2048
 _FUSED_TOKENS = (64, 128, 256)
 _FUSED_COLS = 128  # weight columns per CTA of the fused kernel
 # Most K slices of a cluster: the partners' sums must fit in the first CTA's ring of
@@ -152,7 +159,8 @@ def plan(
     """The way an ``m x n x k`` product runs on a GPU of ``sms`` SMs.
 
     - ``hopper``, ``fusable`` weights (4-bit, no act-order, no float zero points) and
-      ``m >= FUSED_MIN_M``: the fused kernel, tiled by :func:`fused_tiling`.
+      ``FUSED_MIN_M <= m < FUSED_MAX_M``: the fused kernel, tiled by
+      :func:`fused_tiling`.
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA and
       ``ceil(n / 256)`` column tiles. Each of its warps keeps 8 weight tiles (4 KB) in
@@ -165,7 +173,7 @@ def plan(
       one row block, as long as the ``counters`` entries of the workspace cover the
       column tiles.
     """
-    if hopper and fusable and m >= FUSED_MIN_M:
+    if hopper and fusable and FUSED_MIN_M <= m < FUSED_MAX_M:
         tokens, split = fused_tiling(m, n, k, sms)
         return Plan(dequant_gemm=False, fused_tokens=tokens, fused_split=split)
     if hopper and m >= DEQUANT_GEMM_MIN_M:
@@ -340,9 +348,9 @@ def gptq_marlin_gemm(
     - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).
 
     Needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
-    with sm_90a code, M >= :data:`FUSED_MIN_M` runs the fused wgmma kernel for 4-bit
-    weights (no act-order, no float zero points) and M >= :data:`DEQUANT_GEMM_MIN_M`
-    dequantize + wgmma GEMM for the others.
+    with sm_90a code, :data:`FUSED_MIN_M` <= M < :data:`FUSED_MAX_M` runs the fused
+    wgmma kernel for 4-bit weights (no act-order, no float zero points), and larger M
+    (from :data:`DEQUANT_GEMM_MIN_M` for the other weights) dequantize + wgmma GEMM.
 
     >>> from mllm_kernel.cuda.jit.scalar_type import scalar_types
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
@@ -527,4 +535,12 @@ GPTQ_MARLIN_GEMM_OP = torch_op(
 ).implement("cuda", _gptq_marlin_gemm_op)
 
 
-__all__ = ["DEQUANT_GEMM_MIN_M", "FUSED_MIN_M", "Plan", "fused_tiling", "gptq_marlin_gemm", "plan"]
+__all__ = [
+    "DEQUANT_GEMM_MIN_M",
+    "FUSED_MAX_M",
+    "FUSED_MIN_M",
+    "Plan",
+    "fused_tiling",
+    "gptq_marlin_gemm",
+    "plan",
+]
