@@ -1,8 +1,9 @@
 // W4A16 GEMM for Hopper (sm_90a) on weights in the Marlin layout, dequantized in
-// registers and fed straight to wgmma: c[M, N] = a[M, K] @ dequant(b)[K, N], for the
-// M where the tensor cores bound the time (prefill). Without it those M dequantized
-// the whole weight into a bf16/fp16 copy first, a memory pass that cost a quarter of
-// the time at M = 1024.
+// registers and fed straight to wgmma: c[M, N] = a[M, K] @ dequant(b)[K, N], for M
+// from a few dozen tokens to a couple of thousand (gptq_marlin.py's plan has the
+// measured bounds). Without it those M ran the streaming mma.sync kernel or
+// dequantized the whole weight into a bf16/fp16 copy first, a memory pass that cost a
+// quarter of the time at M = 1024.
 //
 // The product is computed transposed, C^T[N, M] = dequant(b)^T @ a^T: wgmma takes its
 // A operand (64 rows x k16) from registers, and a k16 x n64 Marlin tile is exactly one
