@@ -194,6 +194,24 @@ def test_fused_gemm_splits_k_over_a_cluster(fused_tokens, type_name, group_size)
     assert torch.equal(_run(w, a), out), "the partial sums must add in a fixed order"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_gemm_runs_a_mostly_empty_last_wave_split(dtype, monkeypatch):
+    """Four output tiles on a GPU taken to have 3 SMs: three in one launch, the fourth
+    in a second one with K split in two."""
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    index = torch.cuda.current_device()
+    _, hopper, clusters = gptq_marlin_module._device_facts(index)
+    monkeypatch.setitem(gptq_marlin_module._devices, index, (3, hopper, clusters))
+    n, k, m = 512, 1024, 64
+    assert gptq_marlin_module.plan(m, n, k, 3, True, 3, fusable=True).fused_tail == 1
+    torch.manual_seed(1)
+    w = Weights(k, n, dtype, "uint4", 64)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    _check(_run(w, a, c=c), a, w)
+
+
 @pytest.mark.parametrize("group_size", [64, 256])
 def test_fused_gemm_other_group_sizes(group_size):
     if not _hopper():

@@ -142,9 +142,17 @@ def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
 
 
 def test_fused_tiling_is_no_wider_than_m_needs_and_keeps_slices_long():
-    assert fused_tiling(100, 28672, 8192, 132) == (128, 1)
-    assert fused_tiling(256, 4096, 4096, 132) == (128, 2)  # 256 tokens: 32 CTAs only
-    assert fused_tiling(64, 4096, 1024, 132) == (64, 2)  # 16 k-blocks: slices of 8
+    assert fused_tiling(100, 28672, 8192, 132) == (128, 1, 0)
+    assert fused_tiling(256, 4096, 4096, 132) == (128, 2, 0)  # 256 tokens: 32 CTAs only
+    assert fused_tiling(64, 4096, 1024, 132) == (64, 2, 0)  # 16 k-blocks: slices of 8
+
+
+def test_fused_tiling_splits_a_mostly_empty_last_wave():
+    # 448 tiles: 3 waves of 132 and 52 more, which run split in two (104 CTAs)
+    assert fused_tiling(1024, 14336, 4096, 132) == (256, 1, 52)
+    # 896 tiles: the last wave is 104 of 132 full, too full to split
+    assert fused_tiling(1024, 28672, 8192, 132) == (256, 1, 0)
+    assert plan(1024, 14336, 4096, 132, True, 132, fusable=True).fused_tail == 52
 
 
 def test_fused_kernel_is_registered_with_its_variants():

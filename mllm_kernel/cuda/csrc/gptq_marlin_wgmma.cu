@@ -23,10 +23,11 @@
 // they run. Per-channel scales (one group) multiply the fp32 sums in the epilogue
 // instead.
 //
-// Grid: (K slices, token tiles, column tiles), token tiles fastest after the slices,
-// so the CTAs running at once share the weight columns they read and the activations
-// stay in L2. When the output tiles alone leave SMs idle, K is split over a cluster of
-// CTAs, whose sums meet in the first CTA's shared memory (distributed shared memory).
+// Grid: (K slices, output tiles), tiles numbered token tile first, so the CTAs running
+// at once share the weight columns they read and the activations stay in L2. When the
+// output tiles alone leave SMs idle, K is split over a cluster of CTAs, whose sums meet
+// in the first CTA's shared memory (distributed shared memory). A launch may run a
+// range of the tiles: the caller runs a last, mostly empty wave of tiles apart, split.
 #include <tvm/ffi/optional.h>
 
 #include "mllm_kernel/cuda/cluster.cuh"
@@ -130,7 +131,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     marlin_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_w,
                         const __grid_constant__ CUtensorMap map_s,
-                        const __grid_constant__ CUtensorMap map_z, const marlin::Params p) {
+                        const __grid_constant__ CUtensorMap map_z, const marlin::Params p,
+                        const int first_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Config::kStages;
   using Deq = IntDequant<T, 4>;
@@ -145,8 +147,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // of the k-blocks.
   const int split = static_cast<int>(cluster_size());
   const int rank = static_cast<int>(cluster_rank());
-  const int token0 = static_cast<int>(blockIdx.y) * Config::kTokens;
-  const int col0 = static_cast<int>(blockIdx.z) * Config::kCols;
+  // Output tiles are numbered token tile first; this launch runs first_tile + y.
+  const int token_tiles = (p.m + Config::kTokens - 1) / Config::kTokens;
+  const int tile = first_tile + static_cast<int>(blockIdx.y);
+  const int token0 = tile % token_tiles * Config::kTokens;
+  const int col0 = tile / token_tiles * Config::kCols;
   const int k_blocks = (p.k + Config::kTileK - 1) / Config::kTileK;
   const int kb_begin = rank * k_blocks / split;
   const int kb_end = (rank + 1) * k_blocks / split;
@@ -362,12 +367,14 @@ inline CUtensorMap plain_map(const void* data, int64_t rows, int64_t cols, uint3
 
 /// c = a @ dequant(b) for 4-bit weights (uint4b8, or uint4 with int zero points:
 /// `ZeroMode`), no act-order, on sm_90a; see the file comment. `a` [M, K] with
-/// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales. K is
-/// split over the `split` CTAs of a cluster (at most the build's kMaxSplit).
+/// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales. Runs
+/// output tiles [first_tile, first_tile + tiles) (numbered token tile first), K split
+/// over the `split` CTAs of a cluster (at most the build's kMaxSplit).
 template <typename T, int kTokens, int ZeroMode>
 void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_scales,
                             tvm::ffi::Optional<TensorView> b_zeros, TensorView c,
-                            int64_t group_size, int64_t bias, int64_t split) {
+                            int64_t group_size, int64_t bias, int64_t split, int64_t first_tile,
+                            int64_t tiles) {
   using namespace marlin;
   using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
   SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
@@ -414,12 +421,16 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   RuntimeCheck(split >= 1 && split <= Config::kMaxSplit && split <= 8, "gptq_marlin_gemm: split ",
                split, " is outside [1, ", Config::kMaxSplit < 8 ? Config::kMaxSplit : 8, "] for ",
                kTokens, " tokens per CTA");
-  const dim3 grid(static_cast<unsigned>(split),
-                  static_cast<unsigned>(div_ceil<int64_t>(m.value(), kTokens)),
-                  static_cast<unsigned>(div_ceil<int64_t>(n.value(), Config::kCols)));
+  const int64_t all_tiles =
+      div_ceil<int64_t>(m.value(), kTokens) * div_ceil<int64_t>(n.value(), Config::kCols);
+  RuntimeCheck(first_tile >= 0 && tiles >= 0 && first_tile + tiles <= all_tiles && tiles <= 65535,
+               "gptq_marlin_gemm: tiles [", first_tile, ", ", first_tile + tiles,
+               ") are not within the ", all_tiles, " output tiles (or more than 65535)");
+  if (tiles == 0) return;
+  const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(tiles));
   KernelLauncher(grid, dim3(Config::kThreads), device.value(), Config::kSharedBytes)
       .cluster(static_cast<unsigned>(split))(marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a,
-                                             map_w, map_s, map_z, p);
+                                             map_w, map_s, map_z, p, static_cast<int>(first_tile));
 }
 
 }  // namespace mllm_kernel::cuda

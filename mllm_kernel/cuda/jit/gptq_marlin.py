@@ -137,7 +137,8 @@ _DEQUANTIZE = KernelModule(
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: the fused kernel with ``fused_tokens`` tokens per CTA (when
-    not 0) and K split over ``fused_split`` CTAs of a cluster; dequantize + Hopper GEMM
+    not 0) and K split over ``fused_split`` CTAs of a cluster, its last ``fused_tail``
+    output tiles in a second launch split in two; dequantize + Hopper GEMM
     (``dequant_gemm``); or the streaming kernel with
     ``m_blocks`` row blocks per CTA and K split over ``split`` CTAs of
     ``k_tiles_per_split`` k16 tiles (summed in a cluster's shared memory when
@@ -150,6 +151,7 @@ class Plan:
     cluster: bool = False
     fused_tokens: int = 0
     fused_split: int = 1
+    fused_tail: int = 0
 
 
 def plan(
@@ -174,8 +176,8 @@ def plan(
       column tiles.
     """
     if hopper and fusable and FUSED_MIN_M <= m < FUSED_MAX_M:
-        tokens, split = fused_tiling(m, n, k, sms)
-        return Plan(dequant_gemm=False, fused_tokens=tokens, fused_split=split)
+        tokens, split, tail = fused_tiling(m, n, k, sms)
+        return Plan(dequant_gemm=False, fused_tokens=tokens, fused_split=split, fused_tail=tail)
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
     m_blocks = 1 if m <= 16 else 4
@@ -196,12 +198,18 @@ def plan(
     return Plan(False, m_blocks, split, per_split, clusters and split > 1)
 
 
-def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
-    """The fused kernel's tokens per CTA and K slices for an ``m x n x k`` product on
-    ``sms`` SMs: the widest token tile (fewest weight re-reads, widest wgmma), none wider
-    than the narrowest that holds all ``m`` tokens, whose CTAs, with K split over a
-    cluster (slices of at least 8 k-blocks of 64), fill 90% of the CTA slots; failing
-    that, the narrowest tile, split as far as it goes."""
+def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """The fused kernel's tokens per CTA, K slices and tail tiles for an ``m x n x k``
+    product on ``sms`` SMs.
+
+    - The widest token tile (fewest weight re-reads, widest wgmma), none wider than the
+      narrowest that holds all ``m`` tokens, whose CTAs, with K split over a cluster
+      (slices of at least 8 k-blocks of 64), fill 90% of the SMs; failing that, the
+      narrowest tile, split as far as it goes.
+    - Unsplit tiles beyond whole waves of ``sms`` that fill at most half a wave (the
+      tail) run in a second launch with K split in two, so the last wave takes about
+      half as long.
+    """
     tiles = sorted(_FUSED_TOKENS)
     widest = next((t for t in tiles if t >= m), tiles[-1])
     k_blocks = -(-k // 64)
@@ -217,7 +225,10 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
             split *= 2
         if ctas * split >= 0.9 * slots:
             break
-    return tokens, split
+    tail = ctas % sms if split == 1 and ctas > sms else 0
+    if 2 * tail > sms or _FUSED_MAX_SPLIT[tokens] < 2 or k_blocks // 2 < _FUSED_MIN_SLICE_BLOCKS:
+        tail = 0
+    return tokens, split, tail
 
 
 # Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
@@ -481,7 +492,13 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         g_idx = None
     if how.fused_tokens:
         module = _FUSED[a.get_device(), a.dtype, how.fused_tokens, zero_mode]
-        module.fused(a, b_q_weight, b_scales, zeros, c, group_size, bias, how.fused_split)
+        tiles = -(-a.shape[0] // how.fused_tokens) * -(-c.shape[1] // _FUSED_COLS)
+        body = tiles - how.fused_tail
+        module.fused(a, b_q_weight, b_scales, zeros, c, group_size, bias, how.fused_split, 0, body)
+        if how.fused_tail:
+            module.fused(
+                a, b_q_weight, b_scales, zeros, c, group_size, bias, 2, body, how.fused_tail
+            )
         return c
     if how.dequant_gemm:
         from mllm_kernel.cuda.jit.gemm import gemm
