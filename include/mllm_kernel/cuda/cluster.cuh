@@ -1,5 +1,6 @@
 // Thread-block clusters (sm_90): the CTA's rank, a barrier over every thread of the
-// cluster, and access to another CTA's shared memory (distributed shared memory).
+// cluster, access to another CTA's shared memory (distributed shared memory), and
+// split-K sums that meet in the first CTA's shared memory.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -35,6 +36,39 @@ __device__ __forceinline__ void cluster_sync() {
 template <typename T>
 __device__ __forceinline__ T* cluster_map_shared(T* pointer, uint32_t rank) {
   return cooperative_groups::this_cluster().map_shared_rank(pointer, rank);
+}
+
+/// Split-K over a cluster, part 1: a CTA of rank > 0 stores its `N` accumulators (as
+/// N / 4 vectors of `Vec4`; this thread is `thread` of `threads` that hold them) into
+/// slot `rank - 1` of `partials`, which lies in the shared memory of rank 0. Then a
+/// cluster_sync(), then add_cluster_partials() in rank 0.
+template <typename Vec4, typename Acc, int N>
+__device__ __forceinline__ void send_cluster_partials(const Acc (&acc)[N], Vec4* partials, int rank,
+                                                      int thread, int threads) {
+  static_assert(N % 4 == 0, "accumulators go as vectors of 4");
+  Vec4* slot = cluster_map_shared(partials, 0) + (rank - 1) * (N / 4) * threads;
+#pragma unroll
+  for (int v = 0; v < N / 4; ++v) {
+    slot[v * threads + thread] = Vec4{acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]};
+  }
+}
+
+/// Split-K over a cluster, part 2 (rank 0): adds the `partners` slots that
+/// send_cluster_partials() filled to this thread's accumulators, in rank order, so the
+/// sum is the same from run to run.
+template <typename Vec4, typename Acc, int N>
+__device__ __forceinline__ void add_cluster_partials(Acc (&acc)[N], const Vec4* partials,
+                                                     int partners, int thread, int threads) {
+  for (int partner = 0; partner < partners; ++partner) {
+#pragma unroll
+    for (int v = 0; v < N / 4; ++v) {
+      const Vec4 x = partials[(partner * (N / 4) + v) * threads + thread];
+      acc[4 * v] += x.x;
+      acc[4 * v + 1] += x.y;
+      acc[4 * v + 2] += x.z;
+      acc[4 * v + 3] += x.w;
+    }
+  }
 }
 
 }  // namespace mllm_kernel::cuda

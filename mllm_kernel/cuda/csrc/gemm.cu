@@ -390,28 +390,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
 
       if (split > 1) {
         // Partners add their sums into rank 0's registers through its shared memory.
-        constexpr int kVectors = Config::kAccumulators / 4;
         if (rank != 0) {
-          auto* slot =
-              cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
-#pragma unroll
-          for (int v = 0; v < kVectors; ++v) {
-            slot[v * Config::kConsumerThreads + thread] =
-                typename Config::Acc4{acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]};
-          }
+          send_cluster_partials(acc, partials, rank, thread, Config::kConsumerThreads);
         }
         cluster_sync();
         if (rank == 0) {
-          for (int partner = 0; partner < split - 1; ++partner) {
-#pragma unroll
-            for (int v = 0; v < kVectors; ++v) {
-              const auto s = partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
-              acc[4 * v] += s.x;
-              acc[4 * v + 1] += s.y;
-              acc[4 * v + 2] += s.z;
-              acc[4 * v + 3] += s.w;
-            }
-          }
+          add_cluster_partials(acc, partials, split - 1, thread, Config::kConsumerThreads);
         }
       }
       if (split == 1 || rank == 0) {

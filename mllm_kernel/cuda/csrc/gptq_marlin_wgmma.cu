@@ -298,31 +298,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (split > 1) {
       // Every CTA of the cluster is done with its ring, so the partners write their sums
       // into the first CTA's, which adds them in rank order (run-to-run identical).
-      constexpr int kVectors = Config::kAccumulators / 4;
       const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;
       auto* partials = reinterpret_cast<float4*>(shared);
       cluster_sync();
       if (rank != 0) {
-        float4* slot =
-            cluster_map_shared(partials, 0) + (rank - 1) * kVectors * Config::kConsumerThreads;
-#pragma unroll
-        for (int v = 0; v < kVectors; ++v) {
-          slot[v * Config::kConsumerThreads + thread] =
-              float4{acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]};
-        }
+        send_cluster_partials(acc, partials, rank, thread, Config::kConsumerThreads);
       }
       cluster_sync();
       if (rank != 0) return;
-      for (int partner = 0; partner < split - 1; ++partner) {
-#pragma unroll
-        for (int v = 0; v < kVectors; ++v) {
-          const float4 x = partials[(partner * kVectors + v) * Config::kConsumerThreads + thread];
-          acc[4 * v] += x.x;
-          acc[4 * v + 1] += x.y;
-          acc[4 * v + 2] += x.z;
-          acc[4 * v + 3] += x.w;
-        }
-      }
+      add_cluster_partials(acc, partials, split - 1, thread, Config::kConsumerThreads);
     }
 
     // Epilogue: acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of this consumer's
