@@ -194,6 +194,30 @@ def test_progress_off_a_terminal_prints_a_line_per_build(capsys):
     assert capsys.readouterr().out == "[1/1] failed k<1> (cpu) (2.0s)\n"
 
 
+def test_an_ops_name_selects_the_helper_modules_that_serve_it():
+    import mllm_kernel.cuda.jit  # noqa: F401  (registers the CUDA ops)
+
+    jobs = precompile.select_jobs("cuda", ["gptq_marlin_gemm"])
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job.entry.name] = counts.get(job.entry.name, 0) + 1
+    # the streaming kernel, the fused Hopper kernel and the dequantize step of the
+    # dequantize + GEMM path; the GEMM itself is its own op
+    assert counts == {
+        "gptq_marlin_gemm": 28,
+        "gptq_marlin_gemm_wgmma": 12,
+        "gptq_marlin_dequantize": 8,
+    }
+    helpers = {e.name: e.op for e in registry.kernels("cuda") if e.op is not None}
+    assert helpers == {
+        "gptq_marlin_gemm_wgmma": "gptq_marlin_gemm",
+        "gptq_marlin_dequantize": "gptq_marlin_gemm",
+    }
+    # a helper module can still be named on its own
+    only = precompile.select_jobs("cuda", ["gptq_marlin_gemm_wgmma"])
+    assert {job.entry.name for job in only} == {"gptq_marlin_gemm_wgmma"}
+
+
 def test_unknown_kernel_exits_2(capsys):
     assert main(["precompile", "--kernel", "no_such_kernel"]) == 2
     assert "unknown kernel(s) no_such_kernel" in capsys.readouterr().err

@@ -31,6 +31,9 @@ The declaration holds the facts each op file used to spell out in its own
   closed: a variant outside it is refused on its first lookup by
   ``check_variant(*variant)`` (the op's own error), so the hot path need not check
   values the memo already holds.
+* **op** (optional): the public op a helper module serves when its name differs
+  (``gptq_marlin_gemm``'s fused and dequantize modules), so that ``precompile
+  --kernel gptq_marlin_gemm`` builds them with it.
 
 From these the object is three things:
 
@@ -153,6 +156,7 @@ class KernelModule(ModuleMemo):
         variants: Iterable[tuple[Any, ...]] = ((),),
         check_variant: Callable[..., Any] | None = None,
         builtin: bool = True,
+        op: str | None = None,
     ) -> None:
         super().__init__(device, self._load_for)
         self.name = name
@@ -162,7 +166,7 @@ class KernelModule(ModuleMemo):
         self._check_variant = check_variant
         self._declared = frozenset(self.variants)
         registry.register_kernel(
-            name, device=device, variants=self.variants, builtin=builtin, planner=self.spec
+            name, device=device, variants=self.variants, builtin=builtin, planner=self.spec, op=op
         )(self.load)
 
     def _wrappers(self, args: str) -> list[tuple[str, str]]:

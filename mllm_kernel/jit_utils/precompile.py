@@ -112,19 +112,21 @@ def cuda_unavailable_reason() -> str | None:
 
 def select_jobs(device: str = "all", kernels: Sequence[str] | None = None) -> list[Job]:
     """Every variant of the registered kernels on ``device`` (``cpu``, ``cuda`` or
-    ``all``), or only of the ``kernels`` named. Unknown names raise ValueError."""
+    ``all``), or only of the ``kernels`` named; an op's name also selects the helper
+    modules that serve it (``gptq_marlin_gemm``: its fused and dequantize modules too).
+    Unknown names raise ValueError."""
     if device not in DEVICE_CHOICES:
         raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {device!r}")
     entries = [e for e in registry.kernels() if e.builder is not None]
     if kernels:
         known = {e.name for e in entries}
-        unknown = sorted(set(kernels) - known)
+        unknown = sorted(set(kernels) - known - {e.op for e in entries})
         if unknown:
             raise ValueError(
                 f"unknown kernel(s) {', '.join(unknown)}; registered: "
                 f"{', '.join(sorted(known)) or 'none'}"
             )
-        entries = [e for e in entries if e.name in kernels]
+        entries = [e for e in entries if e.name in kernels or e.op in kernels]
     entries = [e for e in entries if device in ("all", e.device)]
     return [Job(e, tuple(v)) for e in entries for v in e.variants]
 

@@ -35,7 +35,9 @@ Planner = Callable[..., BuildSpec]
 @dataclass
 class KernelEntry:
     """A kernel: how to plan (and build) it, and the argument tuples (variants) it is
-    built with. ``builder`` is None for a user module only seen loaded."""
+    built with. ``builder`` is None for a user module only seen loaded. ``op``: the
+    public op a helper module serves, when its name is not the op's (precompile's
+    ``--kernel OP`` builds it with the op's own)."""
 
     name: str
     device: str
@@ -44,6 +46,7 @@ class KernelEntry:
     builtin: bool = True
     loaded: set[tuple[str, ...]] = field(default_factory=set)
     planner: Planner | None = None
+    op: str | None = None
 
     def plan(self, variant: tuple[Any, ...]) -> BuildSpec:
         """The BuildSpec of ``variant`` (no compiler runs)."""
@@ -65,13 +68,15 @@ def register_kernel(
     variants: Iterable[tuple[Any, ...]] = (),
     builtin: bool = True,
     planner: Planner | None = None,
+    op: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers a module builder so tools see it before its first call.
 
     ``variants`` are the argument tuples the builder is called with (all of
     them, where the set is finite); ``builtin=False`` marks a user's kernel
     (show-config labels it so); ``planner(*variant)`` returns a variant's BuildSpec
-    without building (default: :func:`plan` over the builder). A module declared as a
+    without building (default: :func:`plan` over the builder); ``op`` names the public
+    op a helper module (another name) serves. A module declared as a
     :class:`~mllm_kernel.jit_utils.kernel_module.KernelModule` registers itself; this
     is for hand-written builders::
 
@@ -88,11 +93,11 @@ def register_kernel(
             entry = _entries.get((name, device))
             if entry is None:
                 _entries[(name, device)] = KernelEntry(
-                    name, device, builder, list(variants), builtin, planner=planner
+                    name, device, builder, list(variants), builtin, planner=planner, op=op
                 )
             else:  # a user kernel first seen at load time, registered afterwards
                 entry.builder, entry.variants, entry.builtin = builder, list(variants), builtin
-                entry.planner = planner
+                entry.planner, entry.op = planner, op
         return builder
 
     return decorate

@@ -112,6 +112,7 @@ _STREAM = KernelModule(
 _FUSED = KernelModule(
     "gptq_marlin_gemm_wgmma",
     device="cuda",
+    op="gptq_marlin_gemm",
     sources=["gptq_marlin_wgmma.cu"],
     exports=[("fused", "mllm_kernel::cuda::gptq_marlin_gemm_wgmma<{args}>")],
     variants=[
@@ -123,6 +124,7 @@ _FUSED = KernelModule(
 _DEQUANTIZE = KernelModule(
     "gptq_marlin_dequantize",
     device="cuda",
+    op="gptq_marlin_gemm",
     sources=["gptq_marlin.cu"],
     exports=[("dequantize", "mllm_kernel::cuda::marlin_dequantize<{args}>")],
     variants=[
