@@ -16,10 +16,23 @@ TYPES = (("bf16_t", "bf16"), ("fp16_t", "f16"))
 TARGET = Path(__file__).resolve().parent.parent / "include/mllm_kernel/cuda/wgmma_mma.cuh"
 
 
-def _wrapper(width: int) -> str:
+def _wrapper(width: int, a_in_registers: bool = False) -> str:
+    """The 16-bit m64n{width}k16 wrapper: A from a shared-memory descriptor, or (the _rs
+    form) from four registers per thread."""
     regs = width // 2
     placeholders = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    if a_in_registers:
+        # A from registers takes no transpose flag: scale-d, scale-a, scale-b, trans-b.
+        a_operand = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+        tail = f"%{regs + 4}, p, 1, 1, 0"
+        inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
+        scale_d, name, a_param = regs + 5, f"wgmma_m64n{width}k16_rs", "const uint32_t (&a)[4]"
+    else:
+        a_operand = f"%{regs}"
+        tail = f"%{regs + 1}, p, 1, 1, 0, 0"
+        inputs = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
+        scale_d, name, a_param = regs + 2, f"wgmma_m64n{width}k16", "uint64_t desc_a"
     branches = []
     for i, (ctype, ptx) in enumerate(TYPES):
         keyword = "if" if i == 0 else "} else if"
@@ -27,47 +40,18 @@ def _wrapper(width: int) -> str:
         branches.append(
             f"  {keyword} constexpr (std::is_same_v<T, {ctype}>) {{\n"
             f"    asm volatile(\n"
-            f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{scale_d}, 0;\\n"\n'
             f'        "wgmma.mma_async.sync.aligned.m64n{width}k16.f32.{ptx}.{ptx} "\n'
             f'        "{{{placeholders}}}, "\n'
-            f'        "%{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}"\n'
+            f'        "{a_operand}, {tail};\\n}}"\n'
             f"        : {operands}\n"
-            f'        : "l"(desc_a), "l"(desc_b), "r"(scale_d));\n'
+            f"        : {inputs});\n"
         )
     body = "".join(branches) + "  }\n"
     return (
         f"template <typename T>\n"
-        f"__device__ __forceinline__ void wgmma_m64n{width}k16(float (&d)[{regs}], "
-        f"uint64_t desc_a, uint64_t desc_b, int scale_d) {{\n"
-        f"  static_assert(std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>);\n"
-        f"{body}}}\n"
-    )
-
-
-def _rs_wrapper(width: int) -> str:
-    regs = width // 2
-    placeholders = ", ".join(f"%{i}" for i in range(regs))
-    operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    a = ", ".join(f"%{regs + i}" for i in range(4))
-    branches = []
-    for i, (ctype, ptx) in enumerate(TYPES):
-        keyword = "if" if i == 0 else "} else if"
-        # A from registers takes no transpose flag: scale-d, scale-a, scale-b, trans-b.
-        branches.append(
-            f"  {keyword} constexpr (std::is_same_v<T, {ctype}>) {{\n"
-            f"    asm volatile(\n"
-            f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
-            f'        "wgmma.mma_async.sync.aligned.m64n{width}k16.f32.{ptx}.{ptx} "\n'
-            f'        "{{{placeholders}}}, "\n'
-            f'        "{{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n}}"\n'
-            f"        : {operands}\n"
-            f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));\n'
-        )
-    body = "".join(branches) + "  }\n"
-    return (
-        f"template <typename T>\n"
-        f"__device__ __forceinline__ void wgmma_m64n{width}k16_rs(float (&d)[{regs}], "
-        f"const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {{\n"
+        f"__device__ __forceinline__ void {name}(float (&d)[{regs}], "
+        f"{a_param}, uint64_t desc_b, int scale_d) {{\n"
         f"  static_assert(std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>);\n"
         f"{body}}}\n"
     )
@@ -122,7 +106,7 @@ def main() -> None:
         "namespace mllm_kernel::cuda {\n\n"
         + "\n".join(_wrapper(w) for w in WIDTHS)
         + "\n"
-        + "\n".join(_rs_wrapper(w) for w in WIDTHS)
+        + "\n".join(_wrapper(w, a_in_registers=True) for w in WIDTHS)
         + "\n"
         + "\n".join(_int8_wrapper(w) for w in WIDTHS)
         + "\n/// The m64nNk16 wgmma for a width N known at compile time.\n"
