@@ -8,10 +8,9 @@ Three ways to run, chosen per call by :func:`plan` (the one place that knows):
   M, where reading the weights bounds the time: each weight byte is read once;
 - on Hopper (sm_90 with sm_90a code), for M from :data:`FUSED_MIN_M` up to
   :data:`FUSED_MAX_M` and 4-bit weights without act-order or float zero points: the
-  fused kernel
-  (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in registers as
-  wgmma's A operand, since there the tensor cores bound the time and wgmma is several
-  times faster than mma.sync;
+  fused kernel (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in
+  registers as wgmma's A operand, since there the tensor cores bound the time and
+  wgmma is several times faster than mma.sync;
 - on Hopper for the other weights from M = :data:`DEQUANT_GEMM_MIN_M`, and for all
   from :data:`FUSED_MAX_M`: the weights are dequantized into a bf16/fp16 ``[N, K]``
   scratch and multiplied by the Hopper GEMM (:func:`mllm_kernel.cuda.jit.gemm`).
@@ -216,16 +215,15 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     widest = next((t for t in tiles if t >= m), tiles[-1])
     k_blocks = -(-k // 64)
     for tokens in reversed([t for t in tiles if t <= widest]):
-        slots = sms  # one CTA per SM
-        ctas = -(-m // tokens) * -(-n // _FUSED_COLS)
+        ctas = -(-m // tokens) * -(-n // _FUSED_COLS)  # one CTA per SM at a time
         split = 1
         while (
             split * 2 <= _FUSED_MAX_SPLIT[tokens]
-            and ctas * split * 2 <= slots
+            and ctas * split * 2 <= sms
             and k_blocks // (split * 2) >= _FUSED_MIN_SLICE_BLOCKS
         ):
             split *= 2
-        if ctas * split >= 0.9 * slots:
+        if ctas * split >= 0.9 * sms:
             break
     tail = ctas % sms if split == 1 and ctas > sms else 0
     if 2 * tail > sms or _FUSED_MAX_SPLIT[tokens] < 2 or k_blocks // 2 < _FUSED_MIN_SLICE_BLOCKS:
