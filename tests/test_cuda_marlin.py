@@ -212,6 +212,55 @@ def test_fused_gemm_runs_a_mostly_empty_last_wave_split(dtype, monkeypatch):
     _check(_run(w, a, c=c), a, w)
 
 
+def test_fused_gemm_tail_launch_in_a_graph_feeds_the_next_kernel(monkeypatch):
+    """The tail launch may start before the first one ends (it writes other tiles); the
+    kernel after both must still see every tile, replay after replay."""
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    index = torch.cuda.current_device()
+    _, hopper, clusters = gptq_marlin_module._device_facts(index)
+    monkeypatch.setitem(gptq_marlin_module._devices, index, (3, hopper, clusters))
+    n, k, m = 512, 1024, 64
+    torch.manual_seed(2)
+    w = Weights(k, n, torch.bfloat16, "uint4b8", 128)
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    doubled = torch.empty_like(c)
+    workspace = marlin_make_workspace("cuda")
+    _run(w, a, c=c, workspace=workspace)  # builds the module outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _run(w, a, c=c, workspace=workspace)
+        torch.mul(c, 2, out=doubled)
+    for _ in range(3):
+        c.fill_(float("nan"))
+        doubled.fill_(float("nan"))
+        a.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(c, a, w)
+        assert torch.equal(doubled, c * 2), "the next kernel ran before the tail's tiles"
+
+
+@pytest.mark.parametrize("m", [40, 300])
+def test_fused_gemm_output_not_16_byte_aligned(m):
+    """A c that starts 2 bytes past an allocation: the fused kernel's TMA stores need 16,
+    so the op computes into an aligned buffer and copies."""
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    n, k = 256, 512
+    torch.manual_seed(m)
+    w = Weights(k, n, torch.float16)
+    a = torch.randn(m, k, device="cuda").to(torch.float16)
+    c = torch.full((m * n + 1,), float("nan"), device="cuda", dtype=torch.float16)[1:]
+    c = c.view(m, n)
+    assert c.data_ptr() % 16
+    out = _run(w, a, c=c)
+    assert out.data_ptr() == c.data_ptr()
+    _check(c, a, w)
+
+
 @pytest.mark.parametrize("group_size", [64, 256])
 def test_fused_gemm_other_group_sizes(group_size):
     if not _hopper():
@@ -294,7 +343,7 @@ def test_gemm_float_zero_points(dtype, m):
     _check(_run(w, a), a, w)
 
 
-@pytest.mark.parametrize("m", [1, 16, 64, 2048])
+@pytest.mark.parametrize("m", [1, 16, 64, 2048, 4096])
 def test_gemm_writes_c_and_leaves_workspace_zero(m):
     torch.manual_seed(m)
     w = Weights(4096, 1024, torch.bfloat16)

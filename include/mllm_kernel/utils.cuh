@@ -246,6 +246,16 @@ class KernelLauncher {
     return *this;
   }
 
+  /// Lets the kernel start before the previous kernel on the stream has finished
+  /// (programmatic dependent launch, sm_90): once every CTA of that kernel has called
+  /// allow_dependent_launch(). Only for a kernel that reads nothing the previous one
+  /// writes and writes nothing it touches; it calls wait_for_previous_grid() before it
+  /// exits, so that whatever follows it on the stream also follows the previous kernel.
+  KernelLauncher& overlap_previous(bool enable = true) {
+    overlap_previous_ = enable;
+    return *this;
+  }
+
   template <typename... KernelArgs, typename... Args>
   void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
     if (grid_.x == 0 || grid_.y == 0 || grid_.z == 0) return;
@@ -260,10 +270,17 @@ class KernelLauncher {
       check(detail::raise_func_attribute(address, device_.device_id,
                                          cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
-    if (cluster_ > 1) {
-      cudaLaunchAttribute attribute;
-      const cudaLaunchConfig_t config =
-          cluster_config(grid_, block_, shared_mem_, current_stream(device_), cluster_, attribute);
+    if (cluster_ > 1 || overlap_previous_) {
+      cudaLaunchAttribute attributes[2];
+      cudaLaunchConfig_t config = cluster_config(grid_, block_, shared_mem_,
+                                                 current_stream(device_), cluster_, attributes[0]);
+      if (overlap_previous_) {
+        attributes[1] = cudaLaunchAttribute{};
+        attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attributes[1].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attributes;
+        config.numAttrs = 2;
+      }
       check(cudaLaunchKernelEx(&config, kernel,
                                static_cast<KernelArgs>(std::forward<Args>(args))...));
     } else {
@@ -289,7 +306,24 @@ class KernelLauncher {
   std::size_t shared_mem_;
   source_location loc_;
   unsigned cluster_ = 1;
+  bool overlap_previous_ = false;
 };
+
+/// Lets a kernel launched with overlap_previous() after this one start (sm_90; a no-op
+/// elsewhere and when there is none). Takes effect once every CTA has called it or exited.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// In a kernel launched with overlap_previous(): waits until the previous kernel on the
+/// stream has finished and its writes are visible. Returns at once otherwise.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /// How many clusters of `cluster` CTAs of `kernel` (`threads` each, `shared_bytes` of
 /// dynamic shared memory) `device` runs at once; 0 when it cannot run one.

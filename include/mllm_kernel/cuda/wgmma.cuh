@@ -76,6 +76,24 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
 }
 
+/// A barrier over `threads` threads (a multiple of 32): hardware barrier `id` (1-15).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Stores four 8x8 b16 matrices to shared memory transposed: lane i gives the
+/// shared-memory address of row i % 8 of matrix i / 8, and holds, in frag[m], the
+/// pair (2 (i % 4), 2 (i % 4) + 1) of row i / 4 of matrix m, an mma accumulator pair.
+/// Row r in shared memory receives column r of the matrix: an accumulator tile of
+/// wgmma (rows x columns) lands as columns x rows.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t shared_address,
+                                                  const uint32_t (&frag)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                   shared_address),
+               "r"(frag[0]), "r"(frag[1]), "r"(frag[2]), "r"(frag[3])
+               : "memory");
+}
+
 /// Gives registers back (producer warpgroups, which need few) or takes them (consumer
 /// warpgroups holding accumulators). Takes effect only in a kernel with a register cap
 /// at entry: __launch_bounds__(threads, 1).

@@ -79,11 +79,17 @@ struct FusedConfig {
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
   static constexpr std::size_t kPartialBytes = std::size_t{kConsumerThreads} * kAccumulators * 4;
   static constexpr int kMaxSplit = static_cast<int>(kRingBytes / kPartialBytes) + 1;
+  // The epilogue's boxes, one per consumer, in the ring once the main loop is done.
+  static constexpr int kOutBoxBytes = kTokens * kSwizzle128Bytes;
+  static_assert(kConsumers * kOutBoxBytes <= kRingBytes, "the output boxes fit in the ring");
 
   static_assert(kActBytes % 1024 == 0 && kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0 &&
                     kZeroOffset % 128 == 0,
                 "TMA destinations: 1024-byte (swizzled) and 128-byte aligned");
 };
+
+/// The hardware barrier both consumer warpgroups meet at (1 and 2 are their own).
+inline constexpr int kConsumersBarrier = 3;
 
 /// Group rows one k-block's scale box covers: two for groups of 32, else one.
 __host__ __device__ inline int group_rows_per_block(int group_shift) {
@@ -131,7 +137,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     marlin_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_w,
                         const __grid_constant__ CUtensorMap map_s,
-                        const __grid_constant__ CUtensorMap map_z, const marlin::Params p,
+                        const __grid_constant__ CUtensorMap map_z,
+                        const __grid_constant__ CUtensorMap map_c, const marlin::Params p,
                         const int first_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Config::kStages;
@@ -166,6 +173,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
+  // A tail launch (overlap_previous) of this kernel may take the SMs this launch's CTAs
+  // leave: it writes other output tiles.
+  allow_dependent_launch();
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   if (warpgroup == 0) {
@@ -197,12 +207,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cluster_sync();
       cluster_sync();
     }
+    // A tail launch ends no sooner than the launch before it: what follows on the
+    // stream then follows both.
+    if (threadIdx.x == 0) wait_for_previous_grid();
   } else {
     warpgroup_claim_registers<Config::kConsumerRegisters>();
     const int consumer = warpgroup - 1;
     const int warp = (static_cast<int>(threadIdx.x) / 32) % 4;
     const int lane = static_cast<int>(threadIdx.x) % 32;
-    const int g = lane / 4, t = lane % 4;
+    const int g = lane / 4;
 
     BlockConstants<T> bc;
     const Pair<T> fixed = Deq::offset(static_cast<float>(Config::kZeroMode == kBias ? p.bias : 0));
@@ -310,28 +323,47 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
 
     // Epilogue: acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of this consumer's
-    // 64) and token 8 j + 2 t + e.
-    T* c = static_cast<T*>(p.c);
-    const int col_base = col0 + consumer * 64 + 16 * warp + g;
+    // 64) and token 8 j + 2 t + e. Transposed by stmatrix, each consumer's 64 columns
+    // land in shared memory as c's rows, the [kTokens][64] box of a TMA store, 128-byte
+    // swizzled (the 8 rows a matrix writes fall in 8 different 16-byte columns). The
+    // store writes whole 128-byte row pieces and clips the rows past M; 2-byte stores
+    // straight from the accumulators half-filled every sector they touched.
+    if (split > 1) named_barrier(kConsumersBarrier, Config::kConsumerThreads);  // partials read
+    const int col_base = col0 + consumer * 64;
+    float scale[2] = {1.f, 1.f};
+    if (!grouped) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = col_base + 8 * h;
-      if (col >= p.n) continue;
-      float scale = 1.f;
-      if (!grouped) {
-        const int position = col / 64 * 64 + marlin::channel_scale_position(col % 64);
-        scale = to_float(static_cast<const T*>(p.scales)[position]);
-      }
-#pragma unroll
-      for (int j = 0; j < Config::kTokens / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int token = token0 + 8 * j + 2 * t + e;
-          if (token < p.m) {
-            c[int64_t{token} * p.ldc + col] = from_float<T>(acc[4 * j + 2 * h + e] * scale);
-          }
+      for (int h = 0; h < 2; ++h) {
+        const int col = col_base + 16 * warp + 8 * h + g;
+        if (col < p.n) {
+          const int position = col / 64 * 64 + marlin::channel_scale_position(col % 64);
+          scale[h] = to_float(static_cast<const T*>(p.scales)[position]);
         }
       }
+    }
+    uint8_t* box = shared + consumer * Config::kOutBoxBytes;
+    // This lane addresses row `lane % 8` of matrix `lane / 8` = (token block j + m / 2,
+    // columns 16 w + 8 (m % 2) ..: the box row's 16-byte piece 2 w + m % 2).
+    const int matrix = lane / 8;
+#pragma unroll
+    for (int j = 0; j < Config::kTokens / 8; j += 2) {
+      uint32_t frag[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int i = 4 * (j + m / 2) + 2 * (m % 2);
+        frag[m] = bits_of<T>(pair_of<T>(acc[i] * scale[m % 2], acc[i + 1] * scale[m % 2]));
+      }
+      const int token = 8 * (j + matrix / 2) + lane % 8;
+      const int piece = (2 * warp + matrix % 2) ^ (token % 8);
+      stmatrix_x4_trans(shared_address(box) + token * kSwizzle128Bytes + piece * 16, frag);
+    }
+    fence_shared_for_tma();
+    warpgroup_barrier(1 + consumer);
+    if (threadIdx.x % kWarpgroupThreads == 0 && col_base < p.n) {
+      tma_store_2d(&map_c, box, col_base, token0);
+      tma_store_commit();
+      // Shared memory must outlive the store's reads; the writes complete with the grid.
+      tma_store_wait_read<0>();
     }
   }
 #endif
@@ -353,12 +385,15 @@ inline CUtensorMap plain_map(const void* data, int64_t rows, int64_t cols, uint3
 /// `ZeroMode`), no act-order, on sm_90a; see the file comment. `a` [M, K] with
 /// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales. Runs
 /// output tiles [first_tile, first_tile + tiles) (numbered token tile first), K split
-/// over the `split` CTAs of a cluster (at most the build's kMaxSplit).
+/// over the `split` CTAs of a cluster (at most the build's kMaxSplit). c must start on
+/// a 16-byte boundary (TMA stores). With `overlap_previous` the launch may start while
+/// the previous kernel on the stream still runs, which must be this kernel on other
+/// tiles of the same product (a tail launch).
 template <typename T, int kTokens, int ZeroMode>
 void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_scales,
                             tvm::ffi::Optional<TensorView> b_zeros, TensorView c,
                             int64_t group_size, int64_t bias, int64_t split, int64_t first_tile,
-                            int64_t tiles) {
+                            int64_t tiles, bool overlap_previous) {
   using namespace marlin;
   using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
   SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
@@ -373,6 +408,8 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   ValueCheck(lda % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
              "argument 'a': rows must start on 16-byte boundaries (row stride ", lda,
              " elements); call .contiguous() on it first");
+  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<T>(c)) % 16 == 0,
+             "argument 'c': must start on a 16-byte boundary");
   if (m.value() == 0) return;
   p.a = data_ptr<void>(a);
   p.lda = lda;
@@ -398,6 +435,11 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
           ? marlin_wgmma::plain_map(p.zeros, p.groups, n.value() / 8, 4,
                                     CU_TENSOR_MAP_DATA_TYPE_INT32, rows, Config::kCols / 8)
           : CUtensorMap{};
+  // The output: this CTA's consumers each store a [kTokens][64] box.
+  const CUtensorMap map_c = tma_map_2d(
+      TmaMatrix{p.c, static_cast<uint64_t>(m.value()), static_cast<uint64_t>(n.value()),
+                static_cast<uint64_t>(n.value()) * sizeof(T), static_cast<uint32_t>(kTokens),
+                static_cast<uint32_t>(kSwizzle128Bytes / sizeof(T)), kType, sizeof(T)});
   RuntimeCheck(Config::kSharedBytes <= max_shared_memory_per_block(device.value()),
                "gptq_marlin_gemm: the fused kernel needs ", Config::kSharedBytes,
                " bytes of shared memory, more than the device's ",
@@ -413,8 +455,10 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   if (tiles == 0) return;
   const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(tiles));
   KernelLauncher(grid, dim3(Config::kThreads), device.value(), Config::kSharedBytes)
-      .cluster(static_cast<unsigned>(split))(marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a,
-                                             map_w, map_s, map_z, p, static_cast<int>(first_tile));
+      .cluster(static_cast<unsigned>(split))
+      .overlap_previous(overlap_previous)(marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a,
+                                          map_w, map_s, map_z, map_c, p,
+                                          static_cast<int>(first_tile));
 }
 
 }  // namespace mllm_kernel::cuda

@@ -58,12 +58,13 @@ DEQUANT_GEMM_MIN_M = 256
 #   92.5 / 113.2 (28672 x 8192); at M = 64 the fused kernel won on all four shapes but
 #   4096^2 (21.8 / 22.8). At M = 1 and 16 the streaming kernel beat fused tiles of 16
 #   and 32 tokens (10.5 / 15.0 us at 4096^2, 58.1 / 70.7 at 28672 x 8192): not built.
-# - fused / dequantize + GEMM, in cuBLAS speed: 0.75-0.94x / 0.68-0.74x at M = 1024;
-#   0.78-0.90x / 0.83-0.91x at M = 4096, where the dequantized copy costs little
-#   against the product and the bf16 GEMM (wgmma from shared memory, persistent,
-#   multicast) runs faster per flop than wgmma with A from registers.
+# - fused / dequantize + GEMM, in cuBLAS speed (session 9, TMA-store epilogue): 0.91-1.01x
+#   / 0.83-0.91x at M = 2048 on all four Llama shapes; 0.90-0.93x / 0.89-0.95x at
+#   M = 4096, a draw, where the dequantized copy costs little against the product and
+#   the bf16 GEMM (wgmma from shared memory, persistent, multicast) runs faster per
+#   flop than wgmma with A from registers.
 FUSED_MIN_M = 32
-FUSED_MAX_M = 2048
+FUSED_MAX_M = 4096
 _FUSED_TOKENS = (64, 128, 256)
 _FUSED_COLS = 128  # weight columns per CTA of the fused kernel
 # Most K slices of a cluster: the partners' sums must fit in the first CTA's ring of
@@ -494,11 +495,15 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         module = _FUSED[a.get_device(), a.dtype, how.fused_tokens, zero_mode]
         tiles = -(-a.shape[0] // how.fused_tokens) * -(-c.shape[1] // _FUSED_COLS)
         body = tiles - how.fused_tail
-        module.fused(a, b_q_weight, b_scales, zeros, c, group_size, bias, how.fused_split, 0, body)
+        # The kernel stores whole rows of tiles with TMA, which needs a 16-byte-aligned c.
+        out = c if c.data_ptr() % 16 == 0 else torch.empty_like(c)
+        args = (a, b_q_weight, b_scales, zeros, out, group_size, bias)
+        module.fused(*args, how.fused_split, 0, body, False)
         if how.fused_tail:
-            module.fused(
-                a, b_q_weight, b_scales, zeros, c, group_size, bias, 2, body, how.fused_tail
-            )
+            # The tail's CTAs start on the SMs the body's last CTAs leave.
+            module.fused(*args, 2, body, how.fused_tail, True)
+        if out is not c:
+            c.copy_(out)
         return c
     if how.dequant_gemm:
         from mllm_kernel.cuda.jit.gemm import gemm
