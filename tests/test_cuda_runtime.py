@@ -187,6 +187,11 @@ def test_side_stream(add):
     gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     n = 5000
     a, b, c = _inputs(n)
+    # Loaded before the gate closes: CUDA loads a kernel at its first launch (lazy
+    # loading), and that load waits for the spinning gate kernel to time out.
+    add(a, b, c, n, grid=_grid(n))
+    torch.cuda.synchronize()
+    c.fill_(float("nan"))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     wait_for_gate(gate.data_ptr(), stream=side)
