@@ -27,7 +27,10 @@
 // at once share the weight columns they read and the activations stay in L2. When the
 // output tiles alone leave SMs idle, K is split over a cluster of CTAs, whose sums meet
 // in the first CTA's shared memory (distributed shared memory). A launch may run a
-// range of the tiles: the caller runs a last, mostly empty wave of tiles apart, split.
+// range of the tiles: the caller runs a last, mostly empty wave of tiles apart, split,
+// in a launch that starts on the SMs the first one's last CTAs leave. The epilogue
+// transposes the accumulators into c's rows in shared memory (stmatrix) and writes
+// them with TMA stores.
 #include <tvm/ffi/optional.h>
 
 #include "mllm_kernel/cuda/cluster.cuh"
