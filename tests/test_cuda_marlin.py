@@ -194,15 +194,20 @@ def test_fused_gemm_splits_k_over_a_cluster(fused_tokens, type_name, group_size)
     assert torch.equal(_run(w, a), out), "the partial sums must add in a fixed order"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_gemm_runs_a_mostly_empty_last_wave_split(dtype, monkeypatch):
-    """Four output tiles on a GPU taken to have 3 SMs: three in one launch, the fourth
-    in a second one with K split in two."""
+@pytest.fixture
+def three_sms(monkeypatch):
+    """Runs a test on a Hopper GPU taken to have 3 SMs, so that few tiles make a tail."""
     if not _hopper():
         pytest.skip("the fused kernel needs sm_90 with sm_90a code")
     index = torch.cuda.current_device()
     _, hopper, clusters = gptq_marlin_module._device_facts(index)
     monkeypatch.setitem(gptq_marlin_module._devices, index, (3, hopper, clusters))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_gemm_runs_a_mostly_empty_last_wave_split(dtype, three_sms):
+    """Four output tiles on 3 SMs: three in one launch, the fourth in a second one with
+    K split in two."""
     n, k, m = 512, 1024, 64
     assert gptq_marlin_module.plan(m, n, k, 3, True, 3, fusable=True).fused_tail == 1
     torch.manual_seed(1)
@@ -212,15 +217,11 @@ def test_fused_gemm_runs_a_mostly_empty_last_wave_split(dtype, monkeypatch):
     _check(_run(w, a, c=c), a, w)
 
 
-def test_fused_gemm_tail_launch_in_a_graph_feeds_the_next_kernel(monkeypatch):
+def test_fused_gemm_tail_launch_in_a_graph_feeds_the_next_kernel(three_sms):
     """The tail launch may start before the first one ends (it writes other tiles); the
     kernel after both must still see every tile, replay after replay."""
-    if not _hopper():
-        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
-    index = torch.cuda.current_device()
-    _, hopper, clusters = gptq_marlin_module._device_facts(index)
-    monkeypatch.setitem(gptq_marlin_module._devices, index, (3, hopper, clusters))
     n, k, m = 512, 1024, 64
+    assert gptq_marlin_module.plan(m, n, k, 3, True, 3, fusable=True).fused_tail == 1
     torch.manual_seed(2)
     w = Weights(k, n, torch.bfloat16, "uint4b8", 128)
     a = torch.randn(m, k, device="cuda").to(torch.bfloat16)

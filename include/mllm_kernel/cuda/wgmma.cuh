@@ -70,15 +70,15 @@ __device__ __forceinline__ void wgmma_fence_operands(int32_t (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i])::"memory");
 }
 
-/// A barrier over the 128 threads of one warpgroup: hardware barrier `id` (1-15; 0
-/// is __syncthreads), so warpgroups of a CTA synchronise independently.
-__device__ __forceinline__ void warpgroup_barrier(int id) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
-}
-
-/// A barrier over `threads` threads (a multiple of 32): hardware barrier `id` (1-15).
+/// A barrier over `threads` threads (a multiple of 32): hardware barrier `id` (1-15; 0
+/// is __syncthreads), so groups of warps of a CTA synchronise independently.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// A barrier over the 128 threads of one warpgroup (hardware barrier `id`).
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  named_barrier(id, kWarpgroupThreads);
 }
 
 /// Stores four 8x8 b16 matrices to shared memory transposed: lane i gives the

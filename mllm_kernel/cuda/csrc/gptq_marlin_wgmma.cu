@@ -417,7 +417,6 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   p.a = data_ptr<void>(a);
   p.lda = lda;
   p.c = data_ptr<void>(c);
-  p.ldc = n.value();
   p.m = static_cast<int>(m.value());
 
   constexpr auto kType = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
