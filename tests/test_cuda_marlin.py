@@ -120,7 +120,7 @@ SHAPES = [(192, 256), (320, 1152), (448, 1408), (4096, 4096)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 13, 16, 64, 257, 1024])
+@pytest.mark.parametrize("m", [1, 8, 13, 16, 64, 257, 1024])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_gemm_uint4b8_group128(dtype, m, n, k):
     torch.manual_seed(m + n + k)
@@ -298,7 +298,7 @@ def split_sums(request, monkeypatch):
 
 
 @pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128"])
-@pytest.mark.parametrize("m", [1, 3, 16, 40])
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 40])
 def test_gemm_k_slices_starting_inside_a_group(split_sums, type_name, m):
     """Group 512 over K = 2560: every plan's slices (320 or 256 rows) start mid-group."""
     n, k = 4096, 2560

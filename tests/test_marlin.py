@@ -119,9 +119,13 @@ def test_ops_are_registered_under_their_public_names():
     for name in ("gptq_marlin_gemm", "gptq_marlin_repack", "awq_marlin_repack"):
         assert name in entries, f"{name} is not registered"
     variants = entries["gptq_marlin_gemm"].variants
-    # both dtypes x 16/64 rows per CTA x (4-bit: type zero, int zeros, float zeros,
-    # act-order; 8-bit: the same but float zeros)
-    assert len(variants) == 28 and len(set(variants)) == 28
+    # both dtypes x 16/64 tokens per CTA x (4-bit: type zero, int zeros, float zeros,
+    # act-order; 8-bit: the same but float zeros), and 8 tokens per CTA where scales
+    # are deferred: 4-bit fp16 and bf16 (3 zero modes each), 8-bit fp16 (2)
+    assert len(variants) == 28 + 8 and len(set(variants)) == 36
+    eight = {(v[0], v[1], v[3]) for v in variants if v[2] == 8}
+    assert len(eight) == 8 and not any(v[4] for v in variants if v[2] == 8)
+    assert (torch.bfloat16, 8, 0) not in eight, "8-bit bf16 weights are not deferred"
     assert all(v[3] == 0 for v in variants if v[4]), "act-order only with the type's zero"
     assert all(v[1] == 4 for v in variants if v[3] == 2), "float zero points only for 4 bits"
 
@@ -167,7 +171,10 @@ def test_fused_kernel_is_registered_with_its_variants():
 
 def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
     small = plan(1, 4096, 4096, 132, True, 132)
-    assert not small.dequant_gemm and small.m_blocks == 1
+    assert not small.dequant_gemm and small.rows == 16
+    # 8-token CTAs where the build has them (deferred scales), up to 8 tokens
+    assert plan(8, 4096, 4096, 132, True, 132, eight_rows=True).rows == 8
+    assert plan(9, 4096, 4096, 132, True, 132, eight_rows=True).rows == 16
     # 16 column tiles of 256: K split 16 ways (the cap), slices of 16 k16 tiles
     assert (small.split, small.k_tiles_per_split) == (16, 16)
     wide = plan(1, 28672, 8192, 132, True, 132)
@@ -176,7 +183,7 @@ def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
     assert plan(1, 28672, 8192, 132, True, 100).split == 1  # the workspace is too short
     deep = plan(1, 4096, 14336, 132, True, 132)
     assert deep.split == 16 and deep.k_tiles_per_split == 56
-    assert plan(64, 4096, 4096, 132, True, 132).m_blocks == 4
+    assert plan(64, 4096, 4096, 132, True, 132).rows == 64
     assert plan(257, 4096, 4096, 132, False, 132).split == 1  # several row blocks
     assert plan(1024, 4096, 4096, 132, True, 132).dequant_gemm
     assert not plan(1024, 4096, 4096, 108, False, 108).dequant_gemm  # no Hopper GEMM

@@ -1,6 +1,6 @@
 // Warp-level tensor-core building blocks of sm_80 and newer: ldmatrix for A
-// fragments and mma.sync m16n8k16 with fp32 accumulation (the copies that feed them
-// are in cp_async.cuh).
+// fragments, mma.sync m16n8k16 with fp32 accumulation and movmatrix transposes of
+// accumulator blocks (the copies that feed them are in cp_async.cuh).
 //
 // Fragment layouts of m16n8k16 (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4):
 //   A (16 x 16, row-major)  a[0]: rows g,   k 2t..2t+1   a[1]: rows g+8, k 2t..2t+1
@@ -25,6 +25,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&frag)[4], uint32_t shared
                : "r"(shared_address));
 }
 
+/// Two 8x8 b16 matrices: lanes 0-15 give the rows' addresses (as for ldmatrix_x4).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&frag)[2], uint32_t shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(frag[0]), "=r"(frag[1])
+               : "r"(shared_address));
+}
+
 /// c += a * b for one 16 x 8 x 16 tile, inputs in `T` (fp16_t or bf16_t), fp32 accumulation.
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -41,6 +48,25 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+/// Transposes an 8 x 8 matrix of b16 values spread over a warp as C fragments are (lane
+/// 4 g + t holds row g, columns 2 t and 2 t + 1): returns that lane's part of the
+/// transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t pair) {
+  uint32_t out;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(out) : "r"(pair));
+  return out;
+}
+
+/// movmatrix_trans for an 8 x 8 block of fp32 values (x, y: row g, columns 2 t, 2 t + 1),
+/// exactly: their high and low halves travel as two b16 matrices.
+__device__ __forceinline__ void transpose_8x8(float& x, float& y) {
+  const uint32_t xb = __float_as_uint(x), yb = __float_as_uint(y);
+  const uint32_t high = movmatrix_trans(__byte_perm(xb, yb, 0x7632));
+  const uint32_t low = movmatrix_trans(__byte_perm(xb, yb, 0x5410));
+  x = __uint_as_float(__byte_perm(low, high, 0x5410));
+  y = __uint_as_float(__byte_perm(low, high, 0x7632));
 }
 
 }  // namespace mllm_kernel::cuda

@@ -9,11 +9,16 @@
 // a k16 x n64 tile are exactly its mma fragments, so each lane copies its own bytes
 // (cp.async) into its warp's ring of kDepth tiles and reads back only those: every
 // tile is one coalesced warp read, and no warp waits for another on weights. The
-// activations (at most 16 * MBlocks rows) pass through two shared-memory chunks of
-// 256 k; those chunks are the CTA's only barriers. Weights are dequantized in
-// registers (the magic-number trick, dequant.cuh) and multiplied with mma.sync
-// m16n8k16 into fp32, four tiles a turn. Scales and zero points are loaded one group
-// ahead, and the zero mode and act-order are template parameters.
+// activations (`Rows` = 8, 16 or 64 tokens per CTA) pass through two shared-memory
+// chunks of 256 k; those chunks are the CTA's only barriers. The tiles are multiplied
+// with mma.sync m16n8k16 into fp32, four tiles a turn, in one of two ways:
+//   - up to 16 tokens (no act-order, not 8-bit weights in bf16): the weights are the
+//     A operand, entering as magic + q straight from their bits, and each group's
+//     scale and zero apply once to its fp32 sums (DeferredScales);
+//   - otherwise the weights are dequantized in registers (the magic-number trick,
+//     dequant.cuh), scaled, and are the B operand of 16-row blocks of activations.
+// Scales and zero points are loaded one group ahead, and the zero mode and act-order
+// are template parameters.
 //
 // When the column tiles alone cannot fill the GPU, K is split over `split` CTAs, which
 // are summed in a fixed order (run-to-run identical results) in one of two ways:
@@ -21,7 +26,7 @@
 //     through distributed shared memory;
 //   - elsewhere they write fp32 partials, and the last to finish (counted in
 //     `workspace`, left zeroed again) sums them.
-// M beyond 16 * MBlocks rows takes grid.z.
+// M beyond `Rows` tokens takes grid.z.
 //
 // `marlin_dequantize_kernel` writes dequant(b) as a [N, K] matrix (the nn.Linear
 // layout) for large M, where the product runs on the Hopper GEMM instead.
@@ -222,6 +227,98 @@ struct GroupValues {
   }
 };
 
+/// Whether the streaming kernel of `Rows` tokens per CTA defers scales and zeros to the
+/// end of each group (DeferredScales): for 8 tokens (with 16 its doubled accumulators
+/// cost more than the saved instructions gain: RESULTS.md, session 10), but not under
+/// act-order (each row has its own group) nor for 8-bit weights in bf16 (magic + q is
+/// not exact there).
+template <typename T, int Bits, int Rows, bool ActOrder>
+inline constexpr bool kDefersScales =
+    Rows == 8 && !ActOrder && (Bits == 4 || std::is_same_v<T, __half>);
+
+/// The streaming kernel's math for up to 8 tokens when scales can wait. The weights are
+/// the mma's A operand (16 columns x 16 k) and the activations its B (16 k x 8 tokens),
+/// so an mma spends no half on absent token rows and a tile takes 4 mma, not 8. Each
+/// weight enters as magic + q, straight from its bits (IntDequant::biased_pair: 2
+/// instructions a pair instead of 4), and the group's scale and zero meet its fp32 sum
+/// once, at the group's end:
+///   sum_k a_k (q_k - z) s = s (sum_k a_k (magic + q_k) - (magic + z) sum_k a_k),
+/// sum_k a_k coming from one more mma against ones. fp32 keeps the 2^-24-relative
+/// rounding of the magic-sized sums far below the output's 16-bit precision.
+/// Lane 4 g + t accumulates columns 8 (2 p + h) + g in mma p's d[2 h + i], for token
+/// 2 t + i.
+template <typename T, int Bits, int ZeroMode>
+struct DeferredScales {
+  using Deq = IntDequant<T, Bits>;
+  float group_sum[4][4];  // this group's sum_k a (magic + q)
+  float total[4][4];      // the finished groups, scaled
+  float a_sum[4];         // this group's sum_k a: d[i] of token 2 t + i (d[2..3] repeat them)
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) group_sum[i / 4][i % 4] = total[i / 4][i % 4] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a_sum[i] = 0.f;
+  }
+
+  /// One k16 tile: `frag` the B fragment of the 8 tokens, `words` the lane's weight words.
+  __device__ __forceinline__ void tile(const uint32_t (&frag)[2], const LaneWords<Bits>& words) {
+    constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3c003c00u : 0x3f803f80u;
+    constexpr uint32_t kOnesFrag[4] = {kOnes, kOnes, kOnes, kOnes};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      // A rows 0-7: column block 2 p (k pairs lo, hi), rows 8-15: block 2 p + 1.
+      uint32_t w[4];
+      if constexpr (Bits == 4) {
+        const uint32_t word = words.data[p];  // blocks 2 p (pairs 0, 1) and 2 p + 1 (2, 3)
+        w[0] = bits_of<T>(Deq::biased_pair(word, 0));
+        w[1] = bits_of<T>(Deq::biased_pair(word, 2));
+        w[2] = bits_of<T>(Deq::biased_pair(word, 1));
+        w[3] = bits_of<T>(Deq::biased_pair(word, 3));
+      } else {
+        const uint32_t even = words.data[2 * p], odd = words.data[2 * p + 1];
+        w[0] = bits_of<T>(Deq::biased_pair(even, 0));
+        w[1] = bits_of<T>(Deq::biased_pair(odd, 0));
+        w[2] = bits_of<T>(Deq::biased_pair(even, 1));
+        w[3] = bits_of<T>(Deq::biased_pair(odd, 1));
+      }
+      mma_m16n8k16<T>(group_sum[p], w, frag[0], frag[1]);
+    }
+    mma_m16n8k16<T>(a_sum, kOnesFrag, frag[0], frag[1]);
+  }
+
+  /// Scales the group's sums with its constants `tc` into the totals and starts anew.
+  template <bool ActOrder>
+  __device__ __forceinline__ void close_group(const TileConstants<T, Bits, ActOrder>& tc) {
+#pragma unroll
+    for (int jb = 0; jb < 8; ++jb) {
+      const float scale = static_cast<float>(tc.scale[0].data[jb]);
+      float zero = __low2float(tc.offset[jb]);  // magic + the column's zero
+      if constexpr (ZeroMode == kFloatZero) zero += static_cast<float>(tc.float_zero.data[jb]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float& sum = group_sum[jb / 2][2 * (jb % 2) + i];
+        total[jb / 2][2 * (jb % 2) + i] += scale * (sum - zero * a_sum[i]);
+        sum = 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a_sum[i] = 0.f;
+  }
+
+  /// The totals in the row-major layout of the other kernel's accumulators (lane 4 g +
+  /// t: token g of columns 8 jb + 2 t, + 1), one 8 x 8 transpose per block.
+  __device__ __forceinline__ void to_rows(float (&acc)[1][8][4]) {
+#pragma unroll
+    for (int jb = 0; jb < 8; ++jb) {
+      float x = total[jb / 2][2 * (jb % 2)], y = total[jb / 2][2 * (jb % 2) + 1];
+      transpose_8x8(x, y);
+      acc[0][jb][0] = x;
+      acc[0][jb][1] = y;
+    }
+  }
+};
+
 inline constexpr int kStreamWarps = 4;
 inline constexpr int kStreamThreads = 32 * kStreamWarps;
 inline constexpr int kStreamCols = 64 * kStreamWarps;  // output columns per CTA
@@ -229,19 +326,27 @@ inline constexpr int kChunkTiles = 16;                 // k16 tiles per shared-m
 inline constexpr int kChunkK = 16 * kChunkTiles;
 
 /// Weight tiles each warp keeps in flight: 8 x 512 bytes (4-bit) or 8 x 1 KB. Depths 12
-/// and 16 ran no faster on the H100 (RESULTS.md, session 7).
-inline constexpr int kDepth = 8;
-/// CTAs per SM the 16-row kernel is built for: 5 x 4 warps, at most 102 registers.
+/// and 16 ran no faster on the H100 (RESULTS.md, session 7). The deferred-scales kernel
+/// (8 tokens) keeps 4: on an H200 at M = 1, depths 4 / 8 / 12 took 47.2 / 48.5 / 48.9 us
+/// (28672 x 8192) and 15.6 / 16.2 / 17.0 us (14336 x 4096; RESULTS.md, session 10):
+/// fewer copies in flight queue less, and the ring is refilled as fast as it drains.
+inline constexpr int kStreamDepth = 8;
+inline constexpr int kDeferredDepth = 4;
+/// CTAs per SM the kernels of up to 16 tokens are built for: 5 x 4 warps, at most 102
+/// registers.
 inline constexpr int kStreamMinBlocks = 5;
-static_assert(kDepth < kChunkTiles, "a chunk's activations arrive with an earlier tile");
-static_assert(kDepth % 4 == 0 && kChunkTiles % 4 == 0, "the main loop takes 4 tiles a turn");
+static_assert(kChunkTiles % 4 == 0, "the main loop takes 4 tiles a turn");
 
 /// Shared memory of the streaming kernel: each warp's ring of kDepth weight tiles, then
 /// two A chunks (rows x 256 k, 16-byte pieces XOR-swizzled by the row so that
 /// ldmatrix's 8 rows hit different banks).
-template <int Bits, int MBlocks>
+template <int Bits, int Rows>
 struct StreamLayout {
-  static constexpr int kRows = 16 * MBlocks;
+  static constexpr int kRows = Rows;
+  static constexpr int kDepth = Rows == 8 ? kDeferredDepth : kStreamDepth;
+  // A chunk's copies join the group of the first tile that needs it, or an earlier one.
+  static_assert(kDepth <= kChunkTiles, "a chunk's activations arrive with its first tile");
+  static_assert(kDepth % 4 == 0, "the main loop takes 4 tiles a turn");
   static constexpr int kTileBytes = 16 * 64 * Bits / 8;
   static constexpr int kRingBytes = kStreamWarps * kDepth * kTileBytes;
   static constexpr int kChunkBytes = kRows * kChunkK * 2;
@@ -253,12 +358,16 @@ struct StreamLayout {
   static_assert(kRows * kStreamCols * 4 <= kStagingBytes, "a CTA's partial fits");
 };
 
-template <typename T, int Bits, int MBlocks, int ZeroMode, bool ActOrder>
-__global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlocks : 2)
+template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
+__global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2 : kStreamMinBlocks)
     marlin_stream_kernel(const Params p) {
   static_assert(!ActOrder || ZeroMode == kBias, "act-order takes the type's zero");
-  using Layout = StreamLayout<Bits, MBlocks>;
+  constexpr bool kDeferred = kDefersScales<T, Bits, Rows, ActOrder>;
+  static_assert((Rows == 8) == kDeferred, "8-token CTAs are for deferred scales");
+  constexpr int MBlocks = Rows > 16 ? Rows / 16 : 1;  // 16-row A blocks
+  using Layout = StreamLayout<Bits, Rows>;
   constexpr int kRows = Layout::kRows;
+  constexpr int kDepth = Layout::kDepth;
   constexpr int kLaneBytes = Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
   extern __shared__ __align__(16) unsigned char smem[];
   int& is_last = *reinterpret_cast<int*>(smem + Layout::kFlagOffset);
@@ -327,6 +436,8 @@ __global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlock
     for (int jb = 0; jb < 8; ++jb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mb][jb][i] = 0.f;
+  DeferredScales<T, Bits, ZeroMode> deferred;
+  if constexpr (kDeferred) deferred.init();
 
   TileConstants<T, Bits, ActOrder> constants;
   constants.set_fixed_zero(fixed_zero(p));
@@ -352,15 +463,19 @@ __global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlock
 
   // Per lane, the byte offset of its ldmatrix row for tile 4 q + u of a chunk is
   // a_offset[mb][u] + 128 q: the swizzle only touches the low 3 bits of the 16-byte
-  // piece index, which 8 q leaves alone.
+  // piece index, which 8 q leaves alone. The four 8 x 8 matrices of ldmatrix_x4 are
+  // tokens 0-7 and 8-15 of k 0-7, then of k 8-15 (an A fragment); the two of
+  // ldmatrix_x2 (deferred scales) tokens 0-7 of k 0-7 and 8-15 (a B fragment).
   uint32_t a_offset[MBlocks][4];
 #pragma unroll
   for (int mb = 0; mb < MBlocks; ++mb) {
+    const int token = kDeferred ? lane % 8 : lane % 16;
+    const int k_half = kDeferred ? lane / 8 % 2 : lane / 16;
     // Rows past the valid ones read the last valid row (their results are dropped).
-    const int row = min(mb * 16 + lane % 16, rows - 1);
+    const int row = min(mb * 16 + token, rows - 1);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      a_offset[mb][u] = 2 * (row * kChunkK + (((2 * u + lane / 16) ^ (row % 8)) * 8));
+      a_offset[mb][u] = 2 * (row * kChunkK + (((2 * u + k_half) ^ (row % 8)) * 8));
     }
   }
   const uint32_t a_shared =
@@ -372,6 +487,7 @@ __global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlock
   // switch costs nothing on the other tiles.
   auto switch_group = [&](int kt) {
     if (kt != next_group_kt) return;  // never equal unless grouped
+    if constexpr (kDeferred) deferred.close_group(constants);
     next_group.apply(constants);
     next_group_index = min(next_group_index + 1, p.groups - 1);
     next_group.load(p, next_group_index, col0, lane);
@@ -403,11 +519,17 @@ __global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlock
             if (u == 2) switch_group(kt);
           }
           const LaneWords<Bits> words = *reinterpret_cast<const LaneWords<Bits>*>(slot);
-          uint32_t a_frag[MBlocks][4];
+          if constexpr (kDeferred) {
+            uint32_t b_frag[2];
+            ldmatrix_x2(b_frag, a_tiles + a_offset[0][u]);
+            deferred.tile(b_frag, words);
+          } else {
+            uint32_t a_frag[MBlocks][4];
 #pragma unroll
-          for (int mb = 0; mb < MBlocks; ++mb) ldmatrix_x4(a_frag[mb], a_tiles + a_offset[mb][u]);
-          tile_mma<T, Bits, MBlocks, ActOrder, ZeroMode == kFloatZero>(acc, a_frag, words,
-                                                                       constants, rows);
+            for (int mb = 0; mb < MBlocks; ++mb) ldmatrix_x4(a_frag[mb], a_tiles + a_offset[mb][u]);
+            tile_mma<T, Bits, MBlocks, ActOrder, ZeroMode == kFloatZero>(acc, a_frag, words,
+                                                                         constants, rows);
+          }
         }
         load_tile(r + kDepth, slot);  // into the slot just read (its reads have completed)
         cp_async_commit();
@@ -420,6 +542,10 @@ __global__ void __launch_bounds__(kStreamThreads, MBlocks == 1 ? kStreamMinBlock
     main_loop(std::false_type{});
   }
   cp_async_wait<0>();
+  if constexpr (kDeferred) {
+    if (warp_valid) deferred.close_group(constants);
+    deferred.to_rows(acc);
+  }
 
   // Lane's results: rows mb * 16 + g (+ 8), columns col0 + 8 jb + 2 t (+ 1).
   auto for_each_pair = [&](auto&& visit) {
@@ -576,13 +702,14 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
 
 }  // namespace marlin
 
-/// c = a @ dequant(b) with the streaming kernel; see the file comment. `a` [M, K]
+/// c = a @ dequant(b) with the streaming kernel of `Rows` tokens per CTA (8 only where
+/// scales are deferred: kDefersScales); see the file comment. `a` [M, K]
 /// (act-order: already a[:, perm]), c [M, N]. With split > 1 the K slices are summed in
 /// a cluster's shared memory (`cluster_reduce`, sm_90 and newer, split <= 16) or
 /// through `partials` fp32 [split, M, N] and `workspace` int32 [>= N / 256]. Group size 0:
 /// per-channel scales (or act-order, which `ActOrder` builds and which takes `g_idx`). `ZeroMode`
 /// is the build's zero mode (kBias, kIntZero, kFloatZero).
-template <typename T, int Bits, int MBlocks, int ZeroMode, bool ActOrder>
+template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
 void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
                              tvm::ffi::Optional<TensorView> g_idx, TensorView c,
@@ -609,7 +736,7 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
   p.m = static_cast<int>(m.value());
   p.split = static_cast<int>(split);
   p.k_tiles_per_split = static_cast<int>(k_tiles_per_split);
-  using Layout = StreamLayout<Bits, MBlocks>;
+  using Layout = StreamLayout<Bits, Rows>;
   const int64_t column_tiles = div_ceil<int64_t>(n.value(), kStreamCols);
   RuntimeCheck(k_tiles_per_split > 0 && k_tiles_per_split % 4 == 0 && split >= 1 &&
                    split * k_tiles_per_split >= k.value() / 16,
@@ -620,7 +747,7 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
     if (cluster_reduce) {
       RuntimeCheck(split <= 16, "split ", split, " is more than a cluster holds (16)");
     } else {
-      RuntimeCheck(m.value() <= 16 * MBlocks, "split-K through global memory: one row block");
+      RuntimeCheck(m.value() <= Rows, "split-K through global memory: one row block");
       RuntimeCheck(partials.has_value(), "split-K through global memory needs partials");
       TensorMatcher({split, m, n})
           .dtype<fp32_t>()
@@ -640,7 +767,7 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
                   static_cast<unsigned>(div_ceil<int64_t>(m.value(), Layout::kRows)));
   KernelLauncher(grid, dim3(kStreamThreads), device.value(), Layout::kSharedBytes)
       .cluster(p.cluster_reduce ? static_cast<unsigned>(split) : 1u)(
-          marlin_stream_kernel<T, Bits, MBlocks, ZeroMode, ActOrder>, p);
+          marlin_stream_kernel<T, Bits, Rows, ZeroMode, ActOrder>, p);
 }
 
 /// out [N, K] = dequant(b)^T (the nn.Linear layout of the weight).

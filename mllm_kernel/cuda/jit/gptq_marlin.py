@@ -32,7 +32,7 @@ from mllm_kernel.jit_utils.torch_op import torch_op
 _tracing = torch.compiler.is_dynamo_compiling
 
 _DTYPES = (torch.float16, torch.bfloat16)
-_M_BLOCKS = (1, 4)  # compiled row blocks of 16: M <= 16 and M <= 64 per CTA
+_ROWS = (8, 16, 64)  # compiled tokens per CTA of the streaming kernel
 _TILE_N = 256  # output columns per CTA of the streaming kernel
 _SLICE_ALIGN = 4  # k16 tiles: slices start where the kernel's 4-tile turns do
 _MIN_SLICE_TILES = 16
@@ -89,15 +89,26 @@ _WEIGHT_TYPES = {
 _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 
 
+def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
+    """Whether the streaming kernel of up to 16 tokens applies scales once per group
+    (``kDefersScales`` in csrc/gptq_marlin.cu, which alone builds 8 tokens per CTA)."""
+    return not act_order and (bits == 4 or dtype == torch.float16)
+
+
 def _stream_variants() -> list[tuple]:
-    """(dtype, bits, row blocks, zero mode, act-order) the streaming kernel is built in:
-    float zero points only for 4-bit weights, act-order only with the type's zero."""
+    """(dtype, bits, tokens per CTA, zero mode, act-order) the streaming kernel is built
+    in: float zero points only for 4-bit weights, act-order only with the type's zero,
+    8 tokens only with deferred scales."""
     variants = []
     for dtype in _DTYPES:
         for bits in (4, 8):
-            for m_blocks in _M_BLOCKS:
-                modes = [(0, False), (1, False), (0, True)] + ([(2, False)] if bits == 4 else [])
-                variants += [(dtype, bits, m_blocks, zero, act) for zero, act in modes]
+            modes = [(0, False), (1, False), (0, True)] + ([(2, False)] if bits == 4 else [])
+            for rows in _ROWS:
+                variants += [
+                    (dtype, bits, rows, zero, act)
+                    for zero, act in modes
+                    if rows != 8 or _defers_scales(dtype, bits, act)
+                ]
     return variants
 
 
@@ -142,12 +153,12 @@ class Plan:
     not 0) and K split over ``fused_split`` CTAs of a cluster, its last ``fused_tail``
     output tiles in a second launch split in two; dequantize + Hopper GEMM
     (``dequant_gemm``); or the streaming kernel with
-    ``m_blocks`` row blocks per CTA and K split over ``split`` CTAs of
+    ``rows`` tokens per CTA and K split over ``split`` CTAs of
     ``k_tiles_per_split`` k16 tiles (summed in a cluster's shared memory when
     ``cluster``, else through global memory)."""
 
     dequant_gemm: bool
-    m_blocks: int = 1
+    rows: int = 16
     split: int = 1
     k_tiles_per_split: int = 0
     cluster: bool = False
@@ -158,7 +169,7 @@ class Plan:
 
 def plan(
     m: int, n: int, k: int, sms: int, hopper: bool, counters: int, clusters: bool = False,
-    fusable: bool = False,
+    fusable: bool = False, eight_rows: bool = False,
 ) -> Plan:  # fmt: skip
     """The way an ``m x n x k`` product runs on a GPU of ``sms`` SMs.
 
@@ -166,7 +177,8 @@ def plan(
       ``FUSED_MIN_M <= m < FUSED_MAX_M``: the fused kernel, tiled by
       :func:`fused_tiling`.
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
-    - Otherwise the streaming kernel, 16 (m <= 16) or 64 rows per CTA and
+    - Otherwise the streaming kernel, 8 (m <= 8, when ``eight_rows``: the build has
+      8-token CTAs), 16 (m <= 16) or 64 tokens per CTA and
       ``ceil(n / 256)`` column tiles. Each of its warps keeps 8 weight tiles (4 KB) in
       flight; a GPU reaches its bandwidth with some 12 warps per SM, so while the column
       tiles give fewer than ``3 * sms`` CTAs, K is split (up to 16 ways, each CTA keeping
@@ -182,22 +194,22 @@ def plan(
         return Plan(dequant_gemm=False, fused_tokens=tokens, fused_split=split, fused_tail=tail)
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
-    m_blocks = 1 if m <= 16 else 4
+    rows = 8 if m <= 8 and eight_rows else 16 if m <= 16 else 64
     k_tiles = k // 16
     column_tiles = -(-n // _TILE_N)
-    row_blocks = -(-m // (16 * m_blocks))
+    row_blocks = -(-m // rows)
     split = 1
     if clusters or (row_blocks == 1 and column_tiles <= counters):
         wanted = -(-_CTAS_PER_SM * sms // (column_tiles * row_blocks))
         if clusters:
-            most = _MAX_CLUSTER_SPLIT if m_blocks == 1 else _MAX_CLUSTER_SPLIT_64
+            most = _MAX_CLUSTER_SPLIT if rows <= 16 else _MAX_CLUSTER_SPLIT_64
         else:
             most = _MAX_SPLIT
         split = max(1, min(wanted, most, k_tiles // _MIN_SLICE_TILES))
     per_split = -(-k_tiles // split)
     per_split = -(-per_split // _SLICE_ALIGN) * _SLICE_ALIGN
     split = -(-k_tiles // per_split)
-    return Plan(False, m_blocks, split, per_split, clusters and split > 1)
+    return Plan(False, rows, split, per_split, clusters and split > 1)
 
 
 def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
@@ -474,7 +486,8 @@ def gptq_marlin_gemm(
             a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
             zero_mode, weight_type.scalar_type.bias,
             plan(m, n, k, sms, hopper, workspace.numel(), clusters,
-                 fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"]),
+                 fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"],
+                 eight_rows=_defers_scales(a.dtype, bits, act_order)),
         )  # fmt: skip
     except Exception as error:
         op_inputs.explain(
@@ -512,7 +525,7 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
         weight = torch.empty((c.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
         module.dequantize(b_q_weight, b_scales, zeros, g_idx, weight, group_size, zero_mode, bias)
         return gemm(a if a.stride(1) == 1 else a.contiguous(), weight, c)
-    module = _STREAM[a.get_device(), a.dtype, bits, how.m_blocks, zero_mode, g_idx is not None]
+    module = _STREAM[a.get_device(), a.dtype, bits, how.rows, zero_mode, g_idx is not None]
     partials = None
     if how.split > 1 and not how.cluster:
         partials = torch.empty((how.split, *c.shape), dtype=torch.float32, device=a.device)
