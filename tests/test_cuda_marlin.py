@@ -129,6 +129,29 @@ def test_gemm_uint4b8_group128(dtype, m, n, k):
     _check(_run(w, a), a, w)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "unit_roundoff"), [(torch.float16, 2**-11), (torch.bfloat16, 2**-8)]
+)
+@pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128"])
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_gemm_activations_with_a_large_common_mean(dtype, unit_roundoff, type_name, m):
+    """Up to 8 tokens the kernel sums magic + step q and removes the magic per group:
+    activations of mean 4 and spread 1 make those sums several times the result. The
+    output must still be within its own rounding of the float64 product (plus 1/4 of a
+    unit of the mean magnitude), far tighter than _check's bound."""
+    torch.manual_seed(m)
+    k, n = 4096, 512
+    if dtype == torch.bfloat16 and type_name == "uint8b128":
+        pytest.skip("8-bit bf16 weights take the dequantizing kernel")
+    w = Weights(k, n, dtype, type_name, group_size=128)
+    a = (torch.randn(m, k, device="cuda") + 4).to(dtype)
+    ref = a.double() @ w.w
+    err = (_run(w, a).double() - ref).abs()
+    bound = (ref.abs() + ref.abs().mean() / 4) * unit_roundoff
+    worst = (err / bound).max().item()
+    assert worst <= 1, f"error {err.max().item():.3g} exceeds the bound by {worst:.2f}x"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128", "uint8"])
 @pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
@@ -303,7 +326,9 @@ def test_gemm_k_slices_starting_inside_a_group(split_sums, type_name, m):
     """Group 512 over K = 2560: every plan's slices (320 or 256 rows) start mid-group."""
     n, k = 4096, 2560
     sms, hopper, clusters = gptq_marlin_module._devices[torch.cuda.current_device()]
-    how = gptq_marlin_module.plan(m, n, k, sms, hopper, sms, clusters)
+    bits = getattr(scalar_types, type_name).size_bits
+    eight_rows = gptq_marlin_module._defers_scales(torch.bfloat16, bits, False)
+    how = gptq_marlin_module.plan(m, n, k, sms, hopper, sms, clusters, eight_rows=eight_rows)
     assert how.split > 1 and how.cluster == (split_sums == "cluster")
     assert how.k_tiles_per_split * 16 % 512
     torch.manual_seed(m)

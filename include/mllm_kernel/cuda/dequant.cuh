@@ -82,25 +82,31 @@ struct IntDequant {
     }
   }
 
-  /// Pair `i` of `word` (0..3 for 4 bits, 0..1 for 8) as `magic + q`, exact, with no
-  /// subtraction: kernels that multiply these values unscaled and remove `magic + zero`
-  /// later, in fp32, save the per-pair subtraction. Not for kViaFloat (magic + q of an
-  /// 8-bit q does not fit a bf16). Called with a constant `i` (an unrolled loop), the
-  /// shifts and selectors fold away.
-  __device__ __forceinline__ static Pair<T> biased_pair(uint32_t word, int i) {
-    static_assert(!kViaFloat, "8-bit values in bf16 are not exact as magic + q");
-    if constexpr (Bits == 4) {
-      return pair_from_bits<T>(and_or(word >> (4 * i), 0x000f000fu, kMagicBits));
-    } else {
-      // bytes {i, 0x64, i + 2, 0x64}: two fp16 values 1024 + q
-      return pair_from_bits<T>(__byte_perm(word, 0x64646464u, 0x4040u | i | ((i + 2) << 8)));
-    }
+  /// Pair `i` of `word` as `magic + kTopStep q`, q moved into the top `Bits` bits of the
+  /// mantissa (kTopStep: 64 for 4-bit and 4 for 8-bit values in fp16, 8 for 4-bit in
+  /// bf16), exact. In sums of these values the magic weighs 16 steps (4-bit) or q's
+  /// range (8-bit), not 1024 or 128 steps as with q in the low bits, so removing it
+  /// afterwards (DeferredScales) cancels far less. Not for kViaFloat.
+  static constexpr int kTopShift = (std::is_same_v<T, __half> ? 10 : 7) - Bits;
+  static constexpr float kTopStep = static_cast<float>(1 << (kViaFloat ? 0 : kTopShift));
+  __device__ __forceinline__ static Pair<T> top_biased_pair(uint32_t word, int i) {
+    static_assert(!kViaFloat, "8-bit values in bf16 do not fit its mantissa");
+    constexpr uint32_t kValueMask = ((1u << Bits) - 1) * 0x00010001u;
+    const int shift = kTopShift - Bits * i;
+    const uint32_t moved = shift >= 0 ? word << shift : word >> -shift;
+    return pair_from_bits<T>(and_or(moved, kValueMask << kTopShift, kMagicBits));
   }
 
-  /// Pair `i` of `word` minus the zero passed to offset(), exact.
+  /// Pair `i` of `word` (0..3 for 4 bits, 0..1 for 8) minus the zero passed to
+  /// offset(), exact. Called with a constant `i` (an unrolled loop), the shifts and
+  /// selectors fold away.
   __device__ __forceinline__ static Pair<T> pair(uint32_t word, int i, Offset offset) {
-    if constexpr (!kViaFloat) {
-      return __hsub2(biased_pair(word, i), offset);
+    if constexpr (Bits == 4) {
+      return __hsub2(pair_from_bits<T>(and_or(word >> (4 * i), 0x000f000fu, kMagicBits)), offset);
+    } else if constexpr (!kViaFloat) {
+      // bytes {i, 0x64, i + 2, 0x64}: two fp16 values 1024 + q
+      const uint32_t biased = __byte_perm(word, 0x64646464u, 0x4040u | i | ((i + 2) << 8));
+      return __hsub2(pair_from_bits<T>(biased), offset);
     } else {
       // bytes {i, 0, 0, 0x4b}: the fp32 value 2^23 + q
       const float lo = __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | i)) - offset;

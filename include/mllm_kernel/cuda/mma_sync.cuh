@@ -1,4 +1,4 @@
-// Warp-level tensor-core building blocks of sm_80 and newer: ldmatrix for A
+// Warp-level tensor-core building blocks of sm_80 and newer: ldmatrix for A and B
 // fragments, mma.sync m16n8k16 with fp32 accumulation and movmatrix transposes of
 // accumulator blocks (the copies that feed them are in cp_async.cuh).
 //

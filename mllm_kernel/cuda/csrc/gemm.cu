@@ -75,6 +75,7 @@ struct TileConfig {
   // epilogue (one copy for both consumers: two would not fit beside 4 stages).
   static constexpr bool kStageColScales = kInt8 && kTmaStore;
   static constexpr int kColScaleBytes = kStageColScales ? kTileQ * 4 : 0;
+  static_assert(!kStageColScales || kTileQ <= kConsumerThreads, "a column scale per thread");
 
   static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
   static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % (1024 * kMulticast) == 0,
@@ -203,7 +204,8 @@ __device__ __forceinline__ void store_tile(const Params& params,
 }
 
 /// The scales of the two rows (row0 + {0, 8} of a consumer's 64 from `row_base`) a
-/// thread stores in store_tile_tma, loaded as the tile starts (done by its epilogue).
+/// thread stores in store_tile_tma, loaded as the tile starts (long arrived when its
+/// epilogue reads them).
 template <typename Config>
 __device__ __forceinline__ void epilogue_row_scales(const Params& params, int row_base,
                                                     float (&row_scales)[2]) {

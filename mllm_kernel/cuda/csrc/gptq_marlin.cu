@@ -12,8 +12,8 @@
 // activations (`Rows` = 8, 16 or 64 tokens per CTA) pass through two shared-memory
 // chunks of 256 k; those chunks are the CTA's only barriers. The tiles are multiplied
 // with mma.sync m16n8k16 into fp32, four tiles a turn, in one of two ways:
-//   - up to 16 tokens (no act-order, not 8-bit weights in bf16): the weights are the
-//     A operand, entering as magic + q straight from their bits, and each group's
+//   - 8 tokens (no act-order, not 8-bit weights in bf16): the weights are the A
+//     operand, entering as magic + step q straight from their bits, and each group's
 //     scale and zero apply once to its fp32 sums (DeferredScales);
 //   - otherwise the weights are dequantized in registers (the magic-number trick,
 //     dequant.cuh), scaled, and are the B operand of 16-row blocks of activations.
@@ -239,18 +239,23 @@ inline constexpr bool kDefersScales =
 /// The streaming kernel's math for up to 8 tokens when scales can wait. The weights are
 /// the mma's A operand (16 columns x 16 k) and the activations its B (16 k x 8 tokens),
 /// so an mma spends no half on absent token rows and a tile takes 4 mma, not 8. Each
-/// weight enters as magic + q, straight from its bits (IntDequant::biased_pair: 2
-/// instructions a pair instead of 4), and the group's scale and zero meet its fp32 sum
-/// once, at the group's end:
-///   sum_k a_k (q_k - z) s = s (sum_k a_k (magic + q_k) - (magic + z) sum_k a_k),
-/// sum_k a_k coming from one more mma against ones. fp32 keeps the 2^-24-relative
-/// rounding of the magic-sized sums far below the output's 16-bit precision.
+/// weight enters as magic + step q, straight from its bits (IntDequant::top_biased_pair,
+/// q in the mantissa's top bits: 2 instructions a pair instead of 4), and the group's
+/// scale and zero meet its fp32 sum once, at the group's end:
+///   sum_k a_k (q_k - z) s = s / step (sum_k a_k (magic + step q_k)
+///                                     - (magic + step z) sum_k a_k),
+/// sum_k a_k coming from one more mma against ones. The magic is 16 steps for 4-bit
+/// weights and q's range for 8-bit ones, so the sums it is removed from are a few times
+/// larger than the result, and fp32 keeps their rounding far below the output's 16-bit
+/// precision (with q in the low bits, fp16 sums of activations with a large common mean
+/// exceeded it: test_gemm_activations_with_a_large_common_mean).
 /// Lane 4 g + t accumulates columns 8 (2 p + h) + g in mma p's d[2 h + i], for token
 /// 2 t + i.
 template <typename T, int Bits, int ZeroMode>
 struct DeferredScales {
   using Deq = IntDequant<T, Bits>;
-  float group_sum[4][4];  // this group's sum_k a (magic + q)
+  static constexpr float kStep = Deq::kTopStep;
+  float group_sum[4][4];  // this group's sum_k a (magic + step q)
   float total[4][4];      // the finished groups, scaled
   float a_sum[4];         // this group's sum_k a: d[i] of token 2 t + i (d[2..3] repeat them)
 
@@ -271,16 +276,16 @@ struct DeferredScales {
       uint32_t w[4];
       if constexpr (Bits == 4) {
         const uint32_t word = words.data[p];  // blocks 2 p (pairs 0, 1) and 2 p + 1 (2, 3)
-        w[0] = bits_of<T>(Deq::biased_pair(word, 0));
-        w[1] = bits_of<T>(Deq::biased_pair(word, 2));
-        w[2] = bits_of<T>(Deq::biased_pair(word, 1));
-        w[3] = bits_of<T>(Deq::biased_pair(word, 3));
+        w[0] = bits_of<T>(Deq::top_biased_pair(word, 0));
+        w[1] = bits_of<T>(Deq::top_biased_pair(word, 2));
+        w[2] = bits_of<T>(Deq::top_biased_pair(word, 1));
+        w[3] = bits_of<T>(Deq::top_biased_pair(word, 3));
       } else {
         const uint32_t even = words.data[2 * p], odd = words.data[2 * p + 1];
-        w[0] = bits_of<T>(Deq::biased_pair(even, 0));
-        w[1] = bits_of<T>(Deq::biased_pair(odd, 0));
-        w[2] = bits_of<T>(Deq::biased_pair(even, 1));
-        w[3] = bits_of<T>(Deq::biased_pair(odd, 1));
+        w[0] = bits_of<T>(Deq::top_biased_pair(even, 0));
+        w[1] = bits_of<T>(Deq::top_biased_pair(odd, 0));
+        w[2] = bits_of<T>(Deq::top_biased_pair(even, 1));
+        w[3] = bits_of<T>(Deq::top_biased_pair(odd, 1));
       }
       mma_m16n8k16<T>(group_sum[p], w, frag[0], frag[1]);
     }
@@ -292,13 +297,14 @@ struct DeferredScales {
   __device__ __forceinline__ void close_group(const TileConstants<T, Bits, ActOrder>& tc) {
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb) {
-      const float scale = static_cast<float>(tc.scale[0].data[jb]);
-      float zero = __low2float(tc.offset[jb]);  // magic + the column's zero
+      const float scale = static_cast<float>(tc.scale[0].data[jb]) / kStep;  // exact
+      float zero = __low2float(tc.offset[jb]) - Deq::kMagic;                 // the column's zero
       if constexpr (ZeroMode == kFloatZero) zero += static_cast<float>(tc.float_zero.data[jb]);
+      const float offset = Deq::kMagic + kStep * zero;  // magic + step z
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float& sum = group_sum[jb / 2][2 * (jb % 2) + i];
-        total[jb / 2][2 * (jb % 2) + i] += scale * (sum - zero * a_sum[i]);
+        total[jb / 2][2 * (jb % 2) + i] += scale * (sum - offset * a_sum[i]);
         sum = 0.f;
       }
     }
@@ -318,6 +324,9 @@ struct DeferredScales {
     }
   }
 };
+
+/// What the other kernels hold in DeferredScales' place.
+struct NoDeferredScales {};
 
 inline constexpr int kStreamWarps = 4;
 inline constexpr int kStreamThreads = 32 * kStreamWarps;
@@ -441,7 +450,7 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16   ? 2
     for (int jb = 0; jb < 8; ++jb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mb][jb][i] = 0.f;
-  DeferredScales<T, Bits, ZeroMode> deferred;
+  std::conditional_t<kDeferred, DeferredScales<T, Bits, ZeroMode>, NoDeferredScales> deferred;
   if constexpr (kDeferred) deferred.init();
 
   TileConstants<T, Bits, ActOrder> constants;

@@ -90,8 +90,8 @@ _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 
 
 def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
-    """Whether the streaming kernel of up to 16 tokens applies scales once per group
-    (``kDefersScales`` in csrc/gptq_marlin.cu, which alone builds 8 tokens per CTA)."""
+    """Whether the streaming kernel has an 8-token build for these weights, which
+    applies scales once per group (``kDefersScales`` in csrc/gptq_marlin.cu)."""
     return not act_order and (bits == 4 or dtype == torch.float16)
 
 
@@ -179,8 +179,8 @@ def plan(
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 8 (m <= 8, when ``eight_rows``: the build has
       8-token CTAs), 16 (m <= 16) or 64 tokens per CTA and
-      ``ceil(n / 256)`` column tiles. Each of its warps keeps 8 weight tiles (4 KB) in
-      flight; a GPU reaches its bandwidth with some 12 warps per SM, so while the column
+      ``ceil(n / 256)`` column tiles. Each of its warps keeps 4 (8 tokens) or 8 weight
+      tiles in flight; a GPU reaches its bandwidth with some 12 warps per SM, so while the column
       tiles give fewer than ``3 * sms`` CTAs, K is split (up to 16 ways, each CTA keeping
       at least 16 k16 tiles: more slices cost more in partial sums than they gain).
       With ``clusters`` (sm_90 and newer) a column tile's slices form a thread-block
