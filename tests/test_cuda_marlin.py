@@ -129,10 +129,16 @@ def test_gemm_uint4b8_group128(dtype, m, n, k):
     _check(_run(w, a), a, w)
 
 
-@pytest.mark.parametrize(
-    ("dtype", "unit_roundoff"), [(torch.float16, 2**-11), (torch.bfloat16, 2**-8)]
-)
-@pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128"])
+# The weights the 8-token kernel takes, with the output's unit roundoff.
+DEFERRED_WEIGHTS = [
+    (dtype, 2**-11 if dtype == torch.float16 else 2**-8, name)
+    for dtype in DTYPES
+    for name in ("uint4b8", "uint4", "uint8b128")
+    if gptq_marlin_module._defers_scales(dtype, getattr(scalar_types, name).size_bits, False)
+]
+
+
+@pytest.mark.parametrize(("dtype", "unit_roundoff", "type_name"), DEFERRED_WEIGHTS)
 @pytest.mark.parametrize("m", [1, 5, 8])
 def test_gemm_activations_with_a_large_common_mean(dtype, unit_roundoff, type_name, m):
     """Up to 8 tokens the kernel sums magic + step q and removes the magic per group:
@@ -141,8 +147,6 @@ def test_gemm_activations_with_a_large_common_mean(dtype, unit_roundoff, type_na
     unit of the mean magnitude), far tighter than _check's bound."""
     torch.manual_seed(m)
     k, n = 4096, 512
-    if dtype == torch.bfloat16 and type_name == "uint8b128":
-        pytest.skip("8-bit bf16 weights take the dequantizing kernel")
     w = Weights(k, n, dtype, type_name, group_size=128)
     a = (torch.randn(m, k, device="cuda") + 4).to(dtype)
     ref = a.double() @ w.w
