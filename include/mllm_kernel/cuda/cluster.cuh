@@ -38,6 +38,38 @@ __device__ __forceinline__ T* cluster_map_shared(T* pointer, uint32_t rank) {
   return cooperative_groups::this_cluster().map_shared_rank(pointer, rank);
 }
 
+/// The most CTAs a cluster holds (Hopper, with the non-portable size allowed).
+inline constexpr int kMaxClusterSize = 16;
+
+/// Split-K over a cluster, reduce-scatter form: the sum over the cluster's first `ranks`
+/// CTAs, in rank order (the same from run to run), of the float4 at `local` (this CTA's
+/// shared memory) and at the same offset in theirs. All loads issue before the first
+/// add: one round trip through distributed shared memory, not `ranks`. Between two
+/// cluster_sync() calls: after the partners' writes, before any of them leaves.
+template <int MaxRanks = kMaxClusterSize>
+__device__ __forceinline__ float4 cluster_sum(const float4* local, int ranks) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  float4 v[MaxRanks];
+#pragma unroll
+  for (int rank = 0; rank < MaxRanks; ++rank) {
+    if (rank < ranks) {
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
+      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(v[rank].x), "=f"(v[rank].y), "=f"(v[rank].z), "=f"(v[rank].w)
+                   : "r"(remote));
+    }
+  }
+  float4 sum = v[0];
+#pragma unroll
+  for (int rank = 1; rank < MaxRanks; ++rank) {
+    if (rank < ranks) {
+      sum = float4{sum.x + v[rank].x, sum.y + v[rank].y, sum.z + v[rank].z, sum.w + v[rank].w};
+    }
+  }
+  return sum;
+}
+
 /// Split-K over a cluster, part 1: a CTA of rank > 0 stores its `N` accumulators (as
 /// N / 4 vectors of `Vec4`; this thread is `thread` of `threads` that hold them) into
 /// slot `rank - 1` of `partials`, which lies in the shared memory of rank 0. Then a

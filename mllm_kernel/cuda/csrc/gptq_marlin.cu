@@ -601,14 +601,14 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16   ? 2
       });
     }
     cluster_sync();
-    for (int i = slice * kStreamThreads + tid; i < rows * quads; i += p.split * kStreamThreads) {
+    // CTA `slice` sums the slice-th of split contiguous shares of the outputs (with one
+    // token, 4 float4 per CTA: spread over the cluster, not all in the first CTAs).
+    const int outputs = rows * quads, share = (outputs + p.split - 1) / p.split;
+    const int end = min((slice + 1) * share, outputs);
+    for (int i = slice * share + tid; i < end; i += kStreamThreads) {
       const int row = i / quads, quad = i % quads;
-      float4 sum = {0.f, 0.f, 0.f, 0.f};
-      for (int rank = 0; rank < p.split; ++rank) {
-        const float4 v = *reinterpret_cast<const float4*>(cluster_map_shared(staging, rank) +
-                                                          row * kStreamCols + 4 * quad);
-        sum = float4{sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w};
-      }
+      const float4 sum = cluster_sum(
+          reinterpret_cast<const float4*>(staging + row * kStreamCols + 4 * quad), p.split);
       T* out = c + (m0 + row) * p.ldc + n0 + 4 * quad;
       *reinterpret_cast<Pair<T>*>(out) = pair_of<T>(sum.x, sum.y);
       *reinterpret_cast<Pair<T>*>(out + 2) = pair_of<T>(sum.z, sum.w);
@@ -759,7 +759,8 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
   if (split > 1) {
     p.cluster_reduce = cluster_reduce;
     if (cluster_reduce) {
-      RuntimeCheck(split <= 16, "split ", split, " is more than a cluster holds (16)");
+      RuntimeCheck(split <= kMaxClusterSize, "split ", split, " is more than a cluster holds (",
+                   kMaxClusterSize, ")");
     } else {
       RuntimeCheck(m.value() <= Rows, "split-K through global memory: one row block");
       RuntimeCheck(partials.has_value(), "split-K through global memory needs partials");
