@@ -129,7 +129,8 @@ def test_gemm_uint4b8_group128(dtype, m, n, k):
     _check(_run(w, a), a, w)
 
 
-# The weights the 8-token kernel takes, with the output's unit roundoff.
+# The weights the deferred-scale kernels (8 and 16 tokens) take, with the output's unit
+# roundoff.
 DEFERRED_WEIGHTS = [
     (dtype, 2**-11 if dtype == torch.float16 else 2**-8, name)
     for dtype in DTYPES
@@ -139,9 +140,9 @@ DEFERRED_WEIGHTS = [
 
 
 @pytest.mark.parametrize(("dtype", "unit_roundoff", "type_name"), DEFERRED_WEIGHTS)
-@pytest.mark.parametrize("m", [1, 5, 8])
+@pytest.mark.parametrize("m", [1, 5, 8, 13, 16])
 def test_gemm_activations_with_a_large_common_mean(dtype, unit_roundoff, type_name, m):
-    """Up to 8 tokens the kernel sums magic + step q and removes the magic per group:
+    """Up to 16 tokens the kernel sums magic + step q and removes the magic per group:
     activations of mean 4 and spread 1 make those sums several times the result. The
     output must still be within its own rounding of the float64 product (plus 1/4 of a
     unit of the mean magnitude), far tighter than _check's bound."""
@@ -159,7 +160,7 @@ def test_gemm_activations_with_a_large_common_mean(dtype, unit_roundoff, type_na
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128", "uint8"])
 @pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m", [5, 40])
+@pytest.mark.parametrize("m", [5, 13, 40])
 def test_gemm_types_and_groups(dtype, type_name, group_size, m):
     torch.manual_seed(m + group_size)
     w = Weights(1152, 320, dtype, type_name, group_size)
@@ -365,7 +366,7 @@ def test_gemm_act_order_k_not_full_takes_uneven_groups():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 64, 1024])
+@pytest.mark.parametrize("m", [1, 13, 64, 1024])
 def test_gemm_float_zero_points(dtype, m):
     torch.manual_seed(m + 11)
     w = Weights(512, 256, dtype, "uint4", group_size=64, zp_float=True)

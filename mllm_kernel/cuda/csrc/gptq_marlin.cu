@@ -12,9 +12,10 @@
 // activations (`Rows` = 8, 16 or 64 tokens per CTA) pass through two shared-memory
 // chunks of 256 k; those chunks are the CTA's only barriers. The tiles are multiplied
 // with mma.sync m16n8k16 into fp32, four tiles a turn, in one of two ways:
-//   - 8 tokens (no act-order, not 8-bit weights in bf16): the weights are the A
-//     operand, entering as magic + step q straight from their bits, and each group's
-//     scale and zero apply once to its fp32 sums (DeferredScales);
+//   - 8 or 16 tokens (no act-order, not 8-bit weights in bf16): the weights are the A
+//     operand, entering as magic + step q straight from their bits, the tokens one or
+//     two B operands, and each group's scale and zero apply once to its fp32 sums
+//     (DeferredScales);
 //   - otherwise the weights are dequantized in registers (the magic-number trick,
 //     dequant.cuh), scaled, and are the B operand of 16-row blocks of activations.
 // Scales and zero points are loaded one group ahead, and the zero mode and act-order
@@ -228,20 +229,21 @@ struct GroupValues {
 };
 
 /// Whether the streaming kernel of `Rows` tokens per CTA defers scales and zeros to the
-/// end of each group (DeferredScales): for 8 tokens (with 16 its doubled accumulators
-/// cost more than the saved instructions gain: RESULTS.md, session 10), but not under
-/// act-order (each row has its own group) nor for 8-bit weights in bf16 (magic + q is
-/// not exact there).
+/// end of each group (DeferredScales): for 8 and 16 tokens, but not under act-order
+/// (each row has its own group) nor for 8-bit weights in bf16 (magic + q is not exact
+/// there).
 template <typename T, int Bits, int Rows, bool ActOrder>
 inline constexpr bool kDefersScales =
-    Rows == 8 && !ActOrder && (Bits == 4 || std::is_same_v<T, __half>);
+    Rows <= 16 && !ActOrder && (Bits == 4 || std::is_same_v<T, __half>);
 
-/// The streaming kernel's math for up to 8 tokens when scales can wait. The weights are
-/// the mma's A operand (16 columns x 16 k) and the activations its B (16 k x 8 tokens),
-/// so an mma spends no half on absent token rows and a tile takes 4 mma, not 8. Each
-/// weight enters as magic + step q, straight from its bits (IntDequant::top_biased_pair,
-/// q in the mantissa's top bits: 2 instructions a pair instead of 4), and the group's
-/// scale and zero meet its fp32 sum once, at the group's end:
+/// The streaming kernel's math for 8 or 16 tokens when scales can wait. The weights are
+/// the mma's A operand (16 columns x 16 k) and the activations its B (16 k x 8 tokens,
+/// once per 8 tokens), so an mma spends no half on absent token rows and a tile takes 4
+/// mma per 8 tokens (the other way: 8 per 16 tokens, each weight dequantized and
+/// scaled). Each weight enters as magic + step q, straight from its bits
+/// (IntDequant::top_biased_pair, q in the mantissa's top bits: 2 instructions a pair
+/// instead of 4), and the group's scale and zero meet its fp32 sum once, at the group's
+/// end:
 ///   sum_k a_k (q_k - z) s = s / step (sum_k a_k (magic + step q_k)
 ///                                     - (magic + step z) sum_k a_k),
 /// sum_k a_k coming from one more mma against ones. The magic is 16 steps for 4-bit
@@ -250,24 +252,48 @@ inline constexpr bool kDefersScales =
 /// precision (with q in the low bits, fp16 sums of activations with a large common mean
 /// exceeded it: test_gemm_activations_with_a_large_common_mean).
 /// Lane 4 g + t accumulates columns 8 (2 p + h) + g in mma p's d[2 h + i], for token
-/// 2 t + i.
-template <typename T, int Bits, int ZeroMode>
+/// 8 b + 2 t + i of token block b (`Blocks` of 8 tokens: 1 or 2).
+/// With 2 blocks the finished groups' totals live in shared memory (`shared_total`,
+/// touched once per group): in registers the twice as many sums spilled at 128
+/// registers and ran 2-4% slower than dequantizing each weight (RESULTS.md, session 10);
+/// in shared memory they run 7-11% faster than it (session 11).
+template <typename T, int Bits, int ZeroMode, int Blocks>
 struct DeferredScales {
   using Deq = IntDequant<T, Bits>;
   static constexpr float kStep = Deq::kTopStep;
-  float group_sum[4][4];  // this group's sum_k a (magic + step q)
-  float total[4][4];      // the finished groups, scaled
-  float a_sum[4];         // this group's sum_k a: d[i] of token 2 t + i (d[2..3] repeat them)
+  static constexpr bool kSharedTotals = Blocks > 1;
+  /// Shared-memory floats per warp for the totals (0 when they stay in registers).
+  static constexpr int kSharedFloatsPerWarp = kSharedTotals ? 32 * Blocks * 16 : 0;
+  float group_sum[Blocks][4][4];  // this group's sum_k a (magic + step q)
+  float a_sum[Blocks][4];  // this group's sum_k a: d[i] of token 8 b + 2 t + i (d[2..3] repeat)
+  float total[kSharedTotals ? 1 : Blocks][4][4];  // the finished groups, scaled
+  float* shared_total;  // with 2 blocks: value j of this lane at shared_total[32 j]
 
-  __device__ __forceinline__ void init() {
+  /// `warp_shared` the warp's kSharedFloatsPerWarp floats (unused with 1 block).
+  __device__ __forceinline__ void init(float* warp_shared, int lane) {
+    if constexpr (kSharedTotals) shared_total = warp_shared + lane;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) group_sum[i / 4][i % 4] = total[i / 4][i % 4] = 0.f;
+    for (int i = 0; i < 16 * Blocks; ++i) {
+      group_sum[i / 16][i / 4 % 4][i % 4] = 0.f;
+      total_at(i) = 0.f;
+    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a_sum[i] = 0.f;
+    for (int i = 0; i < 4 * Blocks; ++i) a_sum[i / 4][i % 4] = 0.f;
   }
 
-  /// One k16 tile: `frag` the B fragment of the 8 tokens, `words` the lane's weight words.
-  __device__ __forceinline__ void tile(const uint32_t (&frag)[2], const LaneWords<Bits>& words) {
+  /// Total j = 16 b + 4 p + d of block b, mma p, accumulator d.
+  __device__ __forceinline__ float& total_at(int j) {
+    if constexpr (kSharedTotals) {
+      return shared_total[32 * j];
+    } else {
+      return total[0][j / 4 % 4][j % 4];
+    }
+  }
+
+  /// One k16 tile: `frag[b]` the B fragment of token block b, `words` the lane's
+  /// weight words (turned into A fragments once for all blocks).
+  __device__ __forceinline__ void tile(const uint32_t (&frag)[Blocks][2],
+                                       const LaneWords<Bits>& words) {
     constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3c003c00u : 0x3f803f80u;
     constexpr uint32_t kOnesFrag[4] = {kOnes, kOnes, kOnes, kOnes};
 #pragma unroll
@@ -287,9 +313,11 @@ struct DeferredScales {
         w[2] = bits_of<T>(Deq::top_biased_pair(even, 1));
         w[3] = bits_of<T>(Deq::top_biased_pair(odd, 1));
       }
-      mma_m16n8k16<T>(group_sum[p], w, frag[0], frag[1]);
+#pragma unroll
+      for (int b = 0; b < Blocks; ++b) mma_m16n8k16<T>(group_sum[b][p], w, frag[b][0], frag[b][1]);
     }
-    mma_m16n8k16<T>(a_sum, kOnesFrag, frag[0], frag[1]);
+#pragma unroll
+    for (int b = 0; b < Blocks; ++b) mma_m16n8k16<T>(a_sum[b], kOnesFrag, frag[b][0], frag[b][1]);
   }
 
   /// Scales the group's sums with its constants `tc` into the totals and starts anew.
@@ -302,25 +330,34 @@ struct DeferredScales {
       if constexpr (ZeroMode == kFloatZero) zero += static_cast<float>(tc.float_zero.data[jb]);
       const float offset = Deq::kMagic + kStep * zero;  // magic + step z
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float& sum = group_sum[jb / 2][2 * (jb % 2) + i];
-        total[jb / 2][2 * (jb % 2) + i] += scale * (sum - offset * a_sum[i]);
-        sum = 0.f;
+      for (int b = 0; b < Blocks; ++b) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float& sum = group_sum[b][jb / 2][2 * (jb % 2) + i];
+          total_at(16 * b + 4 * (jb / 2) + 2 * (jb % 2) + i) +=
+              scale * (sum - offset * a_sum[b][i]);
+          sum = 0.f;
+        }
       }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a_sum[i] = 0.f;
+    for (int i = 0; i < 4 * Blocks; ++i) a_sum[i / 4][i % 4] = 0.f;
   }
 
   /// The totals in the row-major layout of the other kernel's accumulators (lane 4 g +
-  /// t: token g of columns 8 jb + 2 t, + 1), one 8 x 8 transpose per block.
+  /// t: token 8 b + g of columns 8 jb + 2 t, + 1 in acc[0][jb][2 b], [2 b + 1]), one
+  /// 8 x 8 transpose per block and column block.
   __device__ __forceinline__ void to_rows(float (&acc)[1][8][4]) {
 #pragma unroll
-    for (int jb = 0; jb < 8; ++jb) {
-      float x = total[jb / 2][2 * (jb % 2)], y = total[jb / 2][2 * (jb % 2) + 1];
-      transpose_8x8(x, y);
-      acc[0][jb][0] = x;
-      acc[0][jb][1] = y;
+    for (int b = 0; b < Blocks; ++b) {
+#pragma unroll
+      for (int jb = 0; jb < 8; ++jb) {
+        const int j = 16 * b + 4 * (jb / 2) + 2 * (jb % 2);
+        float x = total_at(j), y = total_at(j + 1);
+        transpose_8x8(x, y);
+        acc[0][jb][2 * b] = x;
+        acc[0][jb][2 * b + 1] = y;
+      }
     }
   }
 };
@@ -335,51 +372,56 @@ inline constexpr int kChunkTiles = 16;                 // k16 tiles per shared-m
 inline constexpr int kChunkK = 16 * kChunkTiles;
 
 /// Weight tiles each warp keeps in flight: 8 x 512 bytes (4-bit) or 8 x 1 KB. Depths 12
-/// and 16 ran no faster on the H100 (RESULTS.md, session 7). The deferred-scales kernel
-/// (8 tokens) keeps 4: on an H200 at M = 1, depths 4 / 8 / 12 took 47.2 / 48.5 / 48.9 us
+/// and 16 ran no faster on the H100 (RESULTS.md, session 7). The deferred-scales kernels
+/// keep 4: with 8 tokens, on an H200 at M = 1, depths 4 / 8 / 12 took 47.2 / 48.5 / 48.9 us
 /// (28672 x 8192) and 15.6 / 16.2 / 17.0 us (14336 x 4096; RESULTS.md, session 10):
 /// fewer copies in flight queue less, and the ring is refilled as fast as it drains.
 inline constexpr int kStreamDepth = 8;
 inline constexpr int kDeferredDepth = 4;
 /// CTAs per SM the kernels of up to 16 tokens are built for: 5 x 4 warps, at most 102
-/// registers; the deferred-scales kernel 4, at most 128 registers (no spills, and 7-8%
-/// faster at M = 1 on an H200: 44.1 / 47.4 us at 28672 x 8192, 8.0 / 8.7 us at 4096^2;
-/// the planned grids hold at most ~3.4 CTAs per SM).
+/// registers; the deferred-scales kernels 4, at most 128 registers (no spills, and with
+/// 8 tokens 7-8% faster at M = 1 on an H200: 44.1 / 47.4 us at 28672 x 8192, 8.0 / 8.7
+/// us at 4096^2; the planned grids hold at most ~3.4 CTAs per SM).
 inline constexpr int kStreamMinBlocks = 5;
 inline constexpr int kDeferredMinBlocks = 4;
 static_assert(kChunkTiles % 4 == 0, "the main loop takes 4 tiles a turn");
 
 /// Shared memory of the streaming kernel: each warp's ring of kDepth weight tiles, then
 /// two A chunks (rows x 256 k, 16-byte pieces XOR-swizzled by the row so that
-/// ldmatrix's 8 rows hit different banks).
-template <int Bits, int Rows>
+/// ldmatrix's 8 rows hit different banks), then (deferred scales, 16 tokens) each
+/// warp's group totals.
+template <int Bits, int Rows, bool Deferred>
 struct StreamLayout {
   static constexpr int kRows = Rows;
-  static constexpr int kDepth = Rows == 8 ? kDeferredDepth : kStreamDepth;
+  static constexpr int kDepth = Deferred ? kDeferredDepth : kStreamDepth;
   // A chunk's copies join the group of the first tile that needs it, or an earlier one.
   static_assert(kDepth <= kChunkTiles, "a chunk's activations arrive with its first tile");
   static_assert(kDepth % 4 == 0, "the main loop takes 4 tiles a turn");
   static constexpr int kTileBytes = 16 * 64 * Bits / 8;
   static constexpr int kRingBytes = kStreamWarps * kDepth * kTileBytes;
   static constexpr int kChunkBytes = kRows * kChunkK * 2;
-  static constexpr int kFlagOffset = kRingBytes + 2 * kChunkBytes;  // the split-K flag
+  static constexpr int kTotalsOffset = kRingBytes + 2 * kChunkBytes;
+  static constexpr int kTotalsBytes = Deferred && Rows > 8 ? kStreamWarps * 32 * 32 * 4 : 0;
+  static constexpr int kFlagOffset = kTotalsOffset + kTotalsBytes;  // the split-K flag
   static constexpr int kSharedBytes = kFlagOffset + 16;
-  // After the main loop the same bytes stage the split-K sums, a row of kStreamCols
-  // floats per output row and split.
+  // After the main loop (and the totals' last read) the same bytes stage the split-K
+  // sums, a row of kStreamCols floats per output row and split.
   static constexpr int kStagingBytes = kFlagOffset;
   static_assert(kRows * kStreamCols * 4 <= kStagingBytes, "a CTA's partial fits");
 };
 
 template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
-__global__ void __launch_bounds__(kStreamThreads, Rows > 16   ? 2
-                                                  : Rows == 8 ? kDeferredMinBlocks
-                                                              : kStreamMinBlocks)
+__global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
+                                                  : kDefersScales<T, Bits, Rows, ActOrder>
+                                                      ? kDeferredMinBlocks
+                                                      : kStreamMinBlocks)
     marlin_stream_kernel(const Params p) {
   static_assert(!ActOrder || ZeroMode == kBias, "act-order takes the type's zero");
   constexpr bool kDeferred = kDefersScales<T, Bits, Rows, ActOrder>;
-  static_assert((Rows == 8) == kDeferred, "8-token CTAs are for deferred scales");
+  static_assert(Rows != 8 || kDeferred, "8-token CTAs are for deferred scales");
   constexpr int MBlocks = Rows > 16 ? Rows / 16 : 1;  // 16-row A blocks
-  using Layout = StreamLayout<Bits, Rows>;
+  constexpr int kTokenBlocks = Rows / 8;              // 8-token B blocks (deferred scales)
+  using Layout = StreamLayout<Bits, Rows, kDeferred>;
   constexpr int kRows = Layout::kRows;
   constexpr int kDepth = Layout::kDepth;
   constexpr int kLaneBytes = Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
@@ -450,8 +492,14 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16   ? 2
     for (int jb = 0; jb < 8; ++jb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mb][jb][i] = 0.f;
-  std::conditional_t<kDeferred, DeferredScales<T, Bits, ZeroMode>, NoDeferredScales> deferred;
-  if constexpr (kDeferred) deferred.init();
+  using Deferred = DeferredScales<T, Bits, ZeroMode, kDeferred ? kTokenBlocks : 1>;
+  std::conditional_t<kDeferred, Deferred, NoDeferredScales> deferred;
+  if constexpr (kDeferred) {
+    static_assert(Deferred::kSharedFloatsPerWarp * kStreamWarps * 4 == Layout::kTotalsBytes);
+    deferred.init(reinterpret_cast<float*>(smem + Layout::kTotalsOffset) +
+                      warp * Deferred::kSharedFloatsPerWarp,
+                  lane);
+  }
 
   TileConstants<T, Bits, ActOrder> constants;
   constants.set_fixed_zero(fixed_zero(p));
@@ -479,11 +527,12 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16   ? 2
   // a_offset[mb][u] + 128 q: the swizzle only touches the low 3 bits of the 16-byte
   // piece index, which 8 q leaves alone. The four 8 x 8 matrices of ldmatrix_x4 are
   // tokens 0-7 and 8-15 of k 0-7, then of k 8-15 (an A fragment); the two of
-  // ldmatrix_x2 (deferred scales) tokens 0-7 of k 0-7 and 8-15 (a B fragment).
+  // ldmatrix_x2 / _x4 (deferred scales) tokens 0-7 of k 0-7 and 8-15 (a B fragment),
+  // then tokens 8-15 of the same.
   uint32_t a_offset[MBlocks][4];
 #pragma unroll
   for (int mb = 0; mb < MBlocks; ++mb) {
-    const int token = kDeferred ? lane % 8 : lane % 16;
+    const int token = kDeferred ? lane % 8 + 8 * (lane / 16) : lane % 16;
     const int k_half = kDeferred ? lane / 8 % 2 : lane / 16;
     // Rows past the valid ones read the last valid row (their results are dropped).
     const int row = min(mb * 16 + token, rows - 1);
@@ -534,8 +583,12 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16   ? 2
           }
           const LaneWords<Bits> words = *reinterpret_cast<const LaneWords<Bits>*>(slot);
           if constexpr (kDeferred) {
-            uint32_t b_frag[2];
-            ldmatrix_x2(b_frag, a_tiles + a_offset[0][u]);
+            uint32_t b_frag[kTokenBlocks][2];
+            if constexpr (kTokenBlocks == 1) {
+              ldmatrix_x2(b_frag[0], a_tiles + a_offset[0][u]);
+            } else {
+              ldmatrix_x4(reinterpret_cast<uint32_t (&)[4]>(b_frag), a_tiles + a_offset[0][u]);
+            }
             deferred.tile(b_frag, words);
           } else {
             uint32_t a_frag[MBlocks][4];
@@ -750,7 +803,7 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
   p.m = static_cast<int>(m.value());
   p.split = static_cast<int>(split);
   p.k_tiles_per_split = static_cast<int>(k_tiles_per_split);
-  using Layout = StreamLayout<Bits, Rows>;
+  using Layout = StreamLayout<Bits, Rows, kDefersScales<T, Bits, Rows, ActOrder>>;
   const int64_t column_tiles = div_ceil<int64_t>(n.value(), kStreamCols);
   RuntimeCheck(k_tiles_per_split > 0 && k_tiles_per_split % 4 == 0 && split >= 1 &&
                    split * k_tiles_per_split >= k.value() / 16,

@@ -90,8 +90,9 @@ _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 
 
 def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
-    """Whether the streaming kernel has an 8-token build for these weights, which
-    applies scales once per group (``kDefersScales`` in csrc/gptq_marlin.cu)."""
+    """Whether the streaming kernel applies these weights' scales once per group
+    (``kDefersScales`` in csrc/gptq_marlin.cu, for 8 and 16 tokens per CTA), and so has
+    an 8-token build."""
     return not act_order and (bits == 4 or dtype == torch.float16)
 
 
@@ -178,11 +179,11 @@ def plan(
       :func:`fused_tiling`.
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 8 (m <= 8, when ``eight_rows``: the build has
-      8-token CTAs), 16 (m <= 16) or 64 tokens per CTA and
-      ``ceil(n / 256)`` column tiles. Each of its warps keeps 4 (8 tokens) or 8 weight
-      tiles in flight; a GPU reaches its bandwidth with some 12 warps per SM, so while the column
-      tiles give fewer than ``3 * sms`` CTAs, K is split (up to 16 ways, each CTA keeping
-      at least 16 k16 tiles: more slices cost more in partial sums than they gain).
+      8-token CTAs), 16 (m <= 16) or 64 tokens per CTA and ``ceil(n / 256)`` column
+      tiles. Each of its warps keeps 4 (deferred scales) or 8 weight tiles in flight; a
+      GPU reaches its bandwidth with some 12 warps per SM, so while the column tiles give
+      fewer than ``3 * sms`` CTAs, K is split (up to 16 ways, each CTA keeping at least
+      16 k16 tiles: more slices cost more in partial sums than they gain).
       With ``clusters`` (sm_90 and newer) a column tile's slices form a thread-block
       cluster and sum in its shared memory (up to 16 slices, 8 with 64 rows per CTA),
       for any number of row blocks; otherwise they sum through global memory, for
