@@ -82,8 +82,8 @@ def w4a16_contenders(m: int, n: int, k: int, a: torch.Tensor) -> dict[str, list]
             )
         )
         # A float32 sum: torch's int32 sum widens to int64 and reads at a fraction of
-        # the bandwidth (about 540 GB/s on an H100), no floor. Random bits make some
-        # NaNs, which cost nothing.
+        # the bandwidth (about 540 GB/s on an H100). Random bits make some NaNs, which
+        # cost nothing.
         read.append(lambda q=q: q.view(torch.float32).sum())
     gptq = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, device="cuda")
     scales = (torch.rand(k // GROUP, n, device="cuda") * 0.01).to(BF16)
