@@ -325,20 +325,22 @@ def split_sums(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("type_name", ["uint4b8", "uint4", "uint8b128"])
-@pytest.mark.parametrize("m", [1, 3, 8, 16, 40])
-def test_gemm_k_slices_starting_inside_a_group(split_sums, type_name, m):
-    """Group 512 over K = 2560: every plan's slices (320 or 256 rows) start mid-group."""
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 13, 16, 40])
+def test_gemm_k_slices_starting_inside_a_group(split_sums, dtype, type_name, m):
+    """Group 512 over K = 2560: every plan's slices (320 or 256 rows) start mid-group.
+    m = 9 and 13 leave the second 8-token block of a 16-token CTA partly empty."""
     n, k = 4096, 2560
     sms, hopper, clusters = gptq_marlin_module._devices[torch.cuda.current_device()]
     bits = getattr(scalar_types, type_name).size_bits
-    eight_rows = gptq_marlin_module._defers_scales(torch.bfloat16, bits, False)
+    eight_rows = gptq_marlin_module._defers_scales(dtype, bits, False)
     how = gptq_marlin_module.plan(m, n, k, sms, hopper, sms, clusters, eight_rows=eight_rows)
     assert how.split > 1 and how.cluster == (split_sums == "cluster")
     assert how.k_tiles_per_split * 16 % 512
     torch.manual_seed(m)
-    w = Weights(k, n, torch.bfloat16, type_name, group_size=512)
-    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    w = Weights(k, n, dtype, type_name, group_size=512)
+    a = torch.randn(m, k, device="cuda").to(dtype)
     _check(_run(w, a), a, w)
 
 

@@ -1,6 +1,7 @@
 // Thread-block clusters (sm_90): the CTA's rank, a barrier over every thread of the
 // cluster, access to another CTA's shared memory (distributed shared memory), and
-// split-K sums that meet in the first CTA's shared memory.
+// split-K sums: gathered into the first CTA's shared memory, or reduce-scattered (each
+// CTA sums its share of the outputs over all of them: cluster_sum).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -46,13 +47,14 @@ inline constexpr int kMaxClusterSize = 16;
 /// shared memory) and at the same offset in theirs. All loads issue before the first
 /// add: one round trip through distributed shared memory, not `ranks`. Between two
 /// cluster_sync() calls: after the partners' writes, before any of them leaves.
+/// 1 <= ranks <= MaxRanks.
 template <int MaxRanks = kMaxClusterSize>
 __device__ __forceinline__ float4 cluster_sum(const float4* local, int ranks) {
   const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
   float4 v[MaxRanks];
 #pragma unroll
   for (int rank = 0; rank < MaxRanks; ++rank) {
-    if (rank < ranks) {
+    if (rank == 0 || rank < ranks) {
       uint32_t remote;
       asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
       asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"

@@ -234,23 +234,23 @@ struct GroupValues {
 /// there).
 template <typename T, int Bits, int Rows, bool ActOrder>
 inline constexpr bool kDefersScales =
-    Rows <= 16 && !ActOrder && (Bits == 4 || std::is_same_v<T, __half>);
+    (Rows == 8 || Rows == 16) && !ActOrder && (Bits == 4 || std::is_same_v<T, __half>);
 
 /// The streaming kernel's math for 8 or 16 tokens when scales can wait. The weights are
 /// the mma's A operand (16 columns x 16 k) and the activations its B (16 k x 8 tokens,
-/// once per 8 tokens), so an mma spends no half on absent token rows and a tile takes 4
-/// mma per 8 tokens (the other way: 8 per 16 tokens, each weight dequantized and
-/// scaled). Each weight enters as magic + step q, straight from its bits
+/// once per 8 tokens), so an mma spends at most 7 token rows on absent tokens, not 15,
+/// and a tile takes 4 mma per 8 tokens (the other way: 8 per 16 tokens, each weight
+/// dequantized and scaled). Each weight enters as magic + step q, straight from its bits
 /// (IntDequant::top_biased_pair, q in the mantissa's top bits: 2 instructions a pair
 /// instead of 4), and the group's scale and zero meet its fp32 sum once, at the group's
 /// end:
 ///   sum_k a_k (q_k - z) s = s / step (sum_k a_k (magic + step q_k)
 ///                                     - (magic + step z) sum_k a_k),
-/// sum_k a_k coming from one more mma against ones. The magic is 16 steps for 4-bit
-/// weights and q's range for 8-bit ones, so the sums it is removed from are a few times
-/// larger than the result, and fp32 keeps their rounding far below the output's 16-bit
-/// precision (with q in the low bits, fp16 sums of activations with a large common mean
-/// exceeded it: test_gemm_activations_with_a_large_common_mean).
+/// sum_k a_k coming from one more mma against ones per 8 tokens. The magic is 16 steps
+/// for 4-bit weights and q's range for 8-bit ones, so the sums it is removed from are a
+/// few times larger than the result, and fp32 keeps their rounding far below the
+/// output's 16-bit precision (with q in the low bits, fp16 sums of activations with a
+/// large common mean exceeded it: test_gemm_activations_with_a_large_common_mean).
 /// Lane 4 g + t accumulates columns 8 (2 p + h) + g in mma p's d[2 h + i], for token
 /// 8 b + 2 t + i of token block b (`Blocks` of 8 tokens: 1 or 2).
 /// With 2 blocks the finished groups' totals live in shared memory (`shared_total`,
