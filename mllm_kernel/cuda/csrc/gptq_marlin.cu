@@ -656,7 +656,7 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
     cluster_sync();
     // CTA `slice` sums the slice-th of split contiguous shares of the outputs (with one
     // token, 4 float4 per CTA: spread over the cluster, not all in the first CTAs).
-    const int outputs = rows * quads, share = (outputs + p.split - 1) / p.split;
+    const int outputs = rows * quads, share = div_ceil(outputs, p.split);
     const int end = min((slice + 1) * share, outputs);
     for (int i = slice * share + tid; i < end; i += kStreamThreads) {
       const int row = i / quads, quad = i % quads;
