@@ -420,11 +420,12 @@ struct StreamLayout {
   static constexpr int kChunkBytes = kRows * kChunkK * 2;
   static constexpr int kTotalsOffset = kRingBytes + 2 * kChunkBytes;
   static constexpr int kTotalsBytes = Deferred && Rows > 8 ? kStreamWarps * 32 * 32 * 4 : 0;
-  static constexpr int kFlagOffset = kTotalsOffset + kTotalsBytes;  // the split-K flag
-  static constexpr int kSharedBytes = kFlagOffset + 16;
+  // 40 KB with 16 tokens: an sm_80 SM (164 KB, 1 KB reserved per CTA) holds 4 CTAs.
+  static constexpr int kSharedBytes = kTotalsOffset + kTotalsBytes;
   // After the main loop (and the totals' last read) the same bytes stage the split-K
-  // sums, a row of kStreamCols floats per output row and split.
-  static constexpr int kStagingBytes = kFlagOffset;
+  // sums, a row of kStreamCols floats per output row and split, and the ring's first
+  // bytes hold the global split-K path's "last CTA" flag.
+  static constexpr int kStagingBytes = kSharedBytes;
   static_assert(kRows * kStreamCols * 4 <= kStagingBytes, "a CTA's partial fits");
 };
 
@@ -444,7 +445,6 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
   constexpr int kDepth = Layout::kDepth;
   constexpr int kLaneBytes = Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
   extern __shared__ __align__(16) unsigned char smem[];
-  int& is_last = *reinterpret_cast<int*>(smem + Layout::kFlagOffset);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int m0 = blockIdx.z * kRows;
@@ -699,7 +699,8 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
     });
   }
   __threadfence();
-  __syncthreads();
+  __syncthreads();  // also: every thread's ring copies have landed and been read
+  int& is_last = *reinterpret_cast<int*>(smem);  // read by all before staging overwrites it
   if (tid == 0) is_last = atomicAdd(p.counters + column_tile, 1) == p.split - 1;
   __syncthreads();
   if (!is_last) return;
