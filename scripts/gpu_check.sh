@@ -9,6 +9,7 @@
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
 #   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
 #   GPU_CHECK_BENCHES="bench_gemm bench_runtime"  # which benchmarks (default: all)
+#   GPU_CHECK_BENCH_ARGS="--m 1,16"            # extra arguments for each benchmark
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-$repo/gpu_results}" && cd "${1:-$repo/gpu_results}" && pwd)
@@ -51,7 +52,8 @@ if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
   for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_backward bench_jit bench_gemm bench_quant_gemm bench_runtime}; do
     bench="benchmarks/$name.py"
     [ -f "$bench" ] || continue
-    python3 "$bench" --out "$out/$name.md" 2>&1 | tee "$out/$name.log"
+    # shellcheck disable=SC2086
+    python3 "$bench" ${GPU_CHECK_BENCH_ARGS:-} --out "$out/$name.md" 2>&1 | tee "$out/$name.log"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || status=$rc
     echo "- $name: exit $rc, table in $name.md" >> "$out/summary.md"
