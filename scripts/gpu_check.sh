@@ -9,7 +9,9 @@
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
 #   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
 #   GPU_CHECK_BENCHES="bench_gemm bench_runtime"  # which benchmarks (default: all)
-#   GPU_CHECK_BENCH_ARGS="--m 1,16"            # extra arguments for each benchmark
+#   GPU_CHECK_BENCH_ARGS="--m 1,16"            # extra arguments, passed to every benchmark
+#                                                (so pick ones that all accept: here, with
+#                                                GPU_CHECK_BENCHES=bench_quant_gemm)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-$repo/gpu_results}" && cd "${1:-$repo/gpu_results}" && pwd)

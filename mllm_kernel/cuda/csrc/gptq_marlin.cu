@@ -420,7 +420,8 @@ struct StreamLayout {
   static constexpr int kChunkBytes = kRows * kChunkK * 2;
   static constexpr int kTotalsOffset = kRingBytes + 2 * kChunkBytes;
   static constexpr int kTotalsBytes = Deferred && Rows > 8 ? kStreamWarps * 32 * 32 * 4 : 0;
-  // 40 KB with 16 tokens: an sm_80 SM (164 KB, 1 KB reserved per CTA) holds 4 CTAs.
+  // 40 KB with 16 tokens and 4-bit weights: an sm_80 SM (164 KB, 1 KB reserved per
+  // CTA) holds 4 CTAs.
   static constexpr int kSharedBytes = kTotalsOffset + kTotalsBytes;
   // After the main loop (and the totals' last read) the same bytes stage the split-K
   // sums, a row of kStreamCols floats per output row and split, and the ring's first
@@ -625,7 +626,7 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
   } else {
     main_loop(std::false_type{});
   }
-  cp_async_wait<0>();
+  cp_async_wait<0>();  // also before the split-K flag reuses the ring's first bytes
   if constexpr (kDeferred) {
     if (warp_valid) deferred.close_group(constants);
     deferred.to_rows(acc);
@@ -699,7 +700,9 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
     });
   }
   __threadfence();
-  __syncthreads();  // also: every thread's ring copies have landed and been read
+  // With every thread's ring copies landed (cp_async_wait<0> after the main loop) and
+  // read, the ring's first bytes are free for the flag.
+  __syncthreads();
   int& is_last = *reinterpret_cast<int*>(smem);  // read by all before staging overwrites it
   if (tid == 0) is_last = atomicAdd(p.counters + column_tile, 1) == p.split - 1;
   __syncthreads();
