@@ -261,12 +261,13 @@ template <typename T, int Bits, int ZeroMode, int Blocks>
 struct DeferredScales {
   using Deq = IntDequant<T, Bits>;
   static constexpr float kStep = Deq::kTopStep;
+  static_assert(Blocks == 1 || Blocks == 2, "8 or 16 tokens");
   static constexpr bool kSharedTotals = Blocks > 1;
   /// Shared-memory floats per warp for the totals (0 when they stay in registers).
   static constexpr int kSharedFloatsPerWarp = kSharedTotals ? 32 * Blocks * 16 : 0;
   float group_sum[Blocks][4][4];  // this group's sum_k a (magic + step q)
   float a_sum[Blocks][4];  // this group's sum_k a: d[i] of token 8 b + 2 t + i (d[2..3] repeat)
-  float total[kSharedTotals ? 1 : Blocks][4][4];  // the finished groups, scaled
+  float total[4][4];       // with 1 block: the finished groups, scaled (mma p, accumulator d)
   // With 2 blocks: quad q (totals 4 q .. 4 q + 3) of this lane at shared_total[32 q], so
   // that a warp moves a quad with one conflict-free 16-byte access per lane.
   float4* shared_total;
@@ -287,7 +288,7 @@ struct DeferredScales {
     if constexpr (kSharedTotals) {
       return shared_total[32 * q];
     } else {
-      return float4{total[0][q][0], total[0][q][1], total[0][q][2], total[0][q][3]};
+      return float4{total[q][0], total[q][1], total[q][2], total[q][3]};
     }
   }
 
@@ -295,7 +296,7 @@ struct DeferredScales {
     if constexpr (kSharedTotals) {
       shared_total[32 * q] = v;
     } else {
-      total[0][q][0] = v.x, total[0][q][1] = v.y, total[0][q][2] = v.z, total[0][q][3] = v.w;
+      total[q][0] = v.x, total[q][1] = v.y, total[q][2] = v.z, total[q][3] = v.w;
     }
   }
 
