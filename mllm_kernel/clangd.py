@@ -17,6 +17,7 @@ from pathlib import Path
 from mllm_kernel.jit_utils import paths, toolchain
 from mllm_kernel.jit_utils.cuda_arch import choose_cuda_archs, parse_arch_list
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
+from mllm_kernel.jit_utils.nvcc_archs import check_known
 
 DEFAULT_CUDA_ARCH = "sm_90a"
 # clangd's PathMatch is a regular expression over the file's path (anchored at both ends).
@@ -54,10 +55,14 @@ def _yaml_list(items: list[str], indent: str = "    ") -> str:
 
 
 def recommend(cuda_arch: str | None = None) -> ClangdConfig:
-    """The recommended config; ``cuda_arch`` (``sm_80``, ``9.0a``...) overrides detection."""
+    """The recommended config; ``cuda_arch`` (``sm_80``, ``9.0a``...) overrides detection.
+
+    Raises CudaArchError for a ``cuda_arch`` that does not parse or that nvcc does not
+    compile for (:func:`~mllm_kernel.jit_utils.nvcc_archs.check_known`)."""
     notes: list[str] = []
     if cuda_arch:
-        arch = f"sm_{parse_arch_list(cuda_arch)[-1].number}"
+        given = [check_known(a, "--cuda-arch") for a in parse_arch_list(cuda_arch)]
+        arch = f"sm_{given[-1].number}"
         source = "given"
     else:
         arch, source = detect_cuda_arch()
@@ -98,11 +103,19 @@ def recommend(cuda_arch: str | None = None) -> ClangdConfig:
 def write(path: Path, config: ClangdConfig, force: bool = False) -> bool:
     """Writes ``config`` to ``path`` unless a file is already there (``force`` overwrites).
 
-    Returns whether it wrote.
+    Returns whether it wrote. A missing directory is not created (a mistyped path would
+    leave a tree of them): FileNotFoundError / NotADirectoryError names it.
     """
     if path.exists() and not force:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        error = NotADirectoryError if parent.exists() else FileNotFoundError
+        raise error(
+            f"cannot write {path}: {parent} "
+            f"{'is not a directory' if parent.exists() else 'does not exist'} (it is not "
+            f"created); create it first (mkdir -p {parent}) or give another --output"
+        )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(config.text)
     tmp.replace(path)

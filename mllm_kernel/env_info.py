@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.jit_utils import env, toolchain
+from mllm_kernel.jit_utils import env, toolchain, trust
 from mllm_kernel.jit_utils.cuda_arch import (
     arch_for_capability,
     choose_cuda_archs,
     cuda_arch_override,
 )
-from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
+from mllm_kernel.jit_utils.errors import CacheRootError, CudaArchError, ToolchainError
 
 # The ISA extensions kernels dispatch on (x86 and Arm spellings from /proc/cpuinfo).
 _ISA_FLAG = re.compile(
@@ -251,16 +251,48 @@ def jit_cuda_arch(arch: str | None = None) -> dict[str, Any]:
     """The CUDA archs the loader builds for here (``archs``) and where that choice comes
     from (``source``), by :func:`~mllm_kernel.jit_utils.cuda_arch.choose_cuda_archs`;
     ``arch`` (e.g. ``"9.0a"``) as with ``--arch``. Where none can be chosen, ``archs`` is
-    None and ``error`` says what to set."""
+    None, ``error`` says what to set, and ``no_gpu`` is True on a machine with no GPU
+    where no arch was named (nothing is wrong there: CUDA kernels are just not built)."""
     override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
     try:
         with override:
             archs, source = choose_cuda_archs()
     except CudaArchError as exc:
-        return {"archs": None, "source": None, "error": str(exc)}
+        return {"archs": None, "source": None, "error": str(exc), "no_gpu": _no_gpu_no_arch()}
     except Exception as exc:  # torch's own errors, e.g. a driver too old for this build
-        return {"archs": None, "source": None, "error": str(exc).splitlines()[0]}
+        return {"archs": None, "source": None, "error": str(exc).splitlines()[0], "no_gpu": False}
     return {"archs": [str(a) for a in archs], "source": source}
+
+
+def _no_gpu_no_arch() -> bool:
+    """No arch list is set and torch sees no GPU: the CPU-only machine's normal state."""
+    if env.cuda_arch_list() is not None:
+        return False
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def cache_root_info() -> dict[str, Any]:
+    """The cache root set (``cache_root``), the one builds go to (``cache_root_in_use``:
+    the private default when the one set cannot be used, None when neither can) and
+    what is wrong with the one set (``cache_root_problem``, None when it is used)."""
+    try:
+        choice = trust.choose_root()
+    except CacheRootError as exc:
+        return {
+            "cache_root": str(env.cache_root()),
+            "cache_root_in_use": None,
+            "cache_root_problem": str(exc),
+        }
+    return {
+        "cache_root": str(choice.configured),
+        "cache_root_in_use": str(choice.root),
+        "cache_root_problem": choice.problem,
+    }
 
 
 def collect() -> dict[str, Any]:
@@ -273,5 +305,5 @@ def collect() -> dict[str, Any]:
         "jit_cuda_arch": jit_cuda_arch(),
         "torch": torch_info(),
         "versions": tool_versions(),
-        "cache_root": str(env.cache_root()),
+        **cache_root_info(),
     }

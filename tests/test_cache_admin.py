@@ -224,3 +224,25 @@ def test_clear_cache_bad_flags_exit_2(bad, capsys):
         main(["clear-cache", *bad])
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_an_unknown_kernel_name_is_an_error_and_removes_nothing(fresh_cache, capsys):
+    # Before: "removed 0 item(s)", exit 0, for a typo that precompile refuses.
+    from mllm_kernel.__main__ import main
+
+    kept = [fake_module(fresh_cache, "rmsnorm", "1"), fake_module(fresh_cache, "mine", "1")]
+    with pytest.raises(ValueError) as info:
+        cache_admin.clear_cache(kernel=["rmsnrom", "mine"])
+    message = str(info.value)
+    assert message.startswith("unknown kernel(s) 'rmsnrom' (did you mean 'rmsnorm'?): ")
+    assert "nothing was removed" in message and "Known: " in message
+    assert "mine" in message.split("Known: ")[1] and "softmax" in message.split("Known: ")[1]
+    assert main(["clear-cache", "--kernel", "rmsnrom"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mllm_kernel clear-cache: error: unknown kernel(s) 'rmsnrom'")
+    assert all(m.is_dir() for m in kept)
+    # Known names: in the cache only (a user kernel from another process), or only
+    # registered (nothing cached yet), are fine.
+    assert _names(cache_admin.clear_cache(kernel="mine", dry_run=True)) == {kept[1].name}
+    assert cache_admin.clear_cache(kernel="softmax", dry_run=True).count == 0
+    assert main(["clear-cache", "--kernel", "softmax"]) == 0

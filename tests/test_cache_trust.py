@@ -288,3 +288,70 @@ def test_what_the_cache_creates_is_private_even_with_a_permissive_umask(
     for file in entry.iterdir():
         assert not _mode(file) & 0o022, (file, oct(_mode(file)))
     assert cache.lookup(module_key(_spec(ok_source))).status == "hit"
+
+
+# ------------------------------------------------------------ a root that cannot be used
+def _file_in_the_way(tmp_path: Path) -> tuple[Path, str]:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    return blocker / "cache", f"{blocker} is a file, not a directory (ENOTDIR)"
+
+
+UNUSABLE_ROOTS = {
+    # A missing parent on a pseudo filesystem: mkdir says ENOENT, os.access says yes.
+    "missing-parent-on-proc": lambda tmp: (
+        Path("/proc/x/cache"),
+        "(creating /proc/x): No such file or directory (ENOENT)",
+    ),
+    "file-in-the-way": _file_in_the_way,
+}
+
+
+@pytest.mark.parametrize("make_root", UNUSABLE_ROOTS.values(), ids=list(UNUSABLE_ROOTS))
+def test_unusable_root_falls_back_to_the_private_default_with_one_warning(
+    tmp_path, home, monkeypatch, warnings_logged, ok_source, make_root
+):
+    # Before: a 13-frame traceback ending in os.mkdir's FileNotFoundError /
+    # NotADirectoryError, naming neither the variable nor a fix.
+    root, os_error = make_root(tmp_path)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
+
+    assert _load(ok_source).f() == 3
+    assert _load(ok_source).f() == 3
+    fallback = home / ".cache" / "mllm_kernel"
+    assert module_key(_spec(ok_source)).path.parent == fallback
+    assert cache.lookup(module_key(_spec(ok_source))).status == "hit"
+    (warning,) = [
+        w for w in warnings_logged if "instead of the cache" in w
+    ]  # one, not one per call
+    assert f"building into {fallback} instead of the cache at {root} (MLLM_KERNEL_CACHE_DIR)" in (
+        warning
+    )
+    assert f"cannot create {root}" in warning and os_error in warning
+    assert "Fix: point MLLM_KERNEL_CACHE_DIR at a directory you can create and write" in warning
+    assert _mode(fallback) == 0o700
+
+
+def test_no_usable_root_is_one_error_naming_both(tmp_path, monkeypatch, ok_source):
+    from mllm_kernel.jit_utils.errors import CacheRootError
+
+    not_a_home = tmp_path / "home_is_a_file"
+    not_a_home.write_text("")
+    monkeypatch.setenv("HOME", str(not_a_home))
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", "/proc/x")
+    with pytest.raises(CacheRootError) as info:
+        _load(ok_source)
+    message = str(info.value)
+    assert message.startswith("no cache root can be used: MLLM_KERNEL_CACHE_DIR=/proc/x: ")
+    assert "cannot create /proc/x: No such file or directory (ENOENT)" in message
+    fallback = not_a_home / ".cache" / "mllm_kernel"
+    assert f"the default {fallback}, tried instead: cannot create {fallback}: " in message
+    assert f"{not_a_home} is a file, not a directory (ENOTDIR)" in message
+    assert message.endswith(
+        "Fix: point MLLM_KERNEL_CACHE_DIR at a directory you can create and write"
+    )
+    assert len(message.splitlines()) == 1
+
+    monkeypatch.delenv("MLLM_KERNEL_CACHE_DIR")  # the default alone: no fallback to name
+    with pytest.raises(CacheRootError, match=rf"^the cache root {fallback} cannot be used: "):
+        _load(ok_source)

@@ -127,6 +127,7 @@ def test_cli_writes_then_keeps_an_existing_file(no_gpu, tmp_path, monkeypatch, c
     assert main(["show-clangd-recommend-config", "--force"]) == 0
     assert (tmp_path / ".clangd").read_text() == written
     other = tmp_path / "sub" / "config.yaml"
+    other.parent.mkdir()
     assert main(["show-clangd-recommend-config", "--output", str(other), "--cuda-arch", "8.0"]) == 0
     assert "--cuda-gpu-arch=sm_80" in other.read_text()
 
@@ -189,3 +190,45 @@ def test_real_clangd_parses_headers_and_cu_files(tmp_path, monkeypatch):
         result = _clangd_check(path, env)
         assert result.returncode == 0, f"{path}:\n{result.stderr[-3000:]}"
         assert "All checks completed, 0 errors" in result.stderr
+
+
+def test_output_in_a_missing_directory_is_an_error_not_created(no_gpu, tmp_path, capsys):
+    # Before: the directory was created, parents and all.
+    missing = tmp_path / "nonexistent" / "dir"
+    assert main(["show-clangd-recommend-config", "--output", str(missing / ".clangd")]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write {missing / '.clangd'}: {missing} does not exist" in err
+    assert f"mkdir -p {missing}" in err
+    assert not missing.parent.exists()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["show-clangd-recommend-config", "--output", str(blocker / ".clangd")]) == 1
+    assert f"{blocker} is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["sm_999", "99.9", "sm_80a", "8.5"])
+def test_cuda_arch_nvcc_does_not_know_is_refused(no_gpu, tmp_path, capsys, arch):
+    # Before: written as --cuda-gpu-arch=sm_999, which clangd then fails on.
+    output = tmp_path / ".clangd"
+    assert main(["show-clangd-recommend-config", "--output", str(output), "--cuda-arch", arch]) == 2
+    err = capsys.readouterr().err
+    assert "is not one nvcc compiles for; known (" in err and "sm_90" in err
+    assert "e.g. 9.0a" in err and not output.exists()
+
+
+def test_cuda_arch_is_checked_against_nvcc_or_the_known_set(no_gpu, monkeypatch, tmp_path):
+    from mllm_kernel.jit_utils import nvcc_archs
+    from mllm_kernel.jit_utils.errors import CudaArchError
+
+    for good in ("9.0a", "sm_80", "8.6", "sm_100a"):
+        assert clangd.recommend(good).cuda_arch == f"sm_{good.replace('sm_', '').replace('.', '')}"
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    toolchain.reset()
+    try:
+        numbers, source = nvcc_archs.known_archs()
+        assert numbers == nvcc_archs.KNOWN_ARCHS and "no nvcc found" in source
+        assert clangd.recommend("9.0a").cuda_arch == "sm_90a"
+        with pytest.raises(CudaArchError, match=r"--cuda-arch sm_999 is not one nvcc compiles"):
+            clangd.recommend("sm_999")
+    finally:
+        toolchain.reset()

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from mllm_kernel.__main__ import main
+from mllm_kernel.cli import output
 from mllm_kernel.cli.output import paint, table, use_colour
-from mllm_kernel.jit_utils import cache, cache_admin, toolchain
+from mllm_kernel.jit_utils import cache, cache_admin, paths, registry, toolchain
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ["show-env", "show-config", "show-clangd-recommend-config", "clear-cache", "precompile"]
@@ -178,14 +179,42 @@ def test_a_footnote_stands_under_its_own_device_table(no_cuda_arch, capsys):
     assert _section(out, "CUDA kernels").strip() == "not shown (--device cpu)"
 
 
-def test_show_config_says_why_the_arch_is_unknown_once(no_cuda_arch, capsys):
+def test_show_config_says_why_the_arch_is_unknown_once(no_cuda_arch, monkeypatch, capsys):
+    # An arch list that does not parse: every CUDA variant points at the one reason.
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "banana")
     assert main(["show-config"]) == 0
     out = capsys.readouterr().out
-    assert out.count("No CUDA GPU is visible") == 1
-    assert "CUDA arch       unknown: No CUDA GPU is visible" in out
+    assert out.count("cannot parse CUDA arch") == 1
+    assert "CUDA arch       unknown: $MLLM_KERNEL_CUDA_ARCH_LIST: cannot parse" in out
     *cuda_rows, hint = _section(out, "CUDA kernels").splitlines()[1:]
     assert cuda_rows and all('no CUDA arch (see "CUDA arch" above)' in r for r in cuda_rows)
     assert hint == "  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)"
+
+
+def test_show_config_without_a_gpu_is_one_line_per_cuda_kernel(no_cuda_arch, capsys):
+    # Before: ~90 CUDA rows "unknown ... no CUDA arch", and a summary telling a CPU-only
+    # machine to set an arch as if something were wrong.
+    report = cache_admin.config_report()
+    cuda_kernels = [k for k in report.kernels if k.device == "cuda"]
+    assert sum(len(k.variants) for k in cuda_kernels) > len(cuda_kernels)  # collapsed below
+    assert main(["show-config"]) == 0
+    out = capsys.readouterr().out
+    note, header, *rows = _section(out, "CUDA kernels").splitlines()
+    assert "not built on this machine (no GPU, and no arch named)" in note
+    assert "`show-config --arch 9.0a` shows each variant's cache status" in note
+    assert header.split() == ["kernel", "exports", "variants"]
+    assert [r.split()[0] for r in rows] == [k.name for k in cuda_kernels]
+    gemm = next(r for r in rows if r.split()[0] == "gemm")
+    assert gemm.split()[-1] == str(len(next(k for k in cuda_kernels if k.name == "gemm").variants))
+    assert "unknown" not in out and "no CUDA arch" not in out
+    assert "set MLLM_KERNEL_CUDA_ARCH_LIST" not in out and "No CUDA GPU is visible" not in out
+    (arch_line,) = [line for line in out.splitlines() if line.startswith("CUDA arch")]
+    assert arch_line.split(None, 2)[2] == output.NO_GPU_ARCH
+    assert len(out.splitlines()) < 30 + len(cuda_kernels)
+    # With --arch, every variant's status is computed again.
+    assert main(["show-config", "--device", "cuda", "--arch", "9.0a"]) == 0
+    rows = _section(capsys.readouterr().out, "CUDA kernels").splitlines()[1:]
+    assert len(rows) == sum(max(len(k.variants), 1) for k in cuda_kernels)
 
 
 def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
@@ -234,6 +263,156 @@ def test_show_config_lists_unclaimed_modules(fresh_cache, capsys):
     assert main(["show-config", "--device", "cpu", "--json"]) == 0
     (module,) = json.loads(capsys.readouterr().out)["unclaimed_modules"]
     assert module["name"] == "my_user_kernel" and module["template_args"] == ["3"]
+
+
+def _user_module(root: Path, name: str, source: Path, key: str) -> Path:
+    """A cached build of user kernel ``name``<3> from ``source`` (its manifest lists the
+    package header it includes too)."""
+    directory = root / f"{name}_cpu_3_{key * 16}"
+    directory.mkdir(parents=True)
+    (directory / f"{name}.so").write_bytes(b"\0" * 2048)
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text("// a user kernel\n")
+    header = Path(paths.include_dir()) / "mllm_kernel" / "utils.hpp"
+    cache.Manifest(
+        name=name,
+        device="cpu",
+        template_args=["3"],
+        key_hash=key * 64,
+        artifact=f"{name}.so",
+        artifact_size=2048,
+        artifact_sha256="0" * 64,
+        deps={str(source): "0" * 64, str(header): "0" * 64},
+        exports=[name],
+        built_at=time.time(),
+        build_seconds=1.0,
+    ).write(directory)
+    return directory
+
+
+def test_show_config_tells_two_user_kernels_of_one_name_apart(fresh_cache, tmp_path, capsys):
+    # The README's my_kernel<3> and the example's: before, two rows that differ only in
+    # the hash of their cache directory.
+    readme = tmp_path / "project" / "my_kernel.cpp"
+    example = tmp_path / "examples" / "custom_kernel" / "my_kernel.cpp"
+    first = _user_module(fresh_cache, "my_kernel", readme, "a")
+    second = _user_module(fresh_cache, "my_kernel", example, "b")
+    report = cache_admin.config_report(device="cpu")
+    assert {m.path: m.sources for m in report.unclaimed} == {
+        first: (str(readme),),
+        second: (str(example),),
+    }
+    assert main(["show-config", "--device", "cpu"]) == 0
+    section = capsys.readouterr().out.split("Other cached modules")[1]
+    header, *rows = section.splitlines()[1:]
+    assert header.split() == ["name", "device", "variant", "size", "built", "from", "path"]
+    assert any(str(readme) in r and str(first) in r for r in rows)
+    assert any(str(example) in r and str(second) in r for r in rows)
+    assert main(["show-config", "--device", "cpu", "--json"]) == 0
+    modules = json.loads(capsys.readouterr().out)["unclaimed_modules"]
+    assert sorted(m["sources"] for m in modules) == sorted([[str(readme)], [str(example)]])
+
+
+def test_a_registered_user_kernel_says_its_sources_and_its_namesakes_are_listed(
+    fresh_cache, tmp_path, capsys
+):
+    from mllm_kernel.jit_utils.loader import cpu_spec
+
+    example = tmp_path / "examples" / "twin.cpp"
+    example.parent.mkdir()
+    example.write_text("// the registered one\n")
+    other = tmp_path / "project" / "twin.cpp"
+    other_build = _user_module(fresh_cache, "twin", other, "c")
+
+    def plan(scale: int):
+        return cpu_spec("twin", str(scale), cpp_files=[example], cpp_wrappers=[("twin", "f")])
+
+    registry.register_kernel("twin", device="cpu", variants=[(3,)], builtin=False, planner=plan)(
+        plan
+    )
+    try:
+        report = cache_admin.config_report(device="cpu")
+        assert main(["show-config", "--device", "cpu"]) == 0
+    finally:
+        registry.unregister("twin", "cpu")
+    (twin,) = [k for k in report.kernels if k.name == "twin"]
+    assert twin.sources == (str(example),)
+    # Another program's kernel of the same name is not "another arch or toolchain".
+    assert [m.path for m in report.unclaimed] == [other_build] and report.other_builds == 0
+    out = capsys.readouterr().out
+    assert f"  twin (user) is built from {example}" in _section(out, "CPU kernels")
+    assert str(other) in out.split("Other cached modules")[1]
+
+
+def _unusable_root(monkeypatch, tmp_path) -> tuple[Path, Path]:
+    """MLLM_KERNEL_CACHE_DIR under /proc (cannot be created), HOME a fresh directory:
+    ``(the root set, the private fallback)``."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", "/proc/x")
+    return Path("/proc/x"), home / ".cache" / "mllm_kernel"
+
+
+def test_show_config_and_show_env_state_the_cache_root_fallback(
+    tmp_path, monkeypatch, no_cuda_arch, capsys
+):
+    # Before: "cache root  /proc/x", as if it were used.
+    root, fallback = _unusable_root(monkeypatch, tmp_path)
+    assert main(["show-config", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("cache root")]
+    assert line.split(None, 2)[2].startswith(
+        f"{fallback} (MLLM_KERNEL_CACHE_DIR={root} is not used: cannot create {root}: "
+        "No such file or directory (ENOENT). Fix: "
+    )
+    assert main(["show-env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["cache_root"] == str(root) and info["cache_root_in_use"] == str(fallback)
+    assert "ENOENT" in info["cache_root_problem"]
+    assert main(["show-env"]) == 0
+    (row,) = [r for r in capsys.readouterr().out.splitlines() if r.split()[:1] == ["root"]]
+    assert row.split(None, 1)[1].startswith(f"{fallback} (MLLM_KERNEL_CACHE_DIR={root} is not used")
+
+
+@pytest.fixture
+def tiny_user_kernel(tmp_path):
+    """A registered user kernel with one variant that compiles in a second."""
+    from mllm_kernel.jit_utils import cache_once, load_cpu_jit
+
+    source = tmp_path / "tiny.cpp"
+    source.write_text("namespace tiny { int f() { return 1; } }\n")
+
+    @cache_once
+    def build():
+        return load_cpu_jit("tiny", cpp_files=[str(source)], cpp_wrappers=[("f", "tiny::f")])
+
+    registry.register_kernel("tiny", device="cpu", variants=[()], builtin=False)(build)
+    yield "tiny"
+    registry.unregister("tiny", "cpu")
+
+
+def test_precompile_states_the_cache_root_fallback(tmp_path, monkeypatch, tiny_user_kernel, capsys):
+    # Before: "tiny<> (cpu): [Errno 2] No such file or directory: '/proc/x'", exit 1.
+    root, fallback = _unusable_root(monkeypatch, tmp_path)
+    assert main(["precompile", "--kernel", tiny_user_kernel]) == 0
+    out = capsys.readouterr().out
+    assert "1 built" in out and "0 failed" in out
+    assert f"note: built into {fallback} (MLLM_KERNEL_CACHE_DIR={root} is not used: " in out
+    assert [m.name for m in cache_admin.cached_modules(fallback)] == [tiny_user_kernel]
+
+
+def test_precompile_without_any_usable_root_is_one_error(
+    tmp_path, monkeypatch, tiny_user_kernel, capsys
+):
+    not_a_home = tmp_path / "home_is_a_file"
+    not_a_home.write_text("")
+    monkeypatch.setenv("HOME", str(not_a_home))
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", "/proc/x")
+    assert main(["precompile", "--kernel", tiny_user_kernel]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mllm_kernel precompile: error: no cache root can be used: ")
+    assert "/proc/x" in err and str(not_a_home) in err and len(err.splitlines()) == 1
 
 
 def test_colour_only_on_a_terminal(monkeypatch):

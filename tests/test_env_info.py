@@ -49,6 +49,8 @@ def test_collect_is_json_and_complete():
         "torch",
         "versions",
         "cache_root",
+        "cache_root_in_use",
+        "cache_root_problem",
     }
     assert info["cpu"]["logical_cores"] == os.cpu_count()
     assert info["versions"]["apache_tvm_ffi"]
@@ -257,12 +259,28 @@ def test_jit_arch_is_the_loaders_choice(monkeypatch):
     assert env_info.jit_cuda_arch("10.0a") == {"archs": ["10.0a"], "source": "override (--arch)"}
 
 
-def test_no_jit_arch_says_what_to_set(monkeypatch):
+def test_no_gpu_and_no_arch_is_stated_as_a_fact_not_a_fault(monkeypatch):
+    # Before: "unknown: No CUDA GPU is visible and no arch was given: set
+    # MLLM_KERNEL_CUDA_ARCH_LIST ...", in every summary of a CPU-only machine.
     import torch
 
     for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     arch = env_info.jit_cuda_arch()
-    assert arch["archs"] is None and "set MLLM_KERNEL_CUDA_ARCH_LIST" in arch["error"]
-    assert output.format_jit_arch(arch).startswith("unknown: No CUDA GPU is visible")
+    assert arch["archs"] is None and arch["no_gpu"] is True
+    assert "set MLLM_KERNEL_CUDA_ARCH_LIST" in arch["error"]  # the loader's own error stays
+    text = output.format_jit_arch(arch)
+    assert text == output.NO_GPU_ARCH and text.startswith("none (no GPU here")
+    assert "--arch 9.0a" in text and "unknown" not in text
+    rows = {(s, f): v for s, f, v in output.env_rows(env_info.collect())}
+    assert rows[("CUDA", "JIT arch")] == output.NO_GPU_ARCH
+
+
+def test_a_bad_arch_list_still_says_what_to_fix(monkeypatch):
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "banana")
+    arch = env_info.jit_cuda_arch()
+    assert arch["archs"] is None and arch["no_gpu"] is False
+    assert output.format_jit_arch(arch).startswith(
+        "unknown: $MLLM_KERNEL_CUDA_ARCH_LIST: cannot parse CUDA arch 'banana'"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from mllm_kernel import clangd
@@ -22,13 +23,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "instead) unless --force is given.",
     )
     parser.add_argument(
-        "--output", type=Path, default=Path(".clangd"), help="where to write (default: ./.clangd)"
+        "--output",
+        type=Path,
+        default=Path(".clangd"),
+        help="where to write (default: ./.clangd); its directory must exist",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     parser.add_argument(
         "--cuda-arch",
         metavar="ARCH",
-        help="the GPU arch for CUDA files (sm_80, 9.0a...); default: the loader's "
+        help="the GPU arch for CUDA files (sm_80, 9.0a...; one nvcc --list-gpu-arch lists); "
+        "default: the loader's "
         "(MLLM_KERNEL_CUDA_ARCH_LIST, TORCH_CUDA_ARCH_LIST, the GPU), else "
         f"{clangd.DEFAULT_CUDA_ARCH}",
     )
@@ -42,9 +47,14 @@ def run(args: argparse.Namespace) -> int:
     """
     try:
         config = clangd.recommend(args.cuda_arch)
-    except CudaArchError as exc:
-        raise SystemExit(f"mllm_kernel show-clangd-recommend-config: error: {exc}") from None
-    wrote = clangd.write(args.output, config, force=args.force)
+    except CudaArchError as exc:  # a bad --cuda-arch: usage, as argparse's errors
+        print(f"mllm_kernel show-clangd-recommend-config: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        wrote = clangd.write(args.output, config, force=args.force)
+    except OSError as exc:
+        print(f"mllm_kernel show-clangd-recommend-config: error: {exc}", file=sys.stderr)
+        return 1
     if wrote:
         print(f"wrote {args.output} (CUDA arch {config.cuda_arch}, from {config.cuda_arch_source})")
     else:

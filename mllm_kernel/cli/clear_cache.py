@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+from mllm_kernel import env_info
 from mllm_kernel.cli.arguments import number_at_least
-from mllm_kernel.cli.output import format_bytes, paint
+from mllm_kernel.cli.output import format_bytes, format_cache_root, paint
 from mllm_kernel.jit_utils import cache_admin
 
 
@@ -22,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--kernel",
         metavar="NAME",
         action="append",
-        help="only this kernel's builds (repeat for several)",
+        help="only this kernel's builds (repeat for several); a name neither cached nor "
+        "registered is an error (exit 2)",
     )
     parser.add_argument(
         "--older-than",
@@ -35,10 +39,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs :func:`mllm_kernel.jit_utils.cache_admin.clear_cache` and prints its report."""
-    report = cache_admin.clear_cache(
-        kernel=args.kernel, older_than_days=args.older_than, dry_run=args.dry_run
-    )
+    """Runs :func:`mllm_kernel.jit_utils.cache_admin.clear_cache` and prints its report.
+
+    Exit status 2 for an unknown ``--kernel`` name (nothing removed), 1 when no cache
+    root can be used."""
+    root = env_info.cache_root_info()
+    if root["cache_root_in_use"] is None:
+        print(f"mllm_kernel clear-cache: error: {root['cache_root_problem']}", file=sys.stderr)
+        return 1
+    if root["cache_root_problem"]:
+        print(paint(f"note: the cache in use is {format_cache_root(root)}", "yellow"))
+    try:
+        report = cache_admin.clear_cache(
+            kernel=args.kernel,
+            older_than_days=args.older_than,
+            dry_run=args.dry_run,
+            root=Path(root["cache_root_in_use"]),
+        )
+    except ValueError as exc:  # an unknown --kernel name: nothing was removed
+        print(f"mllm_kernel clear-cache: error: {exc}", file=sys.stderr)
+        return 2
     verb = "would remove" if report.dry_run else "removed"
     for item in report.removed:
         print(f"{verb} {item.kind:<7} {format_bytes(item.size_bytes):>10}  {item.path}")

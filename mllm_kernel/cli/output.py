@@ -65,12 +65,35 @@ def format_bytes(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+# What a machine without a GPU is told about CUDA: a fact, not a fault to fix.
+NO_GPU_ARCH = (
+    "none (no GPU here: CUDA kernels are built only for an arch you name, e.g. --arch 9.0a "
+    "or MLLM_KERNEL_CUDA_ARCH_LIST=9.0a)"
+)
+
+
 def format_jit_arch(arch: dict[str, Any]) -> str:
     """:func:`mllm_kernel.env_info.jit_cuda_arch` as ``9.0a (from $MLLM_KERNEL_CUDA_ARCH_LIST)``,
-    or ``unknown: <what to set>``."""
+    :data:`NO_GPU_ARCH` on a machine without a GPU, or ``unknown: <what to set>``."""
     if arch["archs"]:
         return f"{';'.join(arch['archs'])} (from {arch['source']})"
+    if arch.get("no_gpu"):
+        return NO_GPU_ARCH
     return f"unknown: {arch['error']}"
+
+
+def format_cache_root(info: dict[str, Any]) -> str:
+    """:func:`mllm_kernel.env_info.cache_root_info` as one line: the root builds go to and,
+    when it is not the one ``MLLM_KERNEL_CACHE_DIR`` sets, why that one is not used."""
+    problem = info["cache_root_problem"]
+    if not problem:
+        return info["cache_root"]
+    if info["cache_root_in_use"] is None:  # the CacheRootError's text names both roots
+        return problem
+    return (
+        f"{info['cache_root_in_use']} (MLLM_KERNEL_CACHE_DIR={info['cache_root']} is not used: "
+        f"{problem})"
+    )
 
 
 def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -151,7 +174,7 @@ def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
             "C++ compiler",
             f"{ver['cxx']} ({ver['cxx_version']})" if ver["cxx"] else NOT_FOUND,
         ),
-        ("Cache", "root", info["cache_root"]),
+        ("Cache", "root", format_cache_root(info)),
     ]
     return rows
 

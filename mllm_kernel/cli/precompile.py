@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from mllm_kernel import env_info
 from mllm_kernel.cli.arguments import number_at_least
-from mllm_kernel.cli.output import paint
+from mllm_kernel.cli.output import format_cache_root, paint
 from mllm_kernel.jit_utils import cache_wheel, precompile
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 from mllm_kernel.jit_utils.logging_setup import LOGGER_NAME
@@ -125,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     if args.wheel is not None and args.output is None:
         print("mllm_kernel precompile: error: --wheel needs --output DIR", file=sys.stderr)
         return 2
+    root = env_info.cache_root_info()
+    if root["cache_root_in_use"] is None:  # one error, not one per build
+        print(f"mllm_kernel precompile: error: {root['cache_root_problem']}", file=sys.stderr)
+        return 1
     started = time.monotonic()
     progress = _Progress()
     logger = logging.getLogger(LOGGER_NAME)
@@ -155,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         f"{report.count(BuildOutcome.CACHED)} already cached, "
         f"{len(report.failures)} failed"
     )
+    if root["cache_root_problem"]:
+        print(paint(f"note: built into {format_cache_root(root)}", "yellow"))
     if args.output is not None:
         print(f"prebuilt cache: {args.output.absolute()} (use it with MLLM_KERNEL_CACHE_PATH)")
     if not report.failures:

@@ -10,6 +10,7 @@ from mllm_kernel import env_info
 from mllm_kernel.cli.output import (
     NOT_FOUND,
     format_bytes,
+    format_cache_root,
     format_env,
     format_jit_arch,
     paint,
@@ -87,6 +88,7 @@ def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[
                 "device": k.device,
                 "builtin": k.builtin,
                 "exports": list(k.exports),
+                "sources": list(k.sources),
                 "variants": [_status_json(s) for s in k.variants],
             }
             for k in report.kernels
@@ -99,6 +101,7 @@ def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[
                 "template_args": m.manifest.template_args if m.manifest else None,
                 "size_bytes": m.size_bytes,
                 "built_at": m.built_at,
+                "sources": list(m.sources),
                 "error": m.error or None,
             }
             for m in report.unclaimed
@@ -124,18 +127,80 @@ def _summary(info: dict[str, Any], arch: dict[str, Any]) -> str:
         ("C++ compiler", versions["cxx"] or NOT_FOUND),
         ("nvcc", nvcc),
         ("CUDA arch", format_jit_arch(arch)),
-        ("cache root", info["cache_root"]),
+        ("cache root", format_cache_root(info)),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+def _cuda_kernels_without_gpu(kernels: list[cache_admin.KernelReport]) -> list[str]:
+    """The CUDA section on a machine with no GPU and no arch named: one line per kernel
+    (no variant can be keyed without an arch), and how to see their statuses."""
+    if not kernels:
+        return ["  (none registered)"]
+    rows = [
+        (
+            kernel.name if kernel.builtin else f"{kernel.name} (user)",
+            ", ".join(kernel.exports) or "-",
+            str(len(kernel.variants)),
+        )
+        for kernel in kernels
+    ]
+    return [
+        "  not built on this machine (no GPU, and no arch named); `show-config --arch 9.0a` "
+        "shows each variant's cache status for that arch",
+        table(("kernel", "exports", "variants"), rows),
+    ]
+
+
+def _variant_rows(
+    kernel: cache_admin.KernelReport, arch_error: str | None, footnotes: list[str]
+) -> tuple[list[tuple[str, ...]], bool]:
+    """``(table rows of kernel's variants, whether one is unknown for want of an arch)``;
+    an unknown status's other reasons are added to ``footnotes``, once each."""
+    name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
+    exports = ", ".join(kernel.exports) or "-"
+    rows, unknown_arch = [], False
+    for status in kernel.variants:
+        if status.status == VariantState.CACHED:
+            where = str(status.path)
+        elif status.status == VariantState.PREBUILT:
+            where = f"{status.path} (from {status.detail})"
+        elif status.status == VariantState.UNKNOWN and status.detail == arch_error:
+            unknown_arch = True
+            where = 'no CUDA arch (see "CUDA arch" above)'
+        elif status.status == VariantState.UNKNOWN:
+            if status.detail not in footnotes:
+                footnotes.append(status.detail)
+            where = f"see [{footnotes.index(status.detail) + 1}] below"
+        else:
+            where = status.detail or "-"
+        rows.append(
+            (
+                name,
+                exports,
+                ", ".join(status.template_args) or "-",
+                paint(status.status, _STATUS_COLOUR.get(status.status, "dim")),
+                format_bytes(status.size_bytes),
+                where,
+            )
+        )
+    if not kernel.variants:
+        rows.append((name, exports, "-", "no variants listed", "-", "-"))
+    return rows, unknown_arch
+
+
 def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str:
-    """``show-config``'s text: the summary, kernel tables by device, unclaimed modules."""
+    """``show-config``'s text: the summary, kernel tables by device, unclaimed modules.
+
+    On a machine with no GPU and no arch named, the CUDA kernels are one line each
+    (their variants cannot be keyed there); user kernels say what they are built from.
+    """
     arch = env_info.jit_cuda_arch(report.arch)
     # Why the CUDA arch is unknown is said once, in the summary; variants it leaves
     # unknown point there.
     arch_error = (arch.get("error") or "").split("\n")[0] or None
+    cuda_not_built_here = bool(arch.get("no_gpu")) and report.arch is None
     out = [_summary(info, arch)]
     unknown_arch = False
     for device in DEVICES:
@@ -147,41 +212,23 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
         if report.device not in (None, device):
             out.append(f"  not shown (--device {report.device})")
             continue
-        if not kernels:
+        if device == "cuda" and cuda_not_built_here:
+            out += _cuda_kernels_without_gpu(kernels)
+        elif not kernels:
             out.append("  (none registered)")
             continue
-        rows = []
-        for kernel in kernels:
-            name = kernel.name if kernel.builtin else f"{kernel.name} (user)"
-            exports = ", ".join(kernel.exports) or "-"
-            for status in kernel.variants:
-                if status.status == VariantState.CACHED:
-                    where = str(status.path)
-                elif status.status == VariantState.PREBUILT:
-                    where = f"{status.path} (from {status.detail})"
-                elif status.status == VariantState.UNKNOWN and status.detail == arch_error:
-                    unknown_arch = True
-                    where = 'no CUDA arch (see "CUDA arch" above)'
-                elif status.status == VariantState.UNKNOWN:
-                    if status.detail not in footnotes:
-                        footnotes.append(status.detail)
-                    where = f"see [{footnotes.index(status.detail) + 1}] below"
-                else:
-                    where = status.detail or "-"
-                rows.append(
-                    (
-                        name,
-                        exports,
-                        ", ".join(status.template_args) or "-",
-                        paint(status.status, _STATUS_COLOUR.get(status.status, "dim")),
-                        format_bytes(status.size_bytes),
-                        where,
-                    )
-                )
-            if not kernel.variants:
-                rows.append((name, exports, "-", "no variants listed", "-", "-"))
-        out.append(table(("kernel", "exports", "variant", "status", "size", "path / detail"), rows))
-        out += [f"  [{number}] {detail}" for number, detail in enumerate(footnotes, 1)]
+        else:
+            rows = []
+            for kernel in kernels:
+                kernel_rows, kernel_unknown_arch = _variant_rows(kernel, arch_error, footnotes)
+                rows += kernel_rows
+                unknown_arch |= kernel_unknown_arch
+            header = ("kernel", "exports", "variant", "status", "size", "path / detail")
+            out.append(table(header, rows))
+            out += [f"  [{number}] {detail}" for number, detail in enumerate(footnotes, 1)]
+        out += [
+            f"  {k.name} (user) is built from {', '.join(k.sources)}" for k in kernels if k.sources
+        ]
     if unknown_arch and report.arch is None:
         out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
     out.append("")
@@ -193,16 +240,17 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
                 m.device or "?",
                 ", ".join(m.manifest.template_args) if m.manifest else "-",
                 format_bytes(m.size_bytes),
+                ", ".join(m.sources) or "-",
                 str(m.path) + (f" ({m.error})" if m.error else ""),
             )
             for m in report.unclaimed
         ]
-        out.append(table(("name", "device", "variant", "size", "path"), rows))
+        out.append(table(("name", "device", "variant", "size", "built from", "path"), rows))
     else:
         out.append("  (none)")
     if report.other_builds:
         out.append(
-            f"\n{report.other_builds} cached build(s) of registered kernels match no key here "
+            f"\n{report.other_builds} cached build(s) of the package's kernels match no key here "
             "(another arch, toolchain or version); `clear-cache --older-than DAYS` prunes them."
         )
     return "\n".join(out)

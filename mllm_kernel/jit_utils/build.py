@@ -1,4 +1,10 @@
-"""Compiling and linking one module in a staging directory, and explaining failures."""
+"""Compiling and linking one module in a staging directory, and explaining failures.
+
+A failure leads with the first compiler error as ``file:line: message``; one on a line
+of the generated unit (deleted with the staging directory) leads with what that line
+is instead: the user's wrapper expression and export name, where the function it names
+is declared, and a hint (:func:`generated_line_error`).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +20,11 @@ from pathlib import Path
 
 from mllm_kernel.jit_utils import env, include_search, paths, toolchain
 from mllm_kernel.jit_utils.cache import file_digest
+from mllm_kernel.jit_utils.cpp_declarations import find_declarations, function_name
 from mllm_kernel.jit_utils.cuda_arch import gencode_flags
 from mllm_kernel.jit_utils.errors import KernelBuildError
 from mllm_kernel.jit_utils.logging_setup import get_logger
-from mllm_kernel.jit_utils.spec import BuildSpec
+from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
 
 _logger = get_logger()
 
@@ -133,14 +140,23 @@ def parse_depfile(text: str) -> list[str]:
     return deps
 
 
-def first_error(log: str) -> str:
-    """The first compiler/linker error in ``log`` as ``file:line: message``."""
-    lines = log.splitlines()
-    for line in lines:
+def _first_located_error(log: str) -> tuple[str, int, str] | None:
+    """``(file, line, message)`` of the first compiler error in ``log`` that names a
+    place, or None."""
+    for line in log.splitlines():
         for pattern in (_GCC_ERROR, _NVCC_ERROR):
             match = pattern.match(line.strip())
             if match:
-                return f"{match['file']}:{match['line']}: {match['msg'].strip()}"
+                return match["file"], int(match["line"]), match["msg"].strip()
+    return None
+
+
+def first_error(log: str) -> str:
+    """The first compiler/linker error in ``log`` as ``file:line: message``."""
+    located = _first_located_error(log)
+    if located is not None:
+        return f"{located[0]}:{located[1]}: {located[2]}"
+    lines = log.splitlines()
     for line in lines:
         if _ANY_ERROR.search(line):
             return line.strip()
@@ -256,22 +272,96 @@ def cache_write_error(spec: BuildSpec, exc: OSError) -> KernelBuildError | None:
     )
 
 
+@dataclass(frozen=True)
+class GeneratedLineError:
+    """A compiler error on a line of the generated ``main.cpp`` / ``main.cu`` (which is
+    deleted with its staging directory): what that line is, in the user's terms.
+
+    ``lead`` replaces ``file:line: message`` at the head of the error; ``context`` are
+    lines to add under it (where the wrapped function is declared); ``hint`` is set for
+    a wrapper line.
+    """
+
+    lead: str
+    context: tuple[str, ...] = ()
+    hint: str | None = None
+
+
+_WRAPPER_HINT = (
+    "the wrapper's expression must name a function of the sources with template arguments "
+    "that fit its template parameters: make_cpp_args(3) gives the value 3 (for an int "
+    "parameter), make_cpp_args(torch.float32) the type fp32_t (for a typename parameter)"
+)
+
+
+def _wrapper_context(spec: BuildSpec, unit: str, wrapper: Wrapper) -> tuple[str, ...]:
+    """Where the function ``wrapper`` names is declared in the unit's sources, if found."""
+    name = function_name(wrapper.expression)
+    if name is None:
+        return ()
+    files = spec.cuda_files if unit.endswith(".cu") else spec.cpp_files
+    found = find_declarations(name, files, spec.include_paths)
+    if not found:
+        sources = ", ".join(str(f) for f in files) or "no source files"
+        return (f"no declaration of {name!r} was found in {sources}",)
+    return tuple(f"{name} is declared at {d.where()}: {d.text}" for d in found[:3])
+
+
+def generated_line_error(spec: BuildSpec, log: str, workdir: Path) -> GeneratedLineError | None:
+    """The first error of ``log`` explained in the user's terms when it is on a line of a
+    unit generated in ``workdir``; None when it is elsewhere (the user's sources, a
+    header: those files exist and their ``file:line`` leads as it is)."""
+    located = _first_located_error(log)
+    if located is None:
+        return None
+    file, line, message = located
+    units = spec.translation_units()
+    unit = Path(file).name
+    if unit not in units or Path(file).parent.resolve() != workdir.resolve():
+        return None
+    lines = units[unit].splitlines()
+    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    wrappers = spec.cuda_wrappers if unit.endswith(".cu") else spec.cpp_wrappers
+    for wrapper in wrappers:
+        if wrapper.render() == text:
+            what = "cuda_wrappers" if unit.endswith(".cu") else "cpp_wrappers"
+            return GeneratedLineError(
+                f"wrapper {wrapper.export_name!r} = {wrapper.expression} ({what}) does not "
+                f"compile: {message}",
+                _wrapper_context(spec, unit, wrapper),
+                _WRAPPER_HINT,
+            )
+    return GeneratedLineError(f"line {line} of the generated {unit} ({text}): {message}")
+
+
 def _build_error(spec: BuildSpec, log: str, log_path: Path, workdir: Path) -> KernelBuildError:
+    context: tuple[str, ...] = ()
     error = filesystem_error(log, workdir)
+    generated = None if error is not None else generated_line_error(spec, log, workdir)
     if error is not None:
         hint = _FILESYSTEM_HINT
+    elif generated is not None:
+        error, context, hint = generated.lead, generated.context, generated.hint
     else:
         error, hint = first_error(log), hint_for(log)
+    # The generated units go with their staging directory; the log keeps their text.
+    generated_units = "".join(
+        f"--- generated {name} (line numbers as in the errors above) ---\n{text}"
+        for name, text in spec.translation_units().items()
+    )
     try:
-        log_path.write_text(log)
+        log_path.write_text(f"{log}{generated_units}")
         where_logged = str(log_path)
     except OSError as exc:  # the same full or read-only disk, typically
         where_logged = f"not written ({exc.strerror}: {log_path}); its end:\n{log[-2000:]}"
     args = ", ".join(spec.template_args)
-    message = (
-        f"{error}\n"
-        f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
-        f"  full log: {where_logged}"
+    message = "\n".join(
+        [
+            error,
+            *(f"  {line}" for line in context),
+            f"  while building module {spec.name!r} with template args <{args}> ({spec.device})",
+            f"  full log: {where_logged}",
+        ]
     )
     if hint:
         message += f"\n  hint: {hint}"

@@ -13,6 +13,7 @@ build in progress is never pulled from under its builder.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import shutil
 import stat
@@ -22,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.jit_utils import cache, env, prebuilt, registry
+from mllm_kernel.jit_utils import cache, env, paths, prebuilt, registry, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cache_names import LOGS_DIR, STAGING_DIR, belongs_to, entry_of
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
-from mllm_kernel.jit_utils.errors import CudaArchError
+from mllm_kernel.jit_utils.errors import CacheRootError, CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
 from mllm_kernel.jit_utils.status import VariantState
 
@@ -52,6 +53,15 @@ class CachedModule:
     @property
     def device(self) -> str | None:
         return self.manifest.device if self.manifest else None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The files it was built from that are not the package's own (a user kernel's
+        sources and headers), from its manifest: what tells two user kernels of one name
+        and template arguments apart."""
+        if self.manifest is None:
+            return ()
+        return tuple(p for p in sorted(self.manifest.deps) if not paths.anchored(p).startswith("@"))
 
 
 def tree_size(path: Path) -> int:
@@ -82,9 +92,16 @@ def _module_dirs(root: Path) -> Iterator[Path]:
             yield Path(entry.path)
 
 
+def root_in_use() -> Path:
+    """The cache root builds go to (:func:`.trust.choose_root`: ``MLLM_KERNEL_CACHE_DIR``,
+    or the private default when that one cannot be used); raises CacheRootError when
+    neither can."""
+    return trust.choose_root().root
+
+
 def cached_modules(root: Path | None = None) -> list[CachedModule]:
-    """Every module directory in the cache (``root`` defaults to the cache root)."""
-    root = env.cache_root() if root is None else root
+    """Every module directory in the cache (``root`` defaults to :func:`root_in_use`)."""
+    root = root_in_use() if root is None else root
     found = []
     for directory in _module_dirs(root):
         try:
@@ -111,6 +128,7 @@ class KernelReport:
     builtin: bool
     variants: list[VariantStatus]
     exports: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # a user kernel's source files (the package's: empty)
 
 
 @dataclass
@@ -172,20 +190,23 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
     )
 
 
-def _exports(entry: KernelEntry) -> tuple[str, ...]:
-    """The functions ``entry``'s module exports, from its first variant's plan; empty
-    where it cannot be planned (a user kernel with no builder, sources not installed)."""
+def _planned(entry: KernelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(exports, sources)`` of ``entry``'s module, from its first variant's plan: the
+    functions it exports and, for a user kernel, its source files. Empty where it cannot
+    be planned (a user kernel with no builder, sources not installed)."""
     if entry.builder is None or not entry.variants:
-        return ()
+        return (), ()
     try:
         try:
-            return entry.plan(entry.variants[0]).exports
+            spec = entry.plan(entry.variants[0])
         except CudaArchError:
-            # The exports do not depend on the arch; planning only needs one to proceed.
+            # Neither depends on the arch; planning only needs one to proceed.
             with cuda_arch_override(_STAND_IN_ARCH):
-                return entry.plan(entry.variants[0]).exports
+                spec = entry.plan(entry.variants[0])
     except Exception:  # whatever stops the plan, variant_status reports it per variant
-        return ()
+        return (), ()
+    sources = () if entry.builtin else tuple(map(str, (*spec.cpp_files, *spec.cuda_files)))
+    return spec.exports, sources
 
 
 def config_report(
@@ -195,23 +216,34 @@ def config_report(
 
     ``arch`` (e.g. ``"9.0a"``) computes CUDA statuses for that arch, as if
     building there; without it a machine with no GPU reports them ``unknown``.
+    ``root``: the cache to list, by default :func:`root_in_use` (the one set where
+    neither is usable, as the statuses then say).
+
+    A cached build of a package kernel that no variant claims (another arch, toolchain
+    or version) is counted in ``other_builds``; one of a user kernel is listed in
+    ``unclaimed``, with its sources: another program's kernel of the same name may
+    well be a different kernel.
     """
-    root = env.cache_root() if root is None else root
+    if root is None:
+        try:
+            root = root_in_use()
+        except CacheRootError:
+            root = env.cache_root()
     override = cuda_arch_override(arch) if arch else contextlib.nullcontext()
     with override:
         reports = [
             KernelReport(
-                e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)], _exports(e)
+                e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)], *_planned(e)
             )
             for e in registry.kernels(device)
         ]
     claimed_paths = {s.path for r in reports for s in r.variants if s.path is not None}
-    registered = {(e.name, e.device) for e in registry.kernels()}
+    builtin = {(e.name, e.device) for e in registry.kernels() if e.builtin}
     unclaimed, other = [], 0
     for module in cached_modules(root):
         if module.path in claimed_paths or device not in (None, module.device):
             continue
-        if (module.name, module.device) in registered:
+        if (module.name, module.device) in builtin:
             other += 1
         else:
             unclaimed.append(module)
@@ -267,6 +299,40 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _dirnames(root: Path) -> Iterator[str]:
+    """The entry names of everything under ``root`` clear-cache may remove."""
+    yield from (d.name for d in _module_dirs(root))
+    for sub in (STAGING_DIR, LOGS_DIR):
+        directory = root / sub
+        if directory.is_dir() and not directory.is_symlink():
+            yield from (entry_of(p.name) for p in directory.iterdir())
+
+
+def check_kernel_names(kernels: frozenset[str], root: Path) -> None:
+    """Raises ValueError for names in ``kernels`` that are neither in the cache at
+    ``root`` (a module's manifest, or an entry's directory name) nor a kernel registered
+    in this process, listing the known names and the closest one to each."""
+    cached = {m.name for m in cached_modules(root) if m.name}
+    dirnames = list(_dirnames(root))
+    unknown = [
+        k for k in kernels if k not in cached and not any(belongs_to(d, [k]) for d in dirnames)
+    ]
+    if not unknown:
+        return
+    known = cached | {e.name for e in registry.kernels()}
+    unknown = sorted(k for k in unknown if k not in known)
+    if not unknown:
+        return
+    guesses = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        guesses.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ValueError(
+        f"unknown kernel(s) {', '.join(guesses)}: no cached module in {root} and no "
+        f"registered kernel has that name; nothing was removed. Known: {', '.join(sorted(known))}"
+    )
+
+
 def clear_cache(
     kernel: str | Sequence[str] | None = None,
     older_than_days: float | None = None,
@@ -277,13 +343,17 @@ def clear_cache(
     built more than ``older_than_days`` ago), interrupted builds in ``.staging``
     and failure logs.
 
-    A module or staging directory whose build lock is held is left alone and
-    listed in ``busy``. With ``dry_run`` nothing is removed; the report says
-    what would be.
+    ``root`` defaults to :func:`root_in_use`. A ``kernel`` name that neither the cache
+    nor the registry knows raises ValueError (:func:`check_kernel_names`) before anything
+    is removed. A module or staging directory whose build lock is held is left alone
+    and listed in ``busy``. With ``dry_run`` nothing is removed; the report says what
+    would be.
     """
-    root = (env.cache_root() if root is None else root).absolute()
+    root = (root_in_use() if root is None else root).absolute()
     report = ClearReport(root, dry_run)
     kernels = None if kernel is None else frozenset([kernel] if isinstance(kernel, str) else kernel)
+    if kernels is not None:
+        check_kernel_names(kernels, root)
     cutoff = None if older_than_days is None else time.time() - older_than_days * _DAY
     if not root.is_dir():
         return report

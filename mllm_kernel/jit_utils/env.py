@@ -2,8 +2,9 @@
 
 =============================  ===================================================
 ``MLLM_KERNEL_CACHE_DIR``      cache root (default ``~/.cache/mllm_kernel``); one that
-                               another user could write is not used (see
-                               :mod:`.trust`): builds go to the default instead
+                               another user could write, or that cannot be created or
+                               written, is not used (see :mod:`.trust`): builds go to
+                               the default instead, with a WARNING
 ``MLLM_KERNEL_CACHE_PATH``     read-only prebuilt caches, ``dir1:dir2``, searched in
                                order before the installed cache packages and the
                                cache root (``precompile --output`` writes one);
@@ -46,9 +47,17 @@ def default_cache_root() -> Path:
     return Path.home() / ".cache" / "mllm_kernel"
 
 
+def cache_root_variable() -> str | None:
+    """``MLLM_KERNEL_CACHE_DIR`` as set, or None when it is unset or empty."""
+    return os.environ.get("MLLM_KERNEL_CACHE_DIR") or None
+
+
 def cache_root() -> Path:
-    """The cache root: ``MLLM_KERNEL_CACHE_DIR`` or :func:`default_cache_root`."""
-    value = os.environ.get("MLLM_KERNEL_CACHE_DIR")
+    """The configured cache root: ``MLLM_KERNEL_CACHE_DIR`` or :func:`default_cache_root`.
+
+    Builds go there only when it is usable: :func:`.trust.choose_root` says where they go.
+    """
+    value = cache_root_variable()
     if value:
         return Path(value).expanduser().absolute()
     return default_cache_root()

@@ -40,5 +40,21 @@ class KernelBuildError(RuntimeError):
         self.hint = hint
 
 
+class CacheRootError(OSError):
+    """No cache root can be used: neither the one ``MLLM_KERNEL_CACHE_DIR`` names nor the
+    private default under the home directory can be trusted, created and written.
+
+    The message names both roots, what is wrong with each (the OS error, or why it cannot
+    be trusted) and what to set instead.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class CacheLockTimeout(TimeoutError):
     """Waited too long for another process to finish building the same module."""

@@ -8,9 +8,12 @@ rule, checked before any dlopen:
   the cache root, the entry directory, its manifest and its artifact are owned by
   the current user or root, and none is writable by group or others. The entry,
   the manifest and the artifact are not symlinks (the root may be one: it is the
-  user's own setting). A root that fails the rule is not used at all: a WARNING
-  says why and how to fix it, and the process builds into the private default
-  root under the user's home instead.
+  user's own setting). A root that fails the rule, or that this process cannot
+  create (a missing parent on a read-only or pseudo filesystem, a file in the way,
+  EACCES, EROFS), is not used at all: one WARNING names
+  ``MLLM_KERNEL_CACHE_DIR``, the path, what is wrong and the fix, and the process
+  builds into the private default root under the user's home instead
+  (:func:`choose_root`; CacheRootError naming both when that fails too).
 * **read-only caches** (``MLLM_KERNEL_CACHE_PATH`` and installed cache packages,
   searched first): the owner may be anyone (a prebuilt cache installed by an image
   build or by pip is owned by whoever installed it, and naming the directory or
@@ -33,9 +36,11 @@ import pwd
 import stat
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from mllm_kernel.jit_utils import env
+from mllm_kernel.jit_utils.errors import CacheRootError
 from mllm_kernel.jit_utils.logging_setup import get_logger
 
 _logger = get_logger()
@@ -192,17 +197,121 @@ def warn_once(path: Path, message: str) -> None:
     _logger.warning("%s", message)
 
 
-def writable_root() -> Path:
-    """The cache root builds go to: ``env.cache_root()`` when it passes the rule (or does
-    not exist yet: it is then created private), else the private default root under the
-    user's home, with a WARNING. Raises UntrustedPath when that fails the rule too."""
-    root = env.cache_root()
-    reason = check_dir(root, follow=True)
-    if reason is None:
-        return root
+ROOT_VARIABLE = "MLLM_KERNEL_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class RootChoice:
+    """Which cache root builds go to: ``root``, and when that is not the ``configured`` one
+    (``MLLM_KERNEL_CACHE_DIR``), the ``problem`` with it (what is wrong, and the fix)."""
+
+    configured: Path
+    root: Path
+    problem: str | None = None
+
+    @property
+    def fallback(self) -> bool:
+        return self.problem is not None
+
+    def warning(self) -> str:
+        """The WARNING a fallback logs: both roots, what is wrong, and the fix."""
+        return (
+            f"building into {self.root} instead of the cache at {self.configured} "
+            f"({ROOT_VARIABLE}): {self.problem}"
+        )
+
+
+def _os_error(exc: OSError) -> str:
+    """``"No such file or directory (ENOENT)"``."""
+    name = errno.errorcode.get(exc.errno or 0, f"errno {exc.errno}")
+    return f"{exc.strerror or exc} ({name})"
+
+
+def _file_in_the_way(root: Path) -> Path | None:
+    """The nearest parent of ``root`` that exists and is not a directory, if any."""
+    for parent in root.parents:
+        if parent.exists() or parent.is_symlink():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _unusable(root: Path) -> str | None:
+    """Why this process cannot create the directory ``root`` (the OS error), or None when
+    it exists or could be created (private, with its missing parents, as a build would).
+    An existing root is not probed for writing: a read-only warm cache still serves its
+    entries, and a build into it fails with its own clear error."""
+    if root.is_dir():
+        return None
+    try:
+        private_dir(root, follow=True)
+    except UntrustedPath as exc:  # created, but by another user in a race
+        return exc.message
+    except NotADirectoryError as exc:
+        in_the_way = _file_in_the_way(root)
+        if in_the_way is None:
+            return f"cannot create {root}: {_os_error(exc)}"
+        return f"cannot create {root}: {in_the_way} is a file, not a directory (ENOTDIR)"
+    except OSError as exc:
+        failed = exc.filename or root
+        creating = f" (creating {failed})" if str(failed) != str(root) else ""
+        return f"cannot create {root}{creating}: {_os_error(exc)}"
+    return None
+
+
+def root_problem(root: Path) -> tuple[str, bool] | None:
+    """``(why root cannot be the cache root builds go to, whether that text already
+    says the fix)``, or None when it can be.
+
+    It must pass the trust rule (:func:`check_dir`, through a symlink; the text says the
+    fix) and be a directory, or one this process can create (the text is the OS error;
+    see :func:`_unusable`).
+    """
+    try:
+        reason = check_dir(root, follow=True)
+    except NotADirectoryError:
+        reason = None  # a file on the way: _unusable names it
+    except OSError as exc:  # a parent that cannot be searched
+        return f"cannot look at {root}: {_os_error(exc)}", False
+    if reason is not None:
+        return reason, True
+    unusable = _unusable(root)
+    return None if unusable is None else (unusable, False)
+
+
+_USABLE = "a directory you can create and write"
+
+
+def choose_root() -> RootChoice:
+    """The cache root builds go to and why: ``env.cache_root()`` when
+    :func:`root_problem` finds nothing wrong with it, else the private default root under
+    the user's home (when that one is usable). Raises CacheRootError naming both roots,
+    what is wrong with each and the fix, when neither is."""
+    configured = env.cache_root()
+    problem = root_problem(configured)
+    if problem is None:
+        return RootChoice(configured, configured)
+    reason, says_fix = problem
     fallback = env.default_cache_root()
-    fallback_reason = check_dir(fallback, follow=True) if fallback != root else reason
-    if fallback_reason is not None:
-        raise UntrustedPath(f"no cache root can be trusted: {fallback_reason}", fallback)
-    warn_once(root, f"building into {fallback} instead of the cache at {root}: {reason}")
-    return fallback
+    if fallback == configured:
+        fix = "" if says_fix else f". Fix: set {ROOT_VARIABLE} to {_USABLE}"
+        raise CacheRootError(f"the cache root {configured} cannot be used: {reason}{fix}")
+    fallback_problem = root_problem(fallback)
+    if fallback_problem is not None:
+        raise CacheRootError(
+            f"no cache root can be used: {ROOT_VARIABLE}={configured}: {reason}; and the "
+            f"default {fallback}, tried instead: {fallback_problem[0]}. Fix: point "
+            f"{ROOT_VARIABLE} at {_USABLE}"
+        )
+    if not says_fix:
+        reason += f". Fix: point {ROOT_VARIABLE} at {_USABLE}, or unset it to use {fallback}"
+    return RootChoice(configured, fallback, reason)
+
+
+def writable_root() -> Path:
+    """The cache root builds go to (:func:`choose_root`): the configured one, or with a
+    WARNING (once per root and reason) the private default under the user's home. Raises
+    CacheRootError when neither can be used."""
+    choice = choose_root()
+    if choice.fallback:
+        warn_once(choice.configured, choice.warning())
+    return choice.root
