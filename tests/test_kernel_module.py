@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mllm_kernel.jit_utils import cache, loader, registry
+from mllm_kernel.jit_utils import cache, kernel_module, loader, registry
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.kernel_module import KernelModule, ModuleMemo
 
@@ -149,7 +149,7 @@ def test_cuda_spec_resolves_the_arch_of_the_given_device(monkeypatch):
 
         return parse_arch_list("8.0" if device_index == 1 else "9.0a")
 
-    monkeypatch.setattr(loader, "resolve_cuda_archs", archs_of)
+    monkeypatch.setattr(kernel_module, "resolve_cuda_archs", archs_of)
     module = KernelModule(
         "km_probe_cuda",
         device="cuda",

@@ -128,5 +128,63 @@ def resolve_cuda_archs(device_index: int | None = None) -> tuple[CudaArch, ...]:
     return choose_cuda_archs(device_index)[0]
 
 
+class UnsupportedArchError(NotImplementedError):
+    """A module asked to be built for archs none of which its kernels run on."""
+
+
+@dataclass(frozen=True)
+class ArchSupport:
+    """The archs a module's kernels run on, declared once with the module: built for
+    the archs of the list that it supports, refused (:class:`UnsupportedArchError`) when
+    there are none, so that no build of it for another arch exists. ``minimum``: the
+    oldest compute capability; ``arch_specific``: only ``major.minor`` with the ``a``
+    suffix (wgmma, TMA and setmaxnreg exist only in arch-specific code). ``why``: the
+    features that need it, for the messages.
+
+    >>> HOPPER_ONLY.supports(CudaArch(9, 0)), HOPPER_ONLY.supports(CudaArch(9, 0, "a"))
+    (False, True)
+    """
+
+    minimum: tuple[int, int] = (0, 0)
+    arch_specific: tuple[int, int] | None = None
+    why: str = ""
+
+    def supports(self, arch: CudaArch) -> bool:
+        if self.arch_specific is not None:
+            return (arch.major, arch.minor) == self.arch_specific and arch.suffix == "a"
+        return (arch.major, arch.minor) >= self.minimum
+
+    def describe(self) -> str:
+        """``"sm_90a only"`` / ``"sm_80 and newer"`` / ``"every arch"``."""
+        if self.arch_specific is not None:
+            return f"sm_{self.arch_specific[0]}{self.arch_specific[1]}a only"
+        if self.minimum > (0, 0):
+            return f"sm_{self.minimum[0]}{self.minimum[1]} and newer"
+        return "every arch"
+
+    def select(self, archs: tuple[CudaArch, ...], module: str) -> tuple[CudaArch, ...]:
+        """The archs of ``archs`` this module is built for; UnsupportedArchError naming
+        ``module``, the archs and the supported ones when none is."""
+        chosen = tuple(arch for arch in archs if self.supports(arch))
+        if chosen:
+            return chosen
+        wanted = ", ".join(f"sm_{arch.number}" for arch in archs)
+        why = f" ({self.why})" if self.why else ""
+        fix = (
+            f"; build for {self.arch_specific[0]}.{self.arch_specific[1]}a (e.g. "
+            f"MLLM_KERNEL_CUDA_ARCH_LIST={self.arch_specific[0]}.{self.arch_specific[1]}a)"
+            if self.arch_specific is not None
+            else ""
+        )
+        raise UnsupportedArchError(
+            f"{module} cannot be built for {wanted}: it runs on {self.describe()}{why}{fix}"
+        )
+
+
+EVERY_ARCH = ArchSupport()
+HOPPER_ONLY = ArchSupport(arch_specific=(9, 0), why="it uses wgmma and TMA")
+AMPERE_OR_NEWER = ArchSupport(minimum=(8, 0), why="it uses mma.sync, ldmatrix and cp.async")
+
+
 def gencode_flags(archs: tuple[CudaArch, ...]) -> list[str]:
     return [flag for arch in archs for flag in arch.gencode()]

@@ -34,6 +34,11 @@ The declaration holds the facts each op file used to spell out in its own
 * **op** (optional): the public op a helper module serves when its name differs
   (``gptq_marlin_gemm``'s fused and dequantize modules), so that ``precompile
   --kernel gptq_marlin_gemm`` builds them with it.
+* **archs** (CUDA, optional): the :class:`~mllm_kernel.jit_utils.cuda_arch.ArchSupport`
+  of its kernels (``HOPPER_ONLY`` for wgmma kernels; default every arch). A build
+  targets the archs of the arch list it supports and is refused when there are none,
+  so no build of a kernel for an arch it cannot run on is ever made or loaded;
+  precompile skips those with a note.
 
 From these the object is three things:
 
@@ -66,6 +71,7 @@ import torch
 
 from mllm_kernel.jit_utils import loader, registry
 from mllm_kernel.jit_utils.cpp_args import make_cpp_args
+from mllm_kernel.jit_utils.cuda_arch import EVERY_ARCH, ArchSupport, resolve_cuda_archs
 from mllm_kernel.jit_utils.spec import BuildSpec
 
 Export = str | tuple[str, str]
@@ -157,16 +163,24 @@ class KernelModule(ModuleMemo):
         check_variant: Callable[..., Any] | None = None,
         builtin: bool = True,
         op: str | None = None,
+        archs: ArchSupport = EVERY_ARCH,
     ) -> None:
         super().__init__(device, self._load_for)
         self.name = name
+        self.archs = archs
         self.sources = tuple(sources)
         self.exports = tuple(exports)
         self.variants = [tuple(v) for v in variants]
         self._check_variant = check_variant
         self._declared = frozenset(self.variants)
         registry.register_kernel(
-            name, device=device, variants=self.variants, builtin=builtin, planner=self.spec, op=op
+            name,
+            device=device,
+            variants=self.variants,
+            builtin=builtin,
+            planner=self.spec,
+            op=op,
+            archs=archs,
         )(self.load)
 
     def _wrappers(self, args: str) -> list[tuple[str, str]]:
@@ -181,7 +195,8 @@ class KernelModule(ModuleMemo):
 
     def spec(self, *variant: Any, device_index: int | None = None) -> BuildSpec:
         """The BuildSpec of ``variant`` (for GPU ``device_index``, default the current
-        one, where the arch is not set explicitly); builds nothing."""
+        one, where the arch is not set explicitly), for the archs of those that the
+        module supports (UnsupportedArchError if none); builds nothing."""
         args = make_cpp_args(*variant)
         wrappers = self._wrappers(str(args))
         if self.device == "cpu":
@@ -191,7 +206,7 @@ class KernelModule(ModuleMemo):
             *args,
             cuda_files=self.sources,
             cuda_wrappers=wrappers,
-            device_index=device_index,
+            cuda_archs=self.archs.select(resolve_cuda_archs(device_index), self.name),
         )
 
     def load(self, *variant: Any, device_index: int | None = None) -> Any:

@@ -12,10 +12,10 @@ from typing import Any
 
 import tvm_ffi
 
-from mllm_kernel.jit_utils import build, cache, paths, prebuilt, registry
+from mllm_kernel.jit_utils import build, cache, module_errors, paths, prebuilt, registry
 from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
-from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import KernelBuildError
 from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper, check_module_name, check_one_line
@@ -143,7 +143,8 @@ def load_cpu_jit(
         extra_ldflags=ldflags,
         extra_include_paths=extra_include_paths,
     )
-    return load_spec(spec, build_directory)
+    # User modules only: their exports name the C++ parameter in argument errors.
+    return module_errors.name_arguments(load_spec(spec, build_directory), spec)
 
 
 def cpu_spec(
@@ -216,7 +217,8 @@ def load_cuda_jit(
         extra_include_paths=extra_include_paths,
         device_index=device_index,
     )
-    return load_spec(spec, build_directory)
+    # User modules only: their exports name the C++ parameter in argument errors.
+    return module_errors.name_arguments(load_spec(spec, build_directory), spec)
 
 
 def cuda_spec(
@@ -231,9 +233,11 @@ def cuda_spec(
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str | Path] | None = None,
     device_index: int | None = None,
+    cuda_archs: tuple[CudaArch, ...] | None = None,
 ) -> BuildSpec:
-    """The BuildSpec :func:`load_cuda_jit` loads for these arguments, with the arch
-    resolved for GPU ``device_index`` (see :mod:`.cuda_arch`); nothing is built."""
+    """The BuildSpec :func:`load_cuda_jit` loads for these arguments, for ``cuda_archs``
+    (default: the archs resolved for GPU ``device_index``, see :mod:`.cuda_arch`);
+    nothing is built."""
     check_module_name(name)
     return BuildSpec(
         name=name,
@@ -247,7 +251,7 @@ def cuda_spec(
         cuda_flags=(*DEFAULT_CUDA_FLAGS, *(extra_cuda_flags or ())),
         ldflags=tuple(extra_ldflags or ()),
         include_paths=_paths(extra_include_paths),
-        cuda_archs=resolve_cuda_archs(device_index),
+        cuda_archs=cuda_archs or resolve_cuda_archs(device_index),
     )
 
 

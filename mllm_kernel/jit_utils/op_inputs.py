@@ -170,12 +170,16 @@ def unsupported(value: torch.Tensor, device: str) -> str | None:
 def check_device(device: str, **tensors: Any) -> None:
     """ValueError naming the first of ``tensors`` (name=value) that a ``device`` kernel
     cannot take (see :func:`unsupported`); None values are skipped. The slow path of
-    :func:`explain`, and what CUDA ops call before choosing an arch or compiling."""
+    :func:`explain`, and what CUDA ops call before choosing an arch or compiling.
+
+    A tensor on the other kind of device gets a pointer to the op of the same name
+    there, where the package has one (``mllm_kernel.cpu.jit.rmsnorm`` for a CPU tensor
+    given to ``mllm_kernel.cuda.jit.rmsnorm``)."""
     for arg, value in tensors.items():
         if isinstance(value, _Tensor):
             reason = unsupported(value, device)
             if reason:
-                raise ValueError(f"argument '{arg}': {reason}")
+                raise ValueError(f"argument '{arg}': {reason}{_same_op_on(value.device.type)}")
 
 
 def explain(error: BaseException, device: str, **tensors: Any) -> None:
@@ -191,6 +195,32 @@ def explain(error: BaseException, device: str, **tensors: Any) -> None:
         check_device(device, **tensors)
     except ValueError as clear:
         raise clear from None
+
+
+_OP_PACKAGES = {"cpu": "mllm_kernel.cpu.jit", "cuda": "mllm_kernel.cuda.jit"}
+
+
+def _same_op_on(device: str) -> str:
+    """``"; for cpu tensors call mllm_kernel.cpu.jit.<op>"`` when the public op being
+    called (found on the call stack: this runs only on a failure) exists for ``device``
+    too, else ``""``."""
+    import importlib
+    import sys
+
+    package_name = _OP_PACKAGES.get(device)
+    if package_name is None:
+        return ""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        caller = next((p for p in _OP_PACKAGES.values() if module.startswith(p + ".")), None)
+        name = frame.f_code.co_name
+        if caller is not None and name in importlib.import_module(caller).__all__:
+            if caller != package_name and name in importlib.import_module(package_name).__all__:
+                return f"; for {device} tensors call {package_name}.{name}"
+            return ""
+        frame = frame.f_back
+    return ""
 
 
 def not_on_device(tensor_value: torch.Tensor, device: str) -> NoReturn:

@@ -27,7 +27,7 @@ from typing import Any
 
 from mllm_kernel.jit_utils import cache, loader, prebuilt, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
-from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import CudaArch, cuda_arch_override, resolve_cuda_archs
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError, ToolchainError
 from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.registry import KernelEntry
@@ -108,6 +108,31 @@ def cuda_unavailable_reason() -> str | None:
     except (ToolchainError, CudaArchError) as exc:
         return str(exc)
     return None
+
+
+def _within_arch_support(
+    jobs: list[Job], archs: tuple[CudaArch, ...], report: PrecompileReport
+) -> list[Job]:
+    """``jobs`` without the CUDA kernels that run on none of ``archs`` (each noted once
+    in ``report.skipped``); a kernel that runs on some of them is built for those, and
+    the note names the archs it leaves out."""
+    kept = []
+    for job in jobs:
+        support = job.entry.archs
+        left_out = [arch for arch in archs if not support.supports(arch)]
+        if job.entry.device == "cuda" and left_out:
+            names = ", ".join(f"sm_{arch.number}" for arch in left_out)
+            skipped = len(left_out) == len(archs)
+            note = (
+                f"{job.entry.name}: {'skipped' if skipped else 'not built'} for {names}: it "
+                f"runs on {support.describe()}"
+            )
+            if note not in report.skipped:
+                report.skipped.append(note)
+            if skipped:
+                continue
+        kept.append(job)
+    return kept
 
 
 def select_jobs(device: str = "all", kernels: Sequence[str] | None = None) -> list[Job]:
@@ -202,6 +227,8 @@ def precompile(
                     if note not in report.skipped:  # once, not once per arch
                         report.skipped.append(note)
                     chosen = [job for job in chosen if job.entry.device != "cuda"]
+                else:
+                    chosen = _within_arch_support(chosen, resolve_cuda_archs(), report)
             per_arch = len(targets) > 1
             # Each task runs in its own copy of this context, so the arch override
             # (a context variable) reaches the worker threads.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mllm_kernel.jit_utils.cuda_arch import EVERY_ARCH, ArchSupport
 from mllm_kernel.jit_utils.spec import BuildSpec
 
 BUILTIN_OP_MODULES = ("mllm_kernel.cpu.jit", "mllm_kernel.cuda.jit")
@@ -37,7 +38,8 @@ class KernelEntry:
     """A kernel: how to plan (and build) it, and the argument tuples (variants) it is
     built with. ``builder`` is None for a user module only seen loaded. ``op``: the
     public op a helper module serves, when its name is not the op's (precompile's
-    ``--kernel OP`` builds it with the op's own)."""
+    ``--kernel OP`` builds it with the op's own). ``archs``: the CUDA archs its kernels
+    run on (precompile skips the others)."""
 
     name: str
     device: str
@@ -47,6 +49,7 @@ class KernelEntry:
     loaded: set[tuple[str, ...]] = field(default_factory=set)
     planner: Planner | None = None
     op: str | None = None
+    archs: ArchSupport = EVERY_ARCH
 
     def plan(self, variant: tuple[Any, ...]) -> BuildSpec:
         """The BuildSpec of ``variant`` (no compiler runs)."""
@@ -69,6 +72,7 @@ def register_kernel(
     builtin: bool = True,
     planner: Planner | None = None,
     op: str | None = None,
+    archs: ArchSupport = EVERY_ARCH,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers a module builder so tools see it before its first call.
 
@@ -76,7 +80,8 @@ def register_kernel(
     them, where the set is finite); ``builtin=False`` marks a user's kernel
     (show-config labels it so); ``planner(*variant)`` returns a variant's BuildSpec
     without building (default: :func:`plan` over the builder); ``op`` names the public
-    op a helper module (another name) serves. A module declared as a
+    op a helper module (another name) serves; ``archs`` the CUDA archs its kernels run
+    on (:class:`~mllm_kernel.jit_utils.cuda_arch.ArchSupport`). A module declared as a
     :class:`~mllm_kernel.jit_utils.kernel_module.KernelModule` registers itself; this
     is for hand-written builders::
 
@@ -93,11 +98,12 @@ def register_kernel(
             entry = _entries.get((name, device))
             if entry is None:
                 _entries[(name, device)] = KernelEntry(
-                    name, device, builder, list(variants), builtin, planner=planner, op=op
-                )
+                    name, device, builder, list(variants), builtin, planner=planner, op=op,
+                    archs=archs,
+                )  # fmt: skip
             else:  # a user kernel first seen at load time, registered afterwards
                 entry.builder, entry.variants, entry.builtin = builder, list(variants), builtin
-                entry.planner, entry.op = planner, op
+                entry.planner, entry.op, entry.archs = planner, op, archs
         return builder
 
     return decorate

@@ -25,8 +25,10 @@ eager mode at the cost of one empty call, folded to True by Dynamo while tracing
 a compiled graph holds the registered op), and otherwise calls its kernel directly.
 The registered implementations call the same Python function, outside of tracing.
 An op with a backward (``autograd``) also takes the registered path when its input
-requires grad, so that ``.backward()`` works in eager mode; ops without one refuse a
-required grad with a RuntimeError that says what to do.
+requires grad, so that ``.backward()`` works in eager mode; ops without one, and ops
+that write their arguments in place, call :func:`refuse_grad` first: a required grad
+(grad mode on) is a RuntimeError that says what to do, in eager mode as under
+torch.compile, never a result that silently drops the gradient.
 """
 
 from __future__ import annotations
@@ -55,16 +57,32 @@ def _no_backward(ctx: Any, *grads: Any) -> None:
     raise AssertionError("unreachable: the op's setup_context refused the grad")
 
 
+def no_backward_error(name: str) -> RuntimeError:
+    """The error of op ``name`` (which has no backward) called while autograd records
+    and one of its tensors requires grad: said at the call, not at ``.backward()``."""
+    return RuntimeError(
+        f"mllm_kernel.{name} has no backward: call it on tensors that do not require "
+        "grad (under torch.no_grad() or torch.inference_mode(), or on .detach()ed "
+        "inputs)"
+    )
+
+
+def refuse_grad(name: str, *tensors: Any) -> None:
+    """Raises :func:`no_backward_error` when grad mode is on and one of ``tensors``
+    requires grad (values that are not torch tensors, None or a numpy ``out=``, are
+    skipped): an op without a backward, or one writing its arguments in place, calls
+    it before its kernel so that no result silently drops a gradient."""
+    for value in tensors:
+        if getattr(value, "requires_grad", False) and torch.is_grad_enabled():
+            raise no_backward_error(name)
+
+
 def _refuse_grad(name: str) -> Callable[..., None]:
     """The setup_context of an op without a backward: torch calls it only when a grad
-    is required, and the error says so at the call instead of at ``.backward()``."""
+    is required."""
 
     def refuse(ctx: Any, inputs: Any, output: Any) -> None:
-        raise RuntimeError(
-            f"mllm_kernel.{name} has no backward: call it on tensors that do not require "
-            "grad (under torch.no_grad() or torch.inference_mode(), or on .detach()ed "
-            "inputs)"
-        )
+        raise no_backward_error(name)
 
     return refuse
 
@@ -111,13 +129,20 @@ class TorchOp:
         key = _DISPATCH_KEYS[device]
         # Detached inputs: below autograd the tensors may still require grad, and the
         # Python op would route them back to this op (detach shares memory: out= buffers
-        # are still written).
-        _library.impl(
-            self.name, lambda *args, **kwargs: fn(*_detached(args), **_detached(kwargs)), key
-        )
+        # are still written). An op that writes its arguments has no autograd kernel
+        # (torch refuses one), so it refuses a required grad here, before detaching.
+        mutable = self.functional._schema.is_mutable
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if mutable:
+                refuse_grad(self.name, *_tensors(args), *_tensors(kwargs.values()))
+            return fn(*_detached(args), **_detached(kwargs))
+
+        _library.impl(self.name, run, key)
         if self.out is not None:
 
             def write_out(*args: Any, **kwargs: Any) -> None:
+                self._refuse_out_grad(*args, *kwargs.values())
                 fn(*_detached(args), **_detached(kwargs))
 
             _library.impl(f"{self.name}.out", write_out, key)
@@ -132,16 +157,23 @@ class TorchOp:
         buffer = kwargs.pop(self.out, None)
         if buffer is None:
             return self.functional(*args, **kwargs)
-        if torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, buffer)
-        ):
+        self._refuse_out_grad(*args, *kwargs.values(), buffer)
+        self.in_place(*args, **kwargs, **{self.out: buffer})
+        return buffer
+
+    def _refuse_out_grad(self, *values: Any) -> None:
+        """RuntimeError, as torch's out= functions raise it, when grad mode is on and one
+        of the tensors among ``values`` requires grad."""
+        if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(values)):
             raise RuntimeError(
                 f"mllm_kernel.{self.name}(..., {self.out}=...) does not support automatic "
                 f"differentiation (as torch's out= functions); drop {self.out}= to get a "
                 "result with a grad_fn, or call it under torch.no_grad()"
             )
-        self.in_place(*args, **kwargs, **{self.out: buffer})
-        return buffer
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def _detached(values: Any) -> Any:

@@ -8,7 +8,7 @@ import torch
 
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -40,7 +40,7 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     if _tracing():
         return SILU_AND_MUL_OP(input, out=out)
     input = op_inputs.tensor(input, "input")
-    if input.requires_grad and torch.is_grad_enabled():
+    if (input.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
         return SILU_AND_MUL_OP(input, out=out)  # autograd's path (see SILU_AND_MUL_OP)
     try:
         out = _gated_output(input) if out is None else op_inputs.output(out, "out")
@@ -64,6 +64,7 @@ def silu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor) -> tor
         return SILU_AND_MUL_BACKWARD_OP(grad_output, input)
     grad_output = op_inputs.tensor(grad_output, "grad_output")
     input = op_inputs.tensor(input, "input")
+    refuse_grad("silu_and_mul_backward", grad_output, input)
     try:
         grad_input = torch.empty_like(input)
         _ACTIVATION[()].silu_and_mul_backward(

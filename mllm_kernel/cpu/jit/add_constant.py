@@ -7,7 +7,7 @@ import torch
 from mllm_kernel.cpu.jit.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -47,6 +47,7 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
     if type(constant) is not int:
         constant = checked_constant(constant)
     src = op_inputs.tensor(src, "src")
+    refuse_grad("add_constant", src, out)
     try:
         out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
         _ADD_CONSTANT[constant].add_constant(out, src, torch.get_num_threads())
@@ -74,6 +75,7 @@ def add_constant_runtime(
         return ADD_CONSTANT_RUNTIME_OP(src, constant, out=out)
     src = op_inputs.tensor(src, "src")
     constant = op_inputs.number(constant, "constant")
+    refuse_grad("add_constant_runtime", src, out)
     try:
         out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
         _ADD_CONSTANT_RUNTIME[()].add_constant_runtime(out, src, constant, torch.get_num_threads())

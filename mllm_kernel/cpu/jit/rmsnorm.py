@@ -9,7 +9,7 @@ import torch
 
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -39,7 +39,9 @@ def rmsnorm(
         return RMSNORM_OP(input, weight, eps, out=out)
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
-    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad):
+    if torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (out is not None and out.requires_grad)
+    ):
         return RMSNORM_OP(input, weight, eps, out=out)  # autograd's path (see RMSNORM_OP)
     eps = op_inputs.number(eps, "eps")
     try:
@@ -72,6 +74,7 @@ def fused_add_rmsnorm(
     residual = op_inputs.output(residual, "residual")
     weight = op_inputs.tensor(weight, "weight")
     eps = op_inputs.number(eps, "eps")
+    refuse_grad("fused_add_rmsnorm", input, residual, weight)
     try:
         _RMSNORM[()].fused_add_rmsnorm(input, residual, weight, eps, torch.get_num_threads())
     except Exception as error:
@@ -101,6 +104,7 @@ def rmsnorm_backward(
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
     eps = op_inputs.number(eps, "eps")
+    refuse_grad("rmsnorm_backward", grad_output, input, weight)
     try:
         grad_input = torch.empty_like(input)
         grad_weight = torch.empty(weight.shape, dtype=torch.float32)

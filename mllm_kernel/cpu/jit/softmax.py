@@ -38,7 +38,8 @@ def softmax(
     if _tracing():
         return SOFTMAX_OP(x, dim, temperature, out=out)
     x = op_inputs.tensor(x, "x")
-    if x.requires_grad and torch.is_grad_enabled():  # differentiable: the registered op
+    # Differentiable: the registered op (which refuses a grad-requiring out=).
+    if (x.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
         return SOFTMAX_OP(x, dim, temperature, out=out)
     t = 1.0 if temperature is None else op_inputs.number(temperature, "temperature")
     if type(dim) is not int or dim != -1:

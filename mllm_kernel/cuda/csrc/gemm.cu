@@ -29,6 +29,12 @@
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
+// Only for sm_90a (the module is declared HOPPER_ONLY): for any other device target
+// the kernels would compile to empty bodies, so such a build fails here instead.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "this file's kernels run on sm_90a only (wgmma, TMA): build it for arch 9.0a"
+#endif
+
 namespace mllm_kernel::cuda {
 namespace hopper_gemm {
 

@@ -7,7 +7,7 @@ import torch
 from mllm_kernel.cpu.jit.activation import SILU_AND_MUL_AUTOGRAD, SILU_AND_MUL_BACKWARD_OP
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -29,7 +29,7 @@ def _run(op: str, input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor
     """``out`` (``[..., d]``, ``input``'s dtype, no zero strides, not overlapping ``input``)
     or a new tensor, written by ``op``."""
     input = op_inputs.tensor(input, "input")
-    if input.requires_grad and torch.is_grad_enabled():
+    if (input.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
         return _OPS[op](input, out=out)  # autograd's path: a clear error without a backward
     try:
         out = _gated_output(input) if out is None else op_inputs.output(out, "out")
@@ -87,6 +87,7 @@ def silu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor) -> tor
         return SILU_AND_MUL_BACKWARD_OP(grad_output, input)
     grad_output = op_inputs.tensor(grad_output, "grad_output")
     input = op_inputs.tensor(input, "input")
+    refuse_grad("silu_and_mul_backward", grad_output, input)
     try:
         grad_input = torch.empty_like(input)
         _ACTIVATION[input.get_device()].silu_and_mul_backward(grad_input, grad_output, input)

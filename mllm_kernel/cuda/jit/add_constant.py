@@ -8,7 +8,7 @@ import torch
 from mllm_kernel.cpu.jit.add_constant_contract import ALLOWED_CONSTANTS, checked_constant
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -46,6 +46,7 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
     if type(constant) is not int:
         constant = checked_constant(constant)
     src = op_inputs.tensor(src, "src")
+    refuse_grad("add_constant", src, out)
     try:
         # src must be contiguous: the kernel says so if not
         out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
@@ -68,6 +69,7 @@ def add_constant_runtime(
         return ADD_CONSTANT_RUNTIME_OP(src, constant, out=out)
     src = op_inputs.tensor(src, "src")
     constant = op_inputs.number(constant, "constant")
+    refuse_grad("add_constant_runtime", src, out)
     try:
         out = torch.empty_like(src) if out is None else op_inputs.output(out, "out")
         _ADD_CONSTANT_RUNTIME[src.get_device()].add_constant_runtime(out, src, constant)

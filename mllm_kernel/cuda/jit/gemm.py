@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from mllm_kernel.jit_utils import op_inputs
-from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY, CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -156,6 +157,7 @@ _GEMM = KernelModule(
     sources=["gemm.cu"],
     exports=["gemm"],
     variants=[tile.template_args(dtype) for dtype in _DTYPES for tile in TILES],
+    archs=HOPPER_ONLY,
 )
 
 
@@ -276,6 +278,7 @@ def gemm(
         return GEMM_OP(a, b, bias=bias, out_dtype=out_dtype, out=out)
     a, b = op_inputs.tensor(a, "a"), op_inputs.tensor(b, "b")
     bias = op_inputs.optional_tensor(bias, "bias")
+    refuse_grad("gemm", a, b, bias, out)
     try:
         index = _operands_device(a, b)
         m, k = a.shape
@@ -420,6 +423,7 @@ class Gemm:
                 f"argument '{arg}': expected a torch.Tensor or numpy.ndarray, got "
                 f"{type(value).__name__}"
             )
+        require_torch_cuda("Gemm with NumPy arrays (copied to the GPU)")
         return torch.from_numpy(np.ascontiguousarray(value)).to("cuda", self.dtype)
 
     def __repr__(self) -> str:

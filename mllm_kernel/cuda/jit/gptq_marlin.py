@@ -25,9 +25,14 @@ import torch
 
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils import op_inputs
-from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import (
+    AMPERE_OR_NEWER,
+    HOPPER_ONLY,
+    CudaArch,
+    resolve_cuda_archs,
+)
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -119,6 +124,7 @@ _STREAM = KernelModule(
     sources=["gptq_marlin.cu"],
     exports=[("stream", "mllm_kernel::cuda::gptq_marlin_gemm_stream<{args}>")],
     variants=_stream_variants(),
+    archs=AMPERE_OR_NEWER,
 )
 # Hopper's fused path for 4-bit weights: (dtype, tokens per CTA, zero mode 0 or 1).
 _FUSED = KernelModule(
@@ -130,6 +136,7 @@ _FUSED = KernelModule(
     variants=[
         (dtype, tokens, zero) for dtype in _DTYPES for tokens in _FUSED_TOKENS for zero in (0, 1)
     ],
+    archs=HOPPER_ONLY,
 )
 # The dequantize + GEMM path's dequantization: the same source as the streaming
 # kernel, its own (smaller) variant set.
@@ -145,6 +152,7 @@ _DEQUANTIZE = KernelModule(
         for bits in (4, 8)
         for act_order in (False, True)
     ],
+    archs=AMPERE_OR_NEWER,
 )
 
 
@@ -394,6 +402,7 @@ def gptq_marlin_gemm(
         op_inputs.optional_tensor(t, name)
         for t, name in ((b_zeros, "b_zeros"), (g_idx, "g_idx"), (perm, "perm"))
     )
+    refuse_grad("gptq_marlin_gemm", a, b_scales, zeros, c)
     if _present(op_inputs.optional_tensor(global_scale, "global_scale")):
         raise ValueError(
             "argument 'global_scale': only FP4 weights take a global scale, and FP4 is not "

@@ -17,8 +17,9 @@ import torch
 
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, _hopper_sms, choose_tile
 from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -31,6 +32,7 @@ _INT8_GEMM = KernelModule(
     sources=["gemm.cu"],
     exports=["int8_scaled_mm"],
     variants=[tile.shape_args for tile in TILES],
+    archs=HOPPER_ONLY,
 )
 
 
@@ -129,6 +131,7 @@ def int8_scaled_mm(
     scales_a = op_inputs.tensor(scales_a, "scales_a")
     scales_b = op_inputs.tensor(scales_b, "scales_b")
     bias = op_inputs.optional_tensor(bias, "bias")
+    refuse_grad("int8_scaled_mm", scales_a, scales_b, bias)
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(
             f"argument 'out_dtype': expected torch.bfloat16 or torch.float16 but got {out_dtype!r}"

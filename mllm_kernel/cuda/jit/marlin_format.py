@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 
 # Grouped scales: inside each 64 columns, position 8 i + j holds column i + 8 j (the
 # 8 columns one lane of the GEMM needs, contiguous). Per-channel scales: inside each
@@ -39,6 +40,7 @@ def marlin_make_workspace(device: torch.device | str | int) -> torch.Tensor:
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"argument 'device': expected a CUDA device, got {device}")
+    require_torch_cuda("marlin_make_workspace")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return torch.zeros(sms, dtype=torch.int32, device=device)
 

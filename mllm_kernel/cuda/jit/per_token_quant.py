@@ -6,7 +6,7 @@ import torch
 
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -37,6 +37,7 @@ def per_token_quant_int8(
     if _tracing():
         return PER_TOKEN_QUANT_INT8_OP(x, scale_dtype)
     x = op_inputs.tensor(x, "x")
+    refuse_grad("per_token_quant_int8", x)
     if scale_dtype != torch.float32:
         raise ValueError(
             f"argument 'scale_dtype': expected torch.float32 (the scales int8_scaled_mm reads) "

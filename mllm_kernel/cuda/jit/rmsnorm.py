@@ -7,7 +7,7 @@ import torch
 from mllm_kernel.cpu.jit.rmsnorm import RMSNORM_AUTOGRAD, RMSNORM_BACKWARD_OP
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -47,7 +47,9 @@ def rmsnorm(
         return RMSNORM_OP(input, weight, eps, out=out)
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
-    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad):
+    if torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (out is not None and out.requires_grad)
+    ):
         return RMSNORM_OP(input, weight, eps, out=out)  # autograd's path (see RMSNORM_OP)
     eps = op_inputs.number(eps, "eps")
     try:
@@ -75,6 +77,7 @@ def fused_add_rmsnorm(
     residual = op_inputs.output(residual, "residual")
     weight = op_inputs.tensor(weight, "weight")
     eps = op_inputs.number(eps, "eps")
+    refuse_grad("fused_add_rmsnorm", input, residual, weight)
     try:
         _RMSNORM[input.get_device()].fused_add_rmsnorm(input, residual, weight, eps)
     except Exception as error:
@@ -104,6 +107,7 @@ def rms_norm_gated(
     weight = op_inputs.tensor(weight, "weight")
     z = op_inputs.optional_tensor(z, "z")
     eps = op_inputs.number(eps, "eps")
+    refuse_grad("rms_norm_gated", x, weight, z, out)
     try:
         out = torch.empty_like(x) if out is None else op_inputs.output(out, "out")
         module = _RMSNORM[x.get_device()]
@@ -137,6 +141,7 @@ def rmsnorm_backward(
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
     eps = op_inputs.number(eps, "eps")
+    refuse_grad("rmsnorm_backward", grad_output, input, weight)
     try:
         module = _RMSNORM[input.get_device()]
         hidden = input.shape[-1] if input.dim() else 0

@@ -6,7 +6,7 @@ import torch
 
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -40,6 +40,7 @@ def apply_rope_with_cos_sin_cache_inplace(
     key = op_inputs.output(key, "key")
     cos_sin_cache = op_inputs.tensor(cos_sin_cache, "cos_sin_cache")
     head_size = op_inputs.integer(head_size, "head_size")
+    refuse_grad("apply_rope_with_cos_sin_cache_inplace", query, key, cos_sin_cache)
     try:
         _ROPE[query.get_device()].apply_rope_inplace(
             positions, query, key, cos_sin_cache, head_size, bool(is_neox)

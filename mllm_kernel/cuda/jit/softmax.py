@@ -7,7 +7,7 @@ import torch
 from mllm_kernel.cpu.jit.softmax import SOFTMAX_AUTOGRAD
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -39,7 +39,8 @@ def softmax(
     if _tracing():
         return SOFTMAX_OP(x, dim, temperature, out=out)
     x = op_inputs.tensor(x, "x")
-    if x.requires_grad and torch.is_grad_enabled():  # differentiable: the registered op
+    # Differentiable: the registered op (which refuses a grad-requiring out=).
+    if (x.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
         return SOFTMAX_OP(x, dim, temperature, out=out)
     t = 1.0 if temperature is None else op_inputs.number(temperature, "temperature")
     if out is not None:
@@ -80,6 +81,7 @@ def softmax_backward(
         return SOFTMAX_BACKWARD_OP(grad_out, out, grad_input=grad_input)
     grad_out = op_inputs.tensor(grad_out, "grad_out")
     out = op_inputs.tensor(out, "out")
+    refuse_grad("softmax_backward", grad_out, out, grad_input)
     try:
         if grad_input is None:
             grad_input = torch.empty_like(out)

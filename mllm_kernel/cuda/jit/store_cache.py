@@ -11,7 +11,7 @@ from mllm_kernel.cuda.jit.bounds_check import error_counter, raise_if_counted
 from mllm_kernel.jit_utils import env, op_inputs
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.logging_setup import get_logger
-from mllm_kernel.jit_utils.torch_op import torch_op
+from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
 
 _tracing = torch.compiler.is_dynamo_compiling
 
@@ -104,6 +104,7 @@ def store_cache(
     k_cache = op_inputs.output(k_cache, "k_cache")
     v_cache = op_inputs.output(v_cache, "v_cache")
     indices = op_inputs.tensor(indices, "indices")
+    refuse_grad("store_cache", k, v, k_cache, v_cache)
     if row_bytes != 0 or num_split != 0:  # the defaults cost one comparison each
         _check_row_bytes_and_split(k, row_bytes, num_split)
     try:

@@ -6,6 +6,7 @@ from typing import Any
 
 from mllm_kernel.cuda.runtime.launcher import launcher
 from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_driver import require_gpu
 
 
 def theoretical_bandwidth_gbps(memory_clock_khz: int, bus_width_bits: int) -> float:
@@ -31,6 +32,7 @@ def device_info(device: int = 0) -> dict[str, Any]:
     """
     if isinstance(device, bool) or not isinstance(device, int):
         raise TypeError(f"device must be a GPU index (int), got {device!r}")
+    require_gpu("device_info")
     props = dict(launcher().device_properties(device))
     info: dict[str, Any] = {"index": device, "name": str(props.pop("name"))}
     major, minor = int(props.pop("major")), int(props.pop("minor"))

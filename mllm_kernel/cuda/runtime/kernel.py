@@ -19,6 +19,7 @@ from mllm_kernel.cuda.runtime.binary_cache import compile_cached
 from mllm_kernel.cuda.runtime.compiler import CompileRequest, read_source, resolve_arch
 from mllm_kernel.cuda.runtime.launcher import launcher
 from mllm_kernel.cuda.runtime.signature import Param, kernel_params, parse_signature
+from mllm_kernel.jit_utils.cuda_driver import require_gpu
 
 Dims = int | Sequence[int] | None
 
@@ -246,6 +247,7 @@ def compile_kernel(
     >>> scale = compile_kernel(source, "scale", block=256)  # doctest: +SKIP
     >>> scale(x, y, 2.0, n, grid=(n + 255) // 256)  # doctest: +SKIP
     """
+    require_gpu("compile_kernel")  # it loads what it compiles: say so before compiling
     request, where = _request(source, "cubin", arch, options, backend, name)
     params = kernel_params(request.source, name, where)  # before compiling: fails fast
     image = compile_cached(request, cache_dir=cache_dir, verbose=verbose)
@@ -268,6 +270,7 @@ def load_cubin(path_or_bytes: bytes | str | os.PathLike[str]) -> CudaModule:
             "not a CUBIN or fatbin (no ELF or fatbin header): compile one with "
             "compile_to_cubin() or nvcc -cubin; for PTX use load_ptx()"
         )
+    require_gpu("load_cubin")
     return CudaModule(image, kind="cubin")
 
 
@@ -284,4 +287,5 @@ def load_ptx(path_or_text: str | bytes | os.PathLike[str]) -> CudaModule:
             "not PTX (no .version / .target directive): compile it with compile_to_ptx() "
             "or nvcc -ptx"
         )
+    require_gpu("load_ptx")
     return CudaModule(text.encode(), kind="ptx")
