@@ -22,6 +22,7 @@ from mllm_kernel.cuda import Kernel, compile_to_cubin, compile_to_ptx, load_cubi
 from mllm_kernel.cuda.runtime.launcher import launcher
 from mllm_kernel.cuda.runtime.signature import parse_signature
 from mllm_kernel.jit_utils import KernelBuildError, toolchain
+from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
 from mllm_kernel.jit_utils.errors import CudaArchError, ToolchainError
 
 pytestmark = pytest.mark.nvcc
@@ -222,7 +223,10 @@ def test_kernel_object_steps_in_order():
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pack():
-    module = launcher()
+    # Module-scoped, so set up before the autouse arch fixture: the launcher holds no
+    # device code, and any arch builds it on a machine without a GPU.
+    with cuda_arch_override("9.0a"):
+        module = launcher()
 
     def pack_as(signature: str, *args):
         params = parse_signature(signature)
