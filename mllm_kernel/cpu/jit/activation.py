@@ -40,7 +40,7 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     if _tracing():
         return SILU_AND_MUL_OP(input, out=out)
     input = op_inputs.tensor(input, "input")
-    if (input.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
+    if (input.requires_grad or getattr(out, "requires_grad", False)) and torch.is_grad_enabled():
         return SILU_AND_MUL_OP(input, out=out)  # autograd's path (see SILU_AND_MUL_OP)
     try:
         out = _gated_output(input) if out is None else op_inputs.output(out, "out")

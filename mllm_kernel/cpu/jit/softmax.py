@@ -39,7 +39,7 @@ def softmax(
         return SOFTMAX_OP(x, dim, temperature, out=out)
     x = op_inputs.tensor(x, "x")
     # Differentiable: the registered op (which refuses a grad-requiring out=).
-    if (x.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
+    if (x.requires_grad or getattr(out, "requires_grad", False)) and torch.is_grad_enabled():
         return SOFTMAX_OP(x, dim, temperature, out=out)
     t = 1.0 if temperature is None else op_inputs.number(temperature, "temperature")
     if type(dim) is not int or dim != -1:

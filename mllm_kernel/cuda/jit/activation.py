@@ -29,7 +29,7 @@ def _run(op: str, input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor
     """``out`` (``[..., d]``, ``input``'s dtype, no zero strides, not overlapping ``input``)
     or a new tensor, written by ``op``."""
     input = op_inputs.tensor(input, "input")
-    if (input.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
+    if (input.requires_grad or getattr(out, "requires_grad", False)) and torch.is_grad_enabled():
         return _OPS[op](input, out=out)  # autograd's path: a clear error without a backward
     try:
         out = _gated_output(input) if out is None else op_inputs.output(out, "out")

@@ -48,7 +48,7 @@ def rmsnorm(
     input = op_inputs.tensor(input, "input")
     weight = op_inputs.tensor(weight, "weight")
     if torch.is_grad_enabled() and (
-        input.requires_grad or weight.requires_grad or (out is not None and out.requires_grad)
+        input.requires_grad or weight.requires_grad or getattr(out, "requires_grad", False)
     ):
         return RMSNORM_OP(input, weight, eps, out=out)  # autograd's path (see RMSNORM_OP)
     eps = op_inputs.number(eps, "eps")
