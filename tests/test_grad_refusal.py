@@ -211,3 +211,23 @@ def test_an_out_buffer_that_requires_grad_is_refused(call):
     with pytest.raises(RuntimeError, match=f"{NO_BACKWARD}|{OUT_BUFFER}"):
         call(x, out)
     assert torch.equal(out.detach(), before)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, o: cpu.rmsnorm(x, torch.ones(8), out=o),
+        lambda x, o: cpu.silu_and_mul(torch.cat([x, x], -1), out=o),
+        lambda x, o: cpu.softmax(x, out=o),
+    ],
+    ids=["rmsnorm", "silu_and_mul", "softmax"],
+)
+def test_a_numpy_out_buffer_is_written_by_a_differentiable_op(call):
+    """A NumPy out= has no requires_grad: the differentiable ops' grad test must not
+    trip over it (the CUDA ops' is the same code, run on the GPU machine)."""
+    import numpy as np
+
+    x = _rand(2, 8)
+    out = np.full((2, 8), np.nan, dtype=np.float32)
+    assert call(x, out) is not None
+    assert np.isfinite(out).all()
