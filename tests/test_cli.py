@@ -202,10 +202,13 @@ def test_show_config_without_a_gpu_is_one_line_per_cuda_kernel(no_cuda_arch, cap
     note, header, *rows = _section(out, "CUDA kernels").splitlines()
     assert "not built on this machine (no GPU, and no arch named)" in note
     assert "`show-config --arch 9.0a` shows each variant's cache status" in note
-    assert header.split() == ["kernel", "exports", "variants"]
+    assert header.split() == ["kernel", "exports", "variants", "runs", "on"]
     assert [r.split()[0] for r in rows] == [k.name for k in cuda_kernels]
     gemm = next(r for r in rows if r.split()[0] == "gemm")
-    assert gemm.split()[-1] == str(len(next(k for k in cuda_kernels if k.name == "gemm").variants))
+    gemm_variants = len(next(k for k in cuda_kernels if k.name == "gemm").variants)
+    assert gemm.split()[-3:] == [str(gemm_variants), "sm_90a", "only"]
+    stream = next(r for r in rows if r.split()[0] == "gptq_marlin_gemm")
+    assert stream.endswith("sm_80 and newer")
     assert "unknown" not in out and "no CUDA arch" not in out
     assert "set MLLM_KERNEL_CUDA_ARCH_LIST" not in out and "No CUDA GPU is visible" not in out
     (arch_line,) = [line for line in out.splitlines() if line.startswith("CUDA arch")]

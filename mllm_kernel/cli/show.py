@@ -89,6 +89,7 @@ def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[
                 "builtin": k.builtin,
                 "exports": list(k.exports),
                 "sources": list(k.sources),
+                "runs_on": k.archs or None,
                 "variants": [_status_json(s) for s in k.variants],
             }
             for k in report.kernels
@@ -143,13 +144,14 @@ def _cuda_kernels_without_gpu(kernels: list[cache_admin.KernelReport]) -> list[s
             kernel.name if kernel.builtin else f"{kernel.name} (user)",
             ", ".join(kernel.exports) or "-",
             str(len(kernel.variants)),
+            kernel.archs,
         )
         for kernel in kernels
     ]
     return [
         "  not built on this machine (no GPU, and no arch named); `show-config --arch 9.0a` "
         "shows each variant's cache status for that arch",
-        table(("kernel", "exports", "variants"), rows),
+        table(("kernel", "exports", "variants", "runs on"), rows),
     ]
 
 

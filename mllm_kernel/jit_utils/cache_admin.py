@@ -129,6 +129,7 @@ class KernelReport:
     variants: list[VariantStatus]
     exports: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()  # a user kernel's source files (the package's: empty)
+    archs: str = ""  # a CUDA kernel's archs (ArchSupport.describe(): "sm_90a only")
 
 
 @dataclass
@@ -233,7 +234,12 @@ def config_report(
     with override:
         reports = [
             KernelReport(
-                e.name, e.device, e.builtin, [_status(e, v) for v in _variant_list(e)], *_planned(e)
+                e.name,
+                e.device,
+                e.builtin,
+                [_status(e, v) for v in _variant_list(e)],
+                *_planned(e),
+                archs=e.archs.describe() if e.device == "cuda" else "",
             )
             for e in registry.kernels(device)
         ]
