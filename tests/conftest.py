@@ -53,12 +53,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _session_cache(tmp_path_factory):
-    """Every test session builds into its own cache unless one is given."""
+def _session_cache(tmp_path_factory, request):
+    """Every test run builds into its own cache unless one is given. The workers of a
+    parallel run (pytest-xdist) share it, as processes share a real cache (locked,
+    installed atomically): each kernel is built once per run, not once per worker."""
     if os.environ.get("MLLM_KERNEL_TEST_KEEP_CACHE"):
         yield
         return
-    root = tmp_path_factory.mktemp("mllm_kernel_cache")
+    worker = hasattr(request.config, "workerinput")  # set in pytest-xdist's workers
+    if not worker:
+        root = tmp_path_factory.mktemp("mllm_kernel_cache")
+    else:  # the workers' temporary directories share this parent, unique to the run
+        root = tmp_path_factory.getbasetemp().parent / "mllm_kernel_cache"
     previous = os.environ.get("MLLM_KERNEL_CACHE_DIR")
     os.environ["MLLM_KERNEL_CACHE_DIR"] = str(root)
     yield
@@ -66,7 +72,8 @@ def _session_cache(tmp_path_factory):
         os.environ.pop("MLLM_KERNEL_CACHE_DIR", None)
     else:
         os.environ["MLLM_KERNEL_CACHE_DIR"] = previous
-    shutil.rmtree(root, ignore_errors=True)
+    if not worker:  # a worker's may still be in use by another worker
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -213,7 +213,9 @@ def test_show_config_without_a_gpu_is_one_line_per_cuda_kernel(no_cuda_arch, cap
     assert "set MLLM_KERNEL_CUDA_ARCH_LIST" not in out and "No CUDA GPU is visible" not in out
     (arch_line,) = [line for line in out.splitlines() if line.startswith("CUDA arch")]
     assert arch_line.split(None, 2)[2] == output.NO_GPU_ARCH
-    assert len(out.splitlines()) < 30 + len(cuda_kernels)
+    # One line per kernel (the whole output's length depends on what else the cache and
+    # the registry hold: user kernels of other tests in this process, say).
+    assert len(_section(out, "CUDA kernels").splitlines()) == 2 + len(cuda_kernels)
     # With --arch, every variant's status is computed again.
     assert main(["show-config", "--device", "cuda", "--arch", "9.0a"]) == 0
     rows = _section(capsys.readouterr().out, "CUDA kernels").splitlines()[1:]

@@ -20,14 +20,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mllm_kernel.jit_utils.cpp_text import code_only, matching_paren, split_top_level
+
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
-_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.DOTALL)
 _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 # Words that can stand before a call but never before a declared function's name.
 _NOT_A_TYPE = frozenset(
     {"return", "else", "case", "throw", "new", "delete", "co_return", "co_yield", "sizeof"}
 )
-_OPEN, _CLOSE = "(<[{", ")>]}"
 MAX_FILES = 64  # quoted includes followed from the sources, at most
 
 
@@ -68,54 +68,20 @@ def function_name(expression: str) -> str | None:
     return name
 
 
-def _blank_comments(text: str) -> str:
-    """``text`` with comments and string literals replaced by spaces (newlines kept, so
-    offsets and line numbers stay those of the file)."""
-    return _COMMENT_OR_STRING.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), text)
-
-
-def _split_top_level(text: str, separator: str = ",") -> list[str]:
-    """``text`` split at ``separator`` outside any (), <>, [] or {}."""
-    parts, depth, start = [], 0, 0
-    for index, char in enumerate(text):
-        if char in _OPEN:
-            depth += 1
-        elif char in _CLOSE:
-            depth = max(depth - 1, 0)
-        elif char == separator and depth == 0:
-            parts.append(text[start:index])
-            start = index + 1
-    parts.append(text[start:])
-    return parts
-
-
 def parse_parameters(text: str) -> tuple[Parameter, ...]:
     """The parameters of a declaration's parameter list (the text between its
     parentheses), defaults dropped."""
     if text.strip() in ("", "void"):
         return ()
     parameters = []
-    for item in _split_top_level(text):
-        declared = _split_top_level(item, "=")[0].strip()
+    for item in split_top_level(text):
+        declared = split_top_level(item, "=")[0].strip()
         match = re.search(r"(?<=[\s*&])([A-Za-z_]\w*)$", declared)
         if match and declared[: match.start()].strip():
             parameters.append(Parameter(declared[: match.start()].strip(), match[1]))
         else:
             parameters.append(Parameter(declared, None))
     return tuple(parameters)
-
-
-def _matching_close(text: str, open_index: int) -> int | None:
-    """The index of the parenthesis closing the one at ``open_index``."""
-    depth = 0
-    for index in range(open_index, len(text)):
-        if text[index] == "(":
-            depth += 1
-        elif text[index] == ")":
-            depth -= 1
-            if depth == 0:
-                return index
-    return None
 
 
 def _statement_start(text: str, end: int) -> int:
@@ -133,14 +99,14 @@ def _statement_start(text: str, end: int) -> int:
 
 
 def _declarations_in(path: Path, text: str, name: str) -> list[Declaration]:
-    code = _blank_comments(text)
+    code = code_only(text)
     found = []
     for match in re.finditer(rf"(?<![\w.>:])(?:\w+::)*{re.escape(name)}\s*\(", code):
         before = code[: match.start()].rstrip()
         previous = re.search(r"([\w>*&]+)$", before)
         if not previous or previous[1] in _NOT_A_TYPE or previous[1].isdigit():
             continue
-        close = _matching_close(code, match.end() - 1)
+        close = matching_paren(code, match.end() - 1)
         if close is None:
             continue
         after = code[close + 1 :].lstrip()

@@ -18,6 +18,8 @@ import platform
 import re
 from dataclasses import dataclass
 
+from mllm_kernel.jit_utils.cpp_text import code_only, matching_paren, split_top_level
+
 # C spellings of the scalar types the launcher passes by value (typedef names; the
 # builtin integer spellings such as "unsigned long" are handled by _builtin_integer).
 _NAMED_SCALARS = {
@@ -161,24 +163,9 @@ def parse_param(text: str, index: int, where: str) -> Param:
     return Param(index, name, ctype, kind)
 
 
-def _split_top_level(text: str) -> list[str]:
-    """``text`` split at commas outside (), <> and []."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "(<[":
-            depth += 1
-        elif char in ")>]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
-
-
 def parse_params(text: str, where: str) -> tuple[Param, ...]:
     """A comma-separated parameter list (``"void"`` or empty: no parameters)."""
-    parts = _split_top_level(text)
+    parts = split_top_level(text)
     if len(parts) == 1 and parts[0].strip() in ("", "void"):
         return ()
     empty = [i for i, p in enumerate(parts) if not p.strip()]
@@ -198,39 +185,11 @@ def parse_signature(signature: str) -> tuple[Param, ...]:
 # ---------------------------------------------------------------------------
 # Finding a kernel's declaration in CUDA source text.
 # ---------------------------------------------------------------------------
-_COMMENT_OR_LITERAL = re.compile(
-    r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL
-)
-_DIRECTIVE = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.MULTILINE)
 _EXTERN_C_BLOCK = re.compile(r'extern\s+"C"\s*$')
 _EXTERN_C = re.compile(r'extern\s+"C"')
 _TEMPLATE = re.compile(r"\btemplate\b")
 _GLOBAL = re.compile(r"\b__global__\b")
 _WORD = re.compile(r"\s*([A-Za-z_]\w*)\s*")
-
-
-def _blank(match: re.Match[str]) -> str:
-    """Comments and directives become spaces (newlines kept, so offsets keep their line)."""
-    text = match.group(0)
-    if text.startswith('"') and text == '"C"':
-        return text  # the only string literal a declaration has: extern "C"
-    return re.sub(r"[^\n]", " ", text)
-
-
-def _code_only(source: str) -> str:
-    return _DIRECTIVE.sub(_blank, _COMMENT_OR_LITERAL.sub(_blank, source))
-
-
-def _matching_paren(text: str, open_at: int) -> int:
-    depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] == "(":
-            depth += 1
-        elif text[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    raise ValueError("unbalanced parentheses")
 
 
 @dataclass(frozen=True)
@@ -269,10 +228,12 @@ def _declarations(code: str) -> list[_Declaration]:
                 break
             after = word.end()
             if after < len(code) and code[after] == "(":
+                close = matching_paren(code, after)
+                if close is None:  # unbalanced: no declaration to read
+                    break
                 if word.group(1) in _ATTRIBUTES:
-                    pos = _matching_paren(code, after) + 1
+                    pos = close + 1
                     continue
-                close = _matching_paren(code, after)
                 found.append(
                     _Declaration(
                         name=word.group(1),
@@ -293,7 +254,7 @@ def kernel_params(source: str, name: str, where: str = "<source>") -> tuple[Para
 
     ``where`` names the source in errors (a file path, or ``<source>``).
     """
-    declarations = _declarations(_code_only(source))
+    declarations = _declarations(code_only(source, directives=True))
     mine = [d for d in declarations if d.name == name]
     if not mine:
         kernels = sorted({d.name for d in declarations if d.extern_c and not d.template})
