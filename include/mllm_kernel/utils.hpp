@@ -219,10 +219,11 @@ inline std::string device_name(DLDevice device) {
 
 // ---------------------------------------------------------------------------
 // Host conversion for the 16-bit float storage types (host-only code; device
-// code uses CUDA's intrinsics on __half / __nv_bfloat16 instead). Exact, and
-// branch-free so that loops over them auto-vectorise: bit arithmetic for bf16,
-// the compiler's _Float16 for fp16 where it has one (one instruction with
-// F16C / AVX512-FP16 / NEON), else an exact software conversion.
+// code uses CUDA's intrinsics on __half / __nv_bfloat16 instead). Exact, round
+// to nearest even, and written as integer/float arithmetic and selects only, so
+// that loops over them auto-vectorise on any target (AVX2, AVX-512, NEON). Not
+// _Float16: GCC converts it one element at a time (a scalar vcvtph2ps /
+// vcvtsh2ss) and then leaves the whole loop around it scalar.
 // ---------------------------------------------------------------------------
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
 namespace detail {
@@ -237,32 +238,57 @@ inline std::uint32_t float_to_bits(float f) {
   return bits;
 }
 
-inline float fp16_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu;
-  const std::uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (mant << 13));
-  if (exp != 0) return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
-  const float magnitude = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24
-  return sign ? -magnitude : magnitude;
+// condition ? a : b, through bit masks. A ?: (or std::min / std::max, which
+// pick a reference) can reach the vectoriser as a branch: GCC moves float
+// arithmetic that only one side uses into it, or selects between addresses.
+// Where vectors have no masked operations (NEON) it cannot make that loop
+// branch-free again, as float operations and loads may trap, and the whole
+// loop stays scalar.
+inline std::uint32_t select_bits(bool condition, std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
+  return (a & mask) | (b & ~mask);
 }
 
+/// The float value of IEEE half `h`; NaNs come out quiet with their payload
+/// (as F16C's vcvtph2ps and torch do).
+inline float fp16_bits_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t magnitude = h & 0x7fffu;
+  // Normal halves: exponent and mantissa moved into float position, with the
+  // exponent rebiased by 224 = 2 * (127 - 15) so that the half's all-ones
+  // exponent lands on the float's (inf, NaN); the 2^-112 scale then takes
+  // back the extra 112. Exact: no rounding happens.
+  const std::uint32_t normal =
+      float_to_bits(bits_to_float((magnitude << 13) + (224u << 23)) * 0x1p-112f);
+  // Subnormal halves are mantissa * 2^-24: as the low mantissa bits of 0.5f
+  // they read 0.5 + mantissa * 2^-24, and subtracting 0.5 is exact.
+  const std::uint32_t subnormal = float_to_bits(bits_to_float(magnitude | (126u << 23)) - 0.5f);
+  return bits_to_float(sign | select_bits(magnitude < 0x400u, subnormal, normal));
+}
+
+/// IEEE half bits of `f`, rounded to nearest even; overflow gives inf,
+/// subnormal results are exact, a NaN stays a quiet NaN keeping the top of its
+/// payload (as F16C's vcvtps2ph and torch do).
 inline std::uint16_t float_to_fp16_bits(float f) {
-  // Round to nearest even, overflow to inf, subnormals, NaN stays NaN.
   const std::uint32_t bits = float_to_bits(f);
-  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
   const std::uint32_t abs = bits & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
-  }
-  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520
-  if (abs < 0x38800000u) {  // below the smallest normal half: scale onto the 2^-24 grid
-    const float scaled = bits_to_float(abs) * 16777216.0f;
-    return static_cast<std::uint16_t>(sign |
-                                      static_cast<std::uint32_t>(__builtin_nearbyintf(scaled)));
-  }
-  const std::uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
-  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+  // |f| * 4, except that |f| >= 2^16 (far past the half's range) overflows
+  // to inf on the first product, which the steps below keep an inf.
+  const float scaled = (bits_to_float(abs) * 0x1p112f) * 0x1p-110f;
+  // Adding 2^(e + 15), e = |f|'s exponent (at least the half's smallest
+  // normal, -14), makes the float addition round `scaled` to a multiple of
+  // 4 * the half's ulp at e: the hardware's round to nearest even does the
+  // rounding. The sum's low 5 exponent bits are then e + 14 and its mantissa
+  // holds the half's 11 significant bits (implicit bit included), so their
+  // sum is the half's exponent and mantissa, a carry included; subnormals
+  // land on exponent bits 0 with the mantissa alone.
+  const std::uint32_t exponent = abs & 0x7f800000u;
+  const std::uint32_t rounding_exponent = exponent < (113u << 23) ? (113u << 23) : exponent;
+  const std::uint32_t sum = float_to_bits(bits_to_float(rounding_exponent + (15u << 23)) + scaled);
+  const std::uint32_t finite = ((sum >> 13) & 0x7c00u) + (sum & 0xfffu);
+  const std::uint32_t nan = 0x7e00u | ((abs >> 13) & 0x3ffu);
+  return static_cast<std::uint16_t>(sign | select_bits(abs > 0x7f800000u, nan, finite));
 }
 }  // namespace detail
 
@@ -273,13 +299,7 @@ inline float to_float(bf16_t x) {
   return detail::bits_to_float(static_cast<std::uint32_t>(x.bits) << 16);
 }
 inline float to_float(fp16_t x) {
-#ifdef __FLT16_MAX__
-  _Float16 h;
-  std::memcpy(&h, &x.bits, sizeof(h));
-  return static_cast<float>(h);
-#else
   return detail::fp16_bits_to_float(x.bits);
-#endif
 }
 
 template <typename T>
@@ -300,14 +320,7 @@ inline bf16_t from_float<bf16_t>(float f) {
 }
 template <>
 inline fp16_t from_float<fp16_t>(float f) {
-#ifdef __FLT16_MAX__
-  const auto h = static_cast<_Float16>(f);
-  std::uint16_t bits;
-  std::memcpy(&bits, &h, sizeof(bits));
-  return fp16_t{bits};
-#else
   return fp16_t{detail::float_to_fp16_bits(f)};
-#endif
 }
 #endif
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "mllm_kernel/cpu/float_blocks.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
@@ -38,6 +39,29 @@ void unary_map(const TensorView& out, const TensorView& x, int64_t max_threads, 
         for (int64_t i = 0; i < cols; ++i) out_row[i * os] = op(in_row[i * xs]);
       }
     }
+  });
+}
+
+/// out[i] = op(x[i]) computed in float32 for T = float, bf16 or fp16: `op`
+/// maps a float to a float. As unary_map, with dense tensors by blocks where T
+/// converts in blocks (float_blocks.hpp).
+template <typename T, typename Op>
+void float_map(const TensorView& out, const TensorView& x, int64_t max_threads, const Op& op) {
+  if (!is_dense(x) || !same_strides(x, out)) {
+    unary_map<T, T>(out, x, max_threads, [&op](T v) { return from_float<T>(op(to_float(v))); });
+    return;
+  }
+  const T* src = data_ptr<const T>(x);
+  T* dst = data_ptr<T>(out);
+  parallel_for(x.numel(), 2, max_threads, [&](int64_t begin, int64_t end) {
+    alignas(64) float buf[kFloatBlock];
+    for_each_block<T>(end - begin, [&](int64_t at, auto len) {
+      const FloatIn<T> in(src + begin + at, len, buf);
+      const FloatOut<T> result(dst + begin + at, buf);
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) result.set(i, op(in[i]));
+      result.store(len);
+    });
   });
 }
 

@@ -2,12 +2,20 @@
 // calls, no branches, only arithmetic, bit casts and selects.
 #pragma once
 
-#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <limits>
 
+#include "mllm_kernel/utils.hpp"
+
 namespace mllm_kernel::cpu {
+
+/// condition ? a : b without a branch (see detail::select_bits: with ?:, or
+/// std::min / std::max, loops calling these functions stay scalar on NEON).
+inline float select(bool condition, float a, float b) {
+  return std::bit_cast<float>(mllm_kernel::detail::select_bits(
+      condition, std::bit_cast<std::uint32_t>(a), std::bit_cast<std::uint32_t>(b)));
+}
 
 /// e^x within 2 ulp for x in [-87.3, 88.3]; 0 below (where e^x is subnormal),
 /// saturating at e^88.37 up to 88.72 and inf above; NaN stays NaN.
@@ -22,7 +30,7 @@ inline float vec_exp(float x) {
   constexpr float kRoundMagic = 12582912.0f;
   constexpr std::uint32_t kMagicBits = 0x4b400000u;
 
-  const float xc = std::min(std::max(x, -87.33654f), 88.37f);
+  const float xc = select(x < -87.33654f, -87.33654f, select(x > 88.37f, 88.37f, x));
   const float shifted = xc * kLog2e + kRoundMagic;
   const float n = shifted - kRoundMagic;
   const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
@@ -36,7 +44,7 @@ inline float vec_exp(float x) {
   const std::uint32_t exponent = std::bit_cast<std::uint32_t>(shifted) - kMagicBits + 127u;
   const float result = er * std::bit_cast<float>(exponent << 23);
   const float inf = std::numeric_limits<float>::infinity();
-  return x < -87.33654f ? 0.0f : (x > 88.72283f ? inf : result);
+  return select(x < -87.33654f, 0.0f, select(x > 88.72283f, inf, result));
 }
 
 /// x * sigmoid(x).

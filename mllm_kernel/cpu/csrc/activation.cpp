@@ -3,6 +3,7 @@
 // float32.
 #include <cstdint>
 
+#include "mllm_kernel/cpu/float_blocks.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
 #include "mllm_kernel/rows.hpp"
@@ -46,14 +47,17 @@ inline void silu_and_mul(TensorView out, TensorView input, int64_t num_threads) 
     const T* x_data = data_ptr<const T>(input);
     T* out_data = data_ptr<T>(out);
     parallel_for(x_rows.rows(), d * (3 + kExpCost), num_threads, [&](int64_t begin, int64_t end) {
+      alignas(64) float gate_buf[kFloatBlock], up_buf[kFloatBlock];
       for (int64_t r = begin; r < end; ++r) {
-        const T* gate = x_data + x_rows.row_offset(r);
-        const T* up = gate + d;
+        const T* gate_row = x_data + x_rows.row_offset(r);
         T* yr = out_data + out_rows.row_offset(r);
+        for_each_block<T>(d, [&](int64_t at, auto len) {
+          const FloatIn<T> gate(gate_row + at, len, gate_buf), up(gate_row + d + at, len, up_buf);
+          const FloatOut<T> y(yr + at, gate_buf);
 #pragma omp simd
-        for (int64_t i = 0; i < d; ++i) {
-          yr[i] = from_float<T>(vec_silu(to_float(gate[i])) * to_float(up[i]));
-        }
+          for (int64_t i = 0; i < len; ++i) y.set(i, vec_silu(gate[i]) * up[i]);
+          y.store(len);
+        });
       }
     });
   });
@@ -95,19 +99,26 @@ inline void silu_and_mul_backward(TensorView grad_input, TensorView grad_output,
     const T* g_data = data_ptr<const T>(grad_output);
     T* dx_data = data_ptr<T>(grad_input);
     parallel_for(x_rows.rows(), d * (5 + kExpCost), num_threads, [&](int64_t begin, int64_t end) {
+      alignas(64) float gate_buf[kFloatBlock], up_buf[kFloatBlock], g_buf[kFloatBlock];
       for (int64_t r = begin; r < end; ++r) {
-        const T* gate = x_data + x_rows.row_offset(r);
-        const T* up = gate + d;
-        const T* g = g_data + g_rows.row_offset(r);
-        T* grad_gate = dx_data + dx_rows.row_offset(r);
-        T* grad_up = grad_gate + d;
+        const T* gate_row = x_data + x_rows.row_offset(r);
+        const T* g_row = g_data + g_rows.row_offset(r);
+        T* dx_row = dx_data + dx_rows.row_offset(r);
+        for_each_block<T>(d, [&](int64_t at, auto len) {
+          const FloatIn<T> gate(gate_row + at, len, gate_buf), up(gate_row + d + at, len, up_buf),
+              g(g_row + at, len, g_buf);
+          // Each input is read at i before the same iteration writes i of a buffer.
+          const FloatOut<T> grad_gate(dx_row + at, gate_buf), grad_up(dx_row + d + at, up_buf);
 #pragma omp simd
-        for (int64_t i = 0; i < d; ++i) {
-          const float a = to_float(gate[i]), b = to_float(up[i]), go = to_float(g[i]);
-          const float s = 1.0f / (1.0f + vec_exp(-a));
-          grad_gate[i] = from_float<T>(go * b * s * (1.0f + a * (1.0f - s)));
-          grad_up[i] = from_float<T>(go * a * s);
-        }
+          for (int64_t i = 0; i < len; ++i) {
+            const float a = gate[i], b = up[i], go = g[i];
+            const float s = 1.0f / (1.0f + vec_exp(-a));
+            grad_gate.set(i, go * b * s * (1.0f + a * (1.0f - s)));
+            grad_up.set(i, go * a * s);
+          }
+          grad_gate.store(len);
+          grad_up.store(len);
+        });
       }
     });
   });

@@ -12,16 +12,14 @@ namespace mllm_kernel::cpu {
 
 namespace add_constant_detail {
 
+// Integers and fp64; the float32-computed dtypes go through float_map.
 template <typename T, typename Scalar>
 T add(T v, Scalar c) {
   if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
     return static_cast<T>(static_cast<U>(v) + static_cast<U>(c));
-  } else if constexpr (std::is_same_v<T, fp64_t>) {
-    return v + static_cast<double>(c);
   } else {
-    // fp32, and fp16/bf16 computed in float32 as torch does.
-    return from_float<T>(to_float(v) + static_cast<float>(c));
+    return v + static_cast<double>(c);
   }
 }
 
@@ -36,7 +34,14 @@ void run(TensorView out, TensorView src, Scalar c, int64_t num_threads) {
   verify_output(out, "out", {{src, "src", Aliasing::kSameView}});
   dispatch_dtype<Ts...>(dtype.value(), "src", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unary_map<T, T>(out, src, num_threads, [c](T v) { return add(v, c); });
+    if constexpr (std::is_same_v<T, fp32_t> || std::is_same_v<T, bf16_t> ||
+                  std::is_same_v<T, fp16_t>) {
+      // Computed in float32 as torch does, fp16 and bf16 included.
+      const auto cf = static_cast<float>(c);
+      float_map<T>(out, src, num_threads, [cf](float v) { return v + cf; });
+    } else {
+      unary_map<T, T>(out, src, num_threads, [c](T v) { return add(v, c); });
+    }
   });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "mllm_kernel/cpu/float_blocks.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/rows.hpp"
 #include "mllm_kernel/tensor.hpp"
@@ -61,17 +62,26 @@ inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double 
     const T* w = data_ptr<const T>(weight);
     T* out_data = data_ptr<T>(out);
     parallel_for(x_rows.rows(), 3 * hidden, num_threads, [&](int64_t begin, int64_t end) {
+      alignas(64) float x_buf[kFloatBlock], w_buf[kFloatBlock];
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = x_data + x_rows.row_offset(r);
         T* yr = out_data + out_rows.row_offset(r);
         float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < hidden; ++i) sum += to_float(xr[i]) * to_float(xr[i]);
+        for_each_block<T>(hidden, [&](int64_t at, auto len) {
+          const FloatIn<T> x(xr + at, len, x_buf);
+          float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+          for (int64_t i = 0; i < len; ++i) part += x[i] * x[i];
+          sum += part;
+        });
         const float scale = rmsnorm_detail::inv_rms(sum, hidden, epsf);
+        for_each_block<T>(hidden, [&](int64_t at, auto len) {
+          const FloatIn<T> x(xr + at, len, x_buf), wf(w + at, len, w_buf);
+          const FloatOut<T> y(yr + at, x_buf);  // x[i] is read before y[i] overwrites it
 #pragma omp simd
-        for (int64_t i = 0; i < hidden; ++i) {
-          yr[i] = from_float<T>(to_float(xr[i]) * scale * to_float(w[i]));
-        }
+          for (int64_t i = 0; i < len; ++i) y.set(i, x[i] * scale * wf[i]);
+          y.store(len);
+        });
       }
     });
   });
@@ -114,20 +124,34 @@ inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView 
     const T* w = data_ptr<const T>(weight);
     parallel_for(x_rows.rows(), 4 * hidden, num_threads, [&](int64_t begin, int64_t end) {
       const std::unique_ptr<float[]> sum_row(new float[hidden]);
-      float* s = sum_row.get();
+      alignas(64) float x_buf[kFloatBlock], r_buf[kFloatBlock];
       for (int64_t r = begin; r < end; ++r) {
         T* xr = x_data + x_rows.row_offset(r);
         T* rr = res_data + res_rows.row_offset(r);
         float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < hidden; ++i) {
-          s[i] = to_float(xr[i]) + to_float(rr[i]);
-          rr[i] = from_float<T>(s[i]);
-          sum += s[i] * s[i];
-        }
+        for_each_block<T>(hidden, [&](int64_t at, auto len) {
+          const FloatIn<T> x(xr + at, len, x_buf), res(rr + at, len, r_buf);
+          const FloatOut<T> res_out(rr + at, r_buf);
+          float* s = sum_row.get() + at;
+          float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+          for (int64_t i = 0; i < len; ++i) {
+            s[i] = x[i] + res[i];
+            res_out.set(i, s[i]);
+            part += s[i] * s[i];
+          }
+          res_out.store(len);
+          sum += part;
+        });
         const float scale = rmsnorm_detail::inv_rms(sum, hidden, epsf);
+        for_each_block<T>(hidden, [&](int64_t at, auto len) {
+          const FloatIn<T> wf(w + at, len, r_buf);  // r_buf is free in this pass
+          const FloatOut<T> x_out(xr + at, x_buf);
+          const float* s = sum_row.get() + at;
 #pragma omp simd
-        for (int64_t i = 0; i < hidden; ++i) xr[i] = from_float<T>(s[i] * scale * to_float(w[i]));
+          for (int64_t i = 0; i < len; ++i) x_out.set(i, s[i] * scale * wf[i]);
+          x_out.store(len);
+        });
       }
     });
   });
@@ -195,28 +219,40 @@ inline void rmsnorm_backward(TensorView grad_input, TensorView grad_weight, Tens
     T* dx_data = data_ptr<T>(grad_input);
     const int64_t rows_per_part = div_ceil<int64_t>(rows, parts);
     parallel_for(parts, rows_per_part * cost, num_threads, [&](int64_t begin, int64_t end) {
+      alignas(64) float x_buf[kFloatBlock], g_buf[kFloatBlock], w_buf[kFloatBlock];
       for (int64_t part = begin; part < end; ++part) {
-        float* acc = partials.get() + part * hidden;
-        std::fill(acc, acc + hidden, 0.0f);
+        float* acc_row = partials.get() + part * hidden;
+        std::fill(acc_row, acc_row + hidden, 0.0f);
         for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r) {
           const T* xr = x_data + x_rows.row_offset(r);
           const T* gr = g_data + g_rows.row_offset(r);
           T* dxr = dx_data + dx_rows.row_offset(r);
           float sum_sq = 0.0f, dot = 0.0f;
-#pragma omp simd reduction(+ : sum_sq, dot)
-          for (int64_t i = 0; i < hidden; ++i) {
-            const float x = to_float(xr[i]);
-            sum_sq += x * x;
-            dot += to_float(gr[i]) * to_float(w[i]) * x;
-          }
+          for_each_block<T>(hidden, [&](int64_t at, auto len) {
+            const FloatIn<T> x(xr + at, len, x_buf), g(gr + at, len, g_buf), wf(w + at, len, w_buf);
+            float sum_sq_part = 0.0f, dot_part = 0.0f;
+#pragma omp simd reduction(+ : sum_sq_part, dot_part)
+            for (int64_t i = 0; i < len; ++i) {
+              sum_sq_part += x[i] * x[i];
+              dot_part += g[i] * wf[i] * x[i];
+            }
+            sum_sq += sum_sq_part;
+            dot += dot_part;
+          });
           const float scale = rmsnorm_detail::inv_rms(sum_sq, hidden, epsf);
           const float x_coef = dot * scale * scale * scale / static_cast<float>(hidden);
+          for_each_block<T>(hidden, [&](int64_t at, auto len) {
+            const FloatIn<T> x(xr + at, len, x_buf), g(gr + at, len, g_buf), wf(w + at, len, w_buf);
+            // g[i] is read before dx[i] overwrites it (grad_output may be grad_input).
+            const FloatOut<T> dx(dxr + at, g_buf);
+            float* acc = acc_row + at;
 #pragma omp simd
-          for (int64_t i = 0; i < hidden; ++i) {
-            const float x = to_float(xr[i]), g = to_float(gr[i]);
-            acc[i] += g * x * scale;
-            dxr[i] = from_float<T>(scale * g * to_float(w[i]) - x_coef * x);
-          }
+            for (int64_t i = 0; i < len; ++i) {
+              acc[i] += g[i] * x[i] * scale;
+              dx.set(i, scale * g[i] * wf[i] - x_coef * x[i]);
+            }
+            dx.store(len);
+          });
         }
       }
     });

@@ -1,12 +1,14 @@
 // Softmax of x / temperature along the last dim of `x` (the Python side moves the
 // requested dim last, so that dim may have any stride). Three passes over a row, in
-// float32: the max; exp((x - max) / temperature) into a per-thread buffer, summed; the
-// scaled store.
+// float32: the max; exp((x - max) / temperature) into a per-thread buffer (a contiguous
+// float32 row: into `out`), summed; the scaled store.
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
+#include "mllm_kernel/cpu/float_blocks.hpp"
 #include "mllm_kernel/cpu/parallel.hpp"
 #include "mllm_kernel/cpu/vec_math.hpp"
 #include "mllm_kernel/rows.hpp"
@@ -17,12 +19,10 @@ namespace mllm_kernel::cpu {
 
 namespace softmax_detail {
 
-// kUnitStride makes the strides compile-time 1, so those loops vectorise.
-template <bool kUnitStride, typename T>
-void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64_t n, float scale,
-                 float* buf) {
-  const int64_t xs = kUnitStride ? 1 : x_stride;
-  const int64_t os = kUnitStride ? 1 : out_stride;
+// A row with any strides, element by element.
+template <typename T>
+void softmax_strided_row(const T* x, int64_t xs, T* out, int64_t os, int64_t n, float scale,
+                         float* buf) {
   float max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : max)
   for (int64_t i = 0; i < n; ++i) {
@@ -38,6 +38,43 @@ void softmax_row(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64
   const float inv_sum = 1.0f / sum;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i * os] = from_float<T>(buf[i] * inv_sum);
+}
+
+// A contiguous row, by blocks where T converts in blocks (float_blocks.hpp).
+template <typename T>
+void softmax_row(const T* x, T* out, int64_t n, float scale, float* buf, float* block_buf) {
+  float max = -std::numeric_limits<float>::infinity();
+  for_each_block<T>(n, [&](int64_t at, auto len) {
+    const FloatIn<T> xb(x + at, len, block_buf);
+    float part = max;
+#pragma omp simd reduction(max : part)
+    for (int64_t i = 0; i < len; ++i) part = xb[i] > part ? xb[i] : part;
+    max = part;
+  });
+  // float32 keeps the exps in `out` itself, as torch does: the row then goes out
+  // while the exp pass computes, rather than in a pass of its own.
+  float* exps = buf;
+  if constexpr (std::is_same_v<T, float>) exps = out;
+  float sum = 0.0f;
+  for_each_block<T>(n, [&](int64_t at, auto len) {
+    const FloatIn<T> xb(x + at, len, block_buf);
+    float* e = exps + at;
+    float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+    for (int64_t i = 0; i < len; ++i) {
+      e[i] = vec_exp((xb[i] - max) * scale);
+      part += e[i];
+    }
+    sum += part;
+  });
+  const float inv_sum = 1.0f / sum;
+  for_each_block<T>(n, [&](int64_t at, auto len) {
+    const FloatOut<T> y(out + at, block_buf);
+    const float* e = exps + at;
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) y.set(i, e[i] * inv_sum);
+    y.store(len);
+  });
 }
 
 }  // namespace softmax_detail
@@ -64,13 +101,14 @@ inline void softmax(TensorView out, TensorView x, double temperature, int64_t nu
     T* out_data = data_ptr<T>(out);
     parallel_for(x_rows.rows(), n * (2 + kExpCost), num_threads, [&](int64_t begin, int64_t end) {
       const std::unique_ptr<float[]> buffer(new float[n]);
+      alignas(64) float block_buf[kFloatBlock];
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = x_data + x_rows.row_offset(r);
         T* yr = out_data + out_rows.row_offset(r);
         if (xs == 1 && os == 1) {
-          softmax_detail::softmax_row<true>(xr, 1, yr, 1, n, scale, buffer.get());
+          softmax_detail::softmax_row(xr, yr, n, scale, buffer.get(), block_buf);
         } else {
-          softmax_detail::softmax_row<false>(xr, xs, yr, os, n, scale, buffer.get());
+          softmax_detail::softmax_strided_row(xr, xs, yr, os, n, scale, buffer.get());
         }
       }
     });
