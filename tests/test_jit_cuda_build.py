@@ -88,6 +88,8 @@ def test_each_arch_has_its_own_cache_entry(source, fresh_cache):
         _load(source, torch.float16)
     with cuda_arch_override("8.0"):
         _load(source, torch.float16)
+    with cuda_arch_override("9.0a"):
+        _load(source, torch.float16)  # found again, not rebuilt
     assert len(_module_dirs(fresh_cache)) == 2
 
 
