@@ -44,8 +44,10 @@ python3 -m mllm_kernel precompile --device cuda -j "$(nproc)" 2>&1 | tail -n 3 |
 python3 -m mllm_kernel show-config > "$out/show-config.txt" 2>&1 || status=1
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
+  # Serially (-o addopts= drops pyproject's -n auto): the GPU tests share one GPU, and
+  # the image has no pytest-xdist.
   timeout "${GPU_CHECK_TEST_TIMEOUT:-480}" python3 -m pytest tests -q -m "${GPU_CHECK_MARKERS:-cuda}" \
-    -p no:cacheprovider -rs ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
+    -o addopts= -p no:cacheprovider -rs ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || status=$rc
   echo "- tests (${GPU_CHECK_MARKERS:-cuda}): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
