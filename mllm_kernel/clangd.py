@@ -106,6 +106,10 @@ def write(path: Path, config: ClangdConfig, force: bool = False) -> bool:
     Returns whether it wrote. A missing directory is not created (a mistyped path would
     leave a tree of them): FileNotFoundError / NotADirectoryError names it.
     """
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"cannot write {path}: it is a directory; give a file path such as {path / '.clangd'}"
+        )
     if path.exists() and not force:
         return False
     parent = path.absolute().parent
@@ -117,8 +121,14 @@ def write(path: Path, config: ClangdConfig, force: bool = False) -> bool:
             f"created); create it first (mkdir -p {parent}) or give another --output"
         )
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(config.text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(config.text)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(
+            exc.errno, f"cannot write {path}: {exc.strerror}; give another --output"
+        ) from None
     return True
 
 

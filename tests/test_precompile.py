@@ -220,7 +220,9 @@ def test_an_ops_name_selects_the_helper_modules_that_serve_it():
 
 def test_unknown_kernel_exits_2(capsys):
     assert main(["precompile", "--kernel", "no_such_kernel"]) == 2
-    assert "unknown kernel(s) no_such_kernel" in capsys.readouterr().err
+    assert "unknown kernel(s) 'no_such_kernel'; registered:" in capsys.readouterr().err
+    assert main(["precompile", "--kernel", "rmsnrom"]) == 2
+    assert "unknown kernel(s) 'rmsnrom' (did you mean 'rmsnorm'?)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", [["-j", "0"], ["--device", "tpu"], ["--arch"]])

@@ -126,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
     if args.wheel is not None and args.output is None:
         print("mllm_kernel precompile: error: --wheel needs --output DIR", file=sys.stderr)
         return 2
+    if args.output is not None:
+        problem = _output_problem(args.output)
+        if problem is not None:  # one error, not one per build
+            print(f"mllm_kernel precompile: error: {problem}", file=sys.stderr)
+            return 1
     root = env_info.cache_root_info()
     if root["cache_root_in_use"] is None:  # one error, not one per build
         print(f"mllm_kernel precompile: error: {root['cache_root_problem']}", file=sys.stderr)
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if root["cache_root_problem"]:
         print(paint(f"note: built into {format_cache_root(root)}", "yellow"))
-    if args.output is not None:
+    if args.output is not None and total > len(report.failures):
         print(f"prebuilt cache: {args.output.absolute()} (use it with MLLM_KERNEL_CACHE_PATH)")
     if not report.failures:
         return _pack_wheel(args) if args.wheel is not None else 0
@@ -174,6 +179,23 @@ def run(args: argparse.Namespace) -> int:
     if args.wheel is not None:
         print("no wheel written: fix the failed builds first", file=sys.stderr)
     return 1
+
+
+def _output_problem(output: Path) -> str | None:
+    """Why ``--output`` cannot hold a prebuilt cache (a file in the way, a directory that
+    cannot be created), or None; a missing directory is created here, as the export would."""
+    if output.is_dir():
+        return None
+    if output.exists():
+        return f"--output {output} is a file: give a directory for the prebuilt cache"
+    try:
+        output.mkdir(parents=True)
+    except OSError as exc:
+        return (
+            f"--output {output}: cannot create the directory ({exc.strerror}); give a "
+            "directory you can write"
+        )
+    return None
 
 
 def _pack_wheel(args: argparse.Namespace) -> int:

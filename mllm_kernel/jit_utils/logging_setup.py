@@ -28,9 +28,17 @@ def get_logger() -> logging.Logger:
         handler = _OwnStderrHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[mllm_kernel] %(levelname)s %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(env.log_level())
+        level = env.log_level()
+        known = isinstance(logging.getLevelName(level), int)  # a name's number, else text
+        logger.setLevel(level if known else logging.INFO)
         logger.propagate = False
         logger._mllm_kernel_configured = True  # type: ignore[attr-defined]
+        if not known:  # a typo in a setting must not stop the import
+            logger.warning(
+                "MLLM_KERNEL_LOG_LEVEL=%r is not a level (DEBUG, INFO, WARNING, ERROR, "
+                "CRITICAL); using INFO",
+                level,
+            )
     return logger
 
 

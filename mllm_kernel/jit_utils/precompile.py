@@ -148,7 +148,7 @@ def select_jobs(device: str = "all", kernels: Sequence[str] | None = None) -> li
         unknown = sorted(set(kernels) - known - {e.op for e in entries})
         if unknown:
             raise ValueError(
-                f"unknown kernel(s) {', '.join(unknown)}; registered: "
+                f"unknown kernel(s) {registry.unknown_names(unknown, known)}; registered: "
                 f"{', '.join(sorted(known)) or 'none'}"
             )
         entries = [e for e in entries if e.name in kernels or e.op in kernels]

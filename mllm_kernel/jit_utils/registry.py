@@ -13,6 +13,7 @@ load_cpu_jit / load_cuda_jit, registered with :func:`register_kernel`) is planne
 from __future__ import annotations
 
 import contextvars
+import difflib
 import importlib
 import threading
 from collections.abc import Callable, Iterable
@@ -107,6 +108,21 @@ def register_kernel(
         return builder
 
     return decorate
+
+
+def unknown_names(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``"'rmsnrom' (did you mean 'rmsnorm'?), 'x'"``: the names a user gave that are
+    not kernels, each with the closest known name where one is close.
+
+    >>> unknown_names(["rmsnrom"], ["rmsnorm", "softmax"])
+    "'rmsnrom' (did you mean 'rmsnorm'?)"
+    """
+    known = list(known)
+    guesses = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        guesses.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return ", ".join(guesses)
 
 
 def find(name: str, device: str) -> KernelEntry | None:
