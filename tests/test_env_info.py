@@ -269,7 +269,7 @@ def test_no_gpu_and_no_arch_is_stated_as_a_fact_not_a_fault(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     arch = env_info.jit_cuda_arch()
     assert arch["archs"] is None and arch["no_gpu"] is True
-    assert "set MLLM_KERNEL_CUDA_ARCH_LIST" in arch["error"]  # the loader's own error stays
+    assert "MLLM_KERNEL_CUDA_ARCH_LIST=9.0a" in arch["error"]  # the loader's own error stays
     text = output.format_jit_arch(arch)
     assert text == output.NO_GPU_ARCH and text.startswith("none (no GPU here")
     assert "--arch 9.0a" in text and "unknown" not in text

@@ -115,8 +115,10 @@ def choose_cuda_archs(device_index: int | None = None) -> tuple[tuple[CudaArch, 
 
     if not torch.cuda.is_available():
         raise CudaArchError(
-            "No CUDA GPU is visible and no arch was given: set MLLM_KERNEL_CUDA_ARCH_LIST "
-            "(for example 9.0a for H100/H200) to compile without a GPU."
+            "No CUDA GPU is visible and no arch was given: to compile without a GPU, name "
+            "one (9.0a for H100/H200): --arch 9.0a (precompile, show-config), arch='9.0a' "
+            "(compile_to_cubin, compile_to_ptx), or MLLM_KERNEL_CUDA_ARCH_LIST=9.0a "
+            "(everything, load_cuda_jit included)."
         )
     index = torch.cuda.current_device() if device_index is None else device_index
     major, minor = torch.cuda.get_device_capability(index)
