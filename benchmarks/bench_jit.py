@@ -108,6 +108,19 @@ def _warm_fresh_process(repeats: int) -> tuple[float, float, float]:
     return statistics.median(imports), statistics.median(calls), statistics.median(walls)
 
 
+def _warm_lookup_us() -> float:
+    """In process: the cache key and the validation of a cached entry (manifest, artifact
+    checksum, every recorded input), what each first load of a kernel does before dlopen."""
+    from mllm_kernel.jit_utils import cache, registry
+    from mllm_kernel.jit_utils.cache_key import module_key
+    from mllm_kernel.jit_utils.status import CacheState
+
+    (entry,) = [e for e in registry.kernels("cpu") if e.name == "add_constant"]
+    spec = entry.plan((8,))
+    assert cache.lookup(module_key(spec)).status is CacheState.HIT
+    return _per_call_us(lambda: cache.lookup(module_key(spec)), number=200)
+
+
 def _per_call_us(fn, number: int = 20000, repeat: int = 7) -> float:
     fn()
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
@@ -170,6 +183,7 @@ def main() -> None:
 
         add_constant(torch.ones(8), 8)  # cached now, for the fresh processes
         imp, first, wall = _warm_fresh_process(args.repeats)
+        lookup = _warm_lookup_us()
         overheads = _overheads()
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
@@ -183,6 +197,7 @@ def main() -> None:
         f"| fresh process: import mllm_kernel.cpu.jit | {imp:.1f} ms |",
         f"| fresh process: first call of a cached kernel | {first:.1f} ms (target < 20 ms) |",
         f"| fresh process: whole run incl. torch import | {wall:.0f} ms |",
+        f"| warm lookup: cache key + entry validation (add_constant<8>) | {lookup:.0f} us |",
     ]
     lines += [f"| per call: {name} | {us:.2f} us |" for name, us in overheads]
     cpu_op, cpu_raw, cpu_torch = (us for _, us in overheads[:3])

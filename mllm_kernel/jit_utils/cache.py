@@ -10,7 +10,11 @@ Layout under the cache root (the names are made by :mod:`.cache_names`)::
 A module directory only ever appears by an atomic rename of a complete,
 verified staging directory, so a reader sees all of a build or none of it.
 Nothing is loaded or written that another local user could have written or
-redirected: see :mod:`.trust` for the rule, checked before every load.
+redirected: see :mod:`.trust` for the rule, checked before every load. Nothing
+stops a lookup either: only regular files are read (a FIFO or a device where a
+manifest, an artifact or a recorded source should be is corrupt or stale, never
+opened for reading), a manifest is read up to MANIFEST_MAX_BYTES, and one that
+cannot be parsed (deeply nested JSON included) is corrupt: the entry is rebuilt.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import reprlib
 import shutil
 import socket
 import stat
@@ -30,11 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mllm_kernel.jit_utils import env, include_search, paths, trust
-from mllm_kernel.jit_utils.cache_key import ModuleKey
+from mllm_kernel.jit_utils.cache_key import ModuleKey, toolchain_free_hash
 from mllm_kernel.jit_utils.cache_names import (
     LOCKS_DIR,
     LOGS_DIR,
     STAGING_DIR,
+    entry_dirname,
     entry_of,
     lock_name,
     log_name,
@@ -42,18 +48,27 @@ from mllm_kernel.jit_utils.cache_names import (
     replaced_dirname,
     staging_dirname,
 )
-from mllm_kernel.jit_utils.errors import CacheLockTimeout
+from mllm_kernel.jit_utils.errors import CacheLockTimeout, CacheRootError
 from mllm_kernel.jit_utils.logging_setup import get_logger
-from mllm_kernel.jit_utils.spec import CACHE_FORMAT, DEVICES
+from mllm_kernel.jit_utils.spec import CACHE_FORMAT, DEVICES, BuildSpec
 from mllm_kernel.jit_utils.status import CacheState
 
 MANIFEST = "manifest.json"
+# The largest manifests (CUDA kernels: every toolkit header they include) are ~100 KB;
+# a bound keeps a planted giant from being read into memory.
+MANIFEST_MAX_BYTES = 16 << 20
+_OWNER_MAX_BYTES = 4096
 _logger = get_logger()
 
 
 def file_digest(path: Path) -> str:
-    with path.open("rb") as handle:
-        return _digest(handle.fileno())
+    """The sha256 of the regular file ``path`` (a symlink is followed); NotRegularFile
+    (an OSError) for a FIFO or a device, which could block or never end."""
+    fd, _ = trust.open_regular(path, follow=True)
+    try:
+        return _digest(fd)
+    finally:
+        os.close(fd)
 
 
 def _digest(fd: int) -> str:
@@ -65,6 +80,12 @@ def _digest(fd: int) -> str:
 
 class CorruptManifest(ValueError):
     """A manifest that is not valid JSON of the schema below: the entry is rebuilt."""
+
+
+# Values quoted in CorruptManifest messages: bounded in length and depth, so that the
+# message of a deeply nested field can neither recurse too deep nor be huge.
+_quote = reprlib.Repr()
+_quote.maxstring = _quote.maxother = 80
 
 
 def _is_str_list(value: object) -> bool:
@@ -129,7 +150,11 @@ _SCHEMA = {
     "toolchain": (_is_str_dict, "an object of strings"),
     "cuda_archs": (_is_str_list, "a list of strings"),
     "format": (lambda v: v == CACHE_FORMAT, f"{CACHE_FORMAT}"),
+    "toolchain_free_hash": (lambda v: isinstance(v, str), "a string"),
 }
+# Fields a manifest may lack: those of older builds (still valid, as before).
+# toolchain_free_hash: an entry without it is only found with the compiler that built it.
+_OPTIONAL = frozenset({"toolchain_free_hash"})
 
 
 @dataclass
@@ -152,6 +177,8 @@ class Manifest:
     toolchain: dict[str, str] = field(default_factory=dict)
     cuda_archs: list[str] = field(default_factory=list)
     format: int = CACHE_FORMAT
+    # cache_key.toolchain_free_hash: how the entry is found once its compiler is gone.
+    toolchain_free_hash: str = ""
 
     def write(self, directory: Path) -> None:
         trust.write_file(directory / MANIFEST, json.dumps(asdict(self), indent=1, sort_keys=True))
@@ -159,16 +186,23 @@ class Manifest:
     @classmethod
     def read(cls, directory: Path) -> Manifest:
         """The manifest of ``directory``; CorruptManifest unless it matches the schema
-        exactly (OSError if it cannot be read)."""
-        return cls.parse((directory / MANIFEST).read_text())
+        exactly, or is too large to be one (OSError if it cannot be read: missing, a
+        symlink, or not a regular file, which is never opened for reading)."""
+        fd, info = trust.open_regular(directory / MANIFEST)
+        try:
+            return cls.parse(_read_at_most(fd, info, directory / MANIFEST, MANIFEST_MAX_BYTES))
+        finally:
+            os.close(fd)
 
     @classmethod
-    def parse(cls, text: str) -> Manifest:
+    def parse(cls, text: str | bytes) -> Manifest:
         """A manifest from its JSON text (CorruptManifest as for :meth:`read`)."""
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError included
             raise CorruptManifest(f"not JSON ({exc})") from None
+        except RecursionError:  # 1200 nested "[" are enough: never a crash
+            raise CorruptManifest("JSON nested deeper than Python can parse") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -177,12 +211,13 @@ class Manifest:
         if not isinstance(data, dict):
             raise CorruptManifest(f"expected a JSON object, got {type(data).__name__}")
         unknown = sorted(set(data) - set(_SCHEMA))
-        missing = sorted(set(_SCHEMA) - set(data))
+        missing = sorted(set(_SCHEMA) - set(data) - _OPTIONAL)
         if unknown or missing:
             raise CorruptManifest(f"fields missing {missing}, unknown {unknown}")
-        for name, (check, expected) in _SCHEMA.items():
-            if not check(data[name]):
-                raise CorruptManifest(f"{name!r} must be {expected}, got {data[name]!r:.80}")
+        for name, value in data.items():
+            check, expected = _SCHEMA[name]
+            if not check(value):
+                raise CorruptManifest(f"{name!r} must be {expected}, got {_quote.repr(value)}")
         return cls(**data)
 
 
@@ -201,13 +236,18 @@ class Lookup:
     manifest: Manifest | None = None
 
 
-def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
+def lookup(key: ModuleKey, *, any_owner: bool = False, toolchain_free: bool = False) -> Lookup:
     """Validates ``key``'s directory without spawning anything.
 
     Trust comes first (:mod:`.trust`; ``any_owner``: the read-only-cache rule): the
     root, the entry, the manifest and the artifact are each checked by one stat, the
     last two on the descriptors their content is then read from, so what was checked
-    is what is hashed.
+    is what is hashed. Only regular files are read (a FIFO or a device is corrupt, a
+    manifest past MANIFEST_MAX_BYTES too), so a lookup neither blocks nor crashes.
+
+    ``toolchain_free``: ``key.hash`` is the entry's :func:`.cache_key.toolchain_free_hash`
+    and, as for a prebuilt entry, the toolchain's own headers and the include search are
+    not checked (see :func:`lookup_without_toolchain`).
     """
     directory = key.path
     reason = trust.check_dir(key.root, any_owner=any_owner, follow=True)
@@ -223,27 +263,29 @@ def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
     if not stat.S_ISDIR(info.st_mode):
         return Lookup(CacheState.CORRUPT, reason=f"{directory} is not a directory")
     try:
-        text, untrusted = _read_trusted(directory / MANIFEST, any_owner)
+        text, untrusted = _read_trusted(directory / MANIFEST, any_owner, MANIFEST_MAX_BYTES)
         if untrusted is not None:
             return Lookup(CacheState.UNTRUSTED, reason=untrusted)
-        manifest = Manifest.parse(text.decode())
+        manifest = Manifest.parse(text)
     except FileNotFoundError:
         return Lookup(CacheState.CORRUPT, reason=f"{MANIFEST} is missing")
     except (OSError, ValueError) as exc:
         return Lookup(CacheState.CORRUPT, reason=f"unreadable manifest ({exc})")
-    if manifest.key_hash != key.hash:
+    recorded = manifest.toolchain_free_hash if toolchain_free else manifest.key_hash
+    if recorded != key.hash:
         return Lookup(
             CacheState.CORRUPT, reason="manifest belongs to another key", manifest=manifest
         )
     artifact = directory / manifest.artifact
     try:
-        fd = trust.open_nofollow(artifact, os.O_RDONLY)
+        fd, info = trust.open_regular(artifact)
     except trust.UntrustedPath as exc:
         return Lookup(CacheState.UNTRUSTED, reason=str(exc), manifest=manifest)
+    except trust.NotRegularFile as exc:
+        return Lookup(CacheState.CORRUPT, reason=str(exc), manifest=manifest)
     except OSError:
         return Lookup(CacheState.CORRUPT, reason=f"{artifact.name} is missing", manifest=manifest)
     try:
-        info = os.fstat(fd)
         untrusted = trust.problem(info, any_owner=any_owner)
         if untrusted is not None:
             return Lookup(
@@ -266,41 +308,103 @@ def lookup(key: ModuleKey, *, any_owner: bool = False) -> Lookup:
             )
     finally:
         os.close(fd)
-    reason = _changed_input(manifest)
+    reason = _changed_input(manifest, toolchain=not toolchain_free)
     if reason:
         return Lookup(CacheState.STALE, reason=reason, manifest=manifest)
     return Lookup(CacheState.HIT, artifact=artifact, manifest=manifest)
 
 
-def _read_trusted(path: Path, any_owner: bool) -> tuple[bytes, str | None]:
-    """``path``'s bytes, and why it may not be trusted (None: it may), from one
-    descriptor opened without following a symlink."""
+def lookup_without_toolchain(spec: BuildSpec, root: Path | None = None) -> Lookup:
+    """The newest valid entry of ``spec`` in the writable cache ``root`` (default: the
+    one builds go to), found without the toolchain its key needs: for a process whose
+    compiler was removed since the build.
+
+    Entries are matched by their manifest's ``toolchain_free_hash`` (the key without the
+    compilers' identity) and checked as a prebuilt entry is: trust, the artifact's size
+    and sha256, and every source and header outside the toolchain; the toolchain's
+    headers and the include search only change what a compiler would see, and none runs.
+    Otherwise MISSING, or why the matching entry cannot be loaded (STALE: a source
+    changed, which only a build can fix).
+    """
+    if root is None:
+        root = _existing_writable_root()
+        if root is None:
+            return Lookup(CacheState.MISSING)
+    key_hash = toolchain_free_hash(spec)
+    prefix = entry_dirname(spec, "")  # <name>_<device>_<args>_, before the key hash
     try:
-        fd = trust.open_nofollow(path, os.O_RDONLY)
+        names = sorted(n for n in os.listdir(root) if n.startswith(prefix))
+    except OSError:
+        return Lookup(CacheState.MISSING)
+    best = Lookup(CacheState.MISSING)
+    for name in names:
+        if "_" in name[len(prefix) :]:  # the entry of longer template arguments
+            continue
+        found = lookup(ModuleKey(key_hash, name, root), toolchain_free=True)
+        if found.manifest is None or found.manifest.toolchain_free_hash != key_hash:
+            continue  # another variant's, or an entry that cannot say whose it is
+        if found.status is CacheState.HIT:
+            newer = best.manifest is None or found.manifest.built_at > best.manifest.built_at
+            if best.status is not CacheState.HIT or newer:
+                best = found  # several compilers built it: the newest build
+        elif best.status is CacheState.MISSING:
+            best = found  # why it cannot be loaded, unless another entry can
+    return best
+
+
+def _existing_writable_root() -> Path | None:
+    """The writable cache root, where one exists: a load that cannot build must not
+    create one (:func:`.trust.choose_root` creates what it picks)."""
+    if not (env.cache_root().is_dir() or env.default_cache_root().is_dir()):
+        return None
+    try:
+        return trust.writable_root()
+    except CacheRootError:
+        return None
+
+
+def _read_at_most(fd: int, info: os.stat_result, path: Path, limit: int) -> bytes:
+    """The content of the regular file open at ``fd`` (``info``: its fstat); ValueError
+    past ``limit`` bytes, read no further (the file may grow after the fstat)."""
+    too_large = ValueError(f"{path.name} is larger than {limit} bytes")
+    if info.st_size > limit:
+        raise too_large
+    chunks, size = [], 0
+    while chunk := os.read(fd, min(limit + 1 - size, 1 << 20)):
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_trusted(path: Path, any_owner: bool, limit: int) -> tuple[bytes, str | None]:
+    """``path``'s bytes (at most ``limit``: ValueError past it), and why it may not be
+    trusted (None: it may), from one descriptor opened without following a symlink; a
+    path that is not a regular file raises NotRegularFile, unread."""
+    try:
+        fd, info = trust.open_regular(path)
     except trust.UntrustedPath as exc:
         return b"", str(exc)
     try:
-        info = os.fstat(fd)
         untrusted = trust.problem(info, any_owner=any_owner)
         if untrusted is not None:
             return b"", trust.explain(path, info, untrusted)
-        chunks = []
-        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
-            chunks.append(chunk)
-        return b"".join(chunks), None
+        return _read_at_most(fd, info, path, limit), None
     finally:
         os.close(fd)
 
 
-def _changed_input(manifest: Manifest) -> str | None:
-    """Why the build's inputs differ from the recorded ones (None: they do not)."""
-    for dep, fingerprint in manifest.toolchain_deps.items():
+def _changed_input(manifest: Manifest, *, toolchain: bool = True) -> str | None:
+    """Why the build's inputs differ from the recorded ones (None: they do not).
+    ``toolchain``: check the toolchain's headers and the include search too."""
+    for dep, fingerprint in manifest.toolchain_deps.items() if toolchain else ():
         try:
             if include_search.toolchain_fingerprint(dep) != fingerprint:
                 return f"{dep} changed"
         except OSError:
             return f"{dep} no longer exists"
-    for unit in manifest.include_search:
+    for unit in manifest.include_search if toolchain else ():
         reason = include_search.shadowed(unit)
         if reason:
             return reason
@@ -308,6 +412,8 @@ def _changed_input(manifest: Manifest) -> str | None:
         try:  # a prebuilt entry names the package's files by anchor (paths.anchored)
             if file_digest(paths.unanchored(dep)) != digest:
                 return f"{dep} changed"
+        except trust.NotRegularFile as exc:
+            return str(exc)
         except OSError:
             return f"{dep} no longer exists"
     return None
@@ -367,13 +473,13 @@ def _locks_dir(root: Path) -> Path:
 
 def _owner_text(owner_file: Path) -> str:
     try:
-        text, untrusted = _read_trusted(owner_file, any_owner=False)
+        text, untrusted = _read_trusted(owner_file, any_owner=False, limit=_OWNER_MAX_BYTES)
         if untrusted is not None:
             return "another process"
         data = json.loads(text)
         since = time.strftime("%H:%M:%S", time.localtime(data["since"]))
         return f"pid {data['pid']} on {data['host']} ({data['purpose']}, since {since})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "another process"
 
 

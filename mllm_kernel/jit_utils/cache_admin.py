@@ -29,7 +29,7 @@ from mllm_kernel.jit_utils.cache_names import LOGS_DIR, STAGING_DIR, belongs_to,
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
 from mllm_kernel.jit_utils.errors import CacheRootError, CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
-from mllm_kernel.jit_utils.status import VariantState
+from mllm_kernel.jit_utils.status import CacheState, VariantState
 
 _DAY = 86400.0
 # Any arch would do: it only lets a kernel be planned (to list its exports) without a GPU.
@@ -163,7 +163,32 @@ def _status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus:
             VariantState.UNKNOWN,
             detail="loaded in this process, no registered builder",
         )
-    return _served_by_prebuilt(entry, variant) or registry.variant_status(entry, variant)
+    found = _served_by_prebuilt(entry, variant) or registry.variant_status(entry, variant)
+    if found.status == VariantState.UNKNOWN:
+        return _cached_without_toolchain(entry, variant) or found
+    return found
+
+
+def _cached_without_toolchain(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus | None:
+    """``cached`` for a variant whose key cannot be computed because its compiler is gone,
+    where a build made before is valid (the loader loads it:
+    :func:`.cache.lookup_without_toolchain`), else None."""
+    try:
+        spec = entry.plan(variant)
+    except Exception:  # the plan fails: variant_status says why
+        return None
+    found = cache.lookup_without_toolchain(spec)
+    if found.status is not CacheState.HIT:
+        return None
+    return VariantStatus(
+        entry.name,
+        entry.device,
+        spec.template_args,
+        VariantState.CACHED,
+        path=found.artifact.parent,
+        size_bytes=found.artifact.stat().st_size,
+        detail="built by a compiler no longer found; loads without it",
+    )
 
 
 def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatus | None:

@@ -4,7 +4,9 @@ Two keys, for two kinds of cache:
 
 * :func:`module_key`, for the writable cache this machine builds into: everything
   that changes the binary, this machine's compilers included (their real path,
-  size and mtime), so that upgrading a compiler rebuilds.
+  size and mtime), so that upgrading a compiler rebuilds. The rest of it,
+  :func:`toolchain_free_hash`, is recorded in each entry's manifest: a process whose
+  compiler was removed since finds the entry by it, and loads it as a prebuilt one.
 * :func:`relocatable_key`, for prebuilt read-only caches (``MLLM_KERNEL_CACHE_PATH``,
   written by ``precompile --output``) built on another machine: what the binary is
   built *from* and *for*, nothing about where or with what. It needs no toolchain to
@@ -68,8 +70,30 @@ def uses_native_isa(spec: BuildSpec) -> bool:
     return any("native" in flag for flag in (*spec.cxx_flags, *spec.cuda_flags))
 
 
+def toolchain_free_material(spec: BuildSpec) -> dict:
+    """The part of :func:`key_material` that needs no toolchain to compute."""
+    material = {
+        "format": CACHE_FORMAT,
+        "spec": asdict(spec),
+        "include_dirs": [str(paths.include_dir()), *map(str, paths.tvm_ffi_include_dirs())],
+        "include_path_variables": env.include_path_variables(),
+        "tvm_ffi": tvm_ffi.__version__,
+        "mllm_kernel": __version__,
+    }
+    if uses_native_isa(spec):
+        material["host_isa"] = toolchain.host_isa()
+    return material
+
+
+def toolchain_free_hash(spec: BuildSpec) -> str:
+    """The hash of :func:`toolchain_free_material`: how a writable entry is found once
+    the compiler that built it is gone (:func:`.cache.lookup_without_toolchain`)."""
+    return stable_hash(toolchain_free_material(spec))
+
+
 def key_material(spec: BuildSpec) -> dict:
-    """Everything that changes the binary and is known before compiling.
+    """Everything that changes the binary and is known before compiling: the
+    toolchain-free material and the compilers' identity (ToolchainError without them).
 
     Source and header *contents* are not here: the manifest records the real
     include closure (from the compiler's dependency output) and the loader
@@ -77,21 +101,12 @@ def key_material(spec: BuildSpec) -> dict:
     file (see :mod:`.include_search`). The include-path variables are here
     because they move headers in and out of the search path.
     """
-    material = {
-        "format": CACHE_FORMAT,
-        "spec": asdict(spec),
-        "cxx": toolchain.find_cxx().identity,
-        "include_dirs": [str(paths.include_dir()), *map(str, paths.tvm_ffi_include_dirs())],
-        "include_path_variables": env.include_path_variables(),
-        "tvm_ffi": tvm_ffi.__version__,
-        "mllm_kernel": __version__,
-    }
+    material = toolchain_free_material(spec)
+    material["cxx"] = toolchain.find_cxx().identity
     if spec.device == "cuda":
         cuda = toolchain.find_cuda()
         material["nvcc"] = cuda.identity
         material["cuda_lib_dir"] = str(cuda.lib_dir)
-    if uses_native_isa(spec):
-        material["host_isa"] = toolchain.host_isa()
     return material
 
 

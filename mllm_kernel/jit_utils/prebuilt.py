@@ -134,6 +134,7 @@ def export(spec: BuildSpec, built: Path, output: Path) -> Path:
         deps={paths.anchored(path): digest for path, digest in manifest.deps.items()},
         toolchain_deps={},
         include_search=[],
+        toolchain_free_hash="",  # key_hash is the relocatable key: no other is looked up
     )
     output.mkdir(parents=True, exist_ok=True)
     os.chmod(output, _DIR_MODE)

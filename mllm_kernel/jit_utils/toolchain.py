@@ -39,7 +39,16 @@ class Tool:
 
     @property
     def identity(self) -> str:
-        stat = self.real_path.stat()
+        """``real path:size:mtime``; ToolchainError once the file is gone (found
+        earlier in this process, removed since)."""
+        try:
+            stat = self.real_path.stat()
+        except OSError as exc:
+            raise ToolchainError(
+                f"{self.path} (the file {self.real_path}) can no longer be read: "
+                f"{exc.strerror}. Reinstall it, or point CXX (the C++ compiler) or CUDA_HOME "
+                "(nvcc) at one that exists."
+            ) from None
         return f"{self.real_path}:{stat.st_size}:{stat.st_mtime_ns}"
 
     def version(self) -> str:

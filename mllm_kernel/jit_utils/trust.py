@@ -22,6 +22,8 @@ rule, checked before any dlopen:
 
 What the package creates is private: directories 0700, files with the process
 umask but never group- or world-writable, written without following a symlink.
+What it reads is a regular file, checked on the descriptor before a byte is read
+(:func:`open_regular`): a FIFO or a device planted in the cache is never read from.
 
 The checks are one ``stat`` per path (four per warm load: root, entry, manifest,
 artifact), on descriptors the loader opens anyway where it can.
@@ -158,6 +160,47 @@ def open_nofollow(path: Path, flags: int, mode: int = FILE_MODE) -> int:
             f"(rm {path})",
             path,
         ) from None
+
+
+class NotRegularFile(OSError):
+    """A path the cache reads that is not a regular file: opening a FIFO blocks until a
+    writer comes, and reading a device (``/dev/zero``) may never end, so neither is read."""
+
+    def __init__(self, path: Path, info: os.stat_result) -> None:
+        super().__init__(f"{path} is {_kind(info.st_mode)}, not a regular file")
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((kind for test, kind in _KINDS if test(mode)), f"of type {stat.S_IFMT(mode):o}")
+
+
+def open_regular(path: Path, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file ``path``, and its ``fstat``.
+
+    The open does not block (``O_NONBLOCK``: a FIFO there would otherwise wait for a
+    writer forever), and anything but a regular file raises NotRegularFile before a byte
+    is read. ``follow``: through a symlink (a source or header named by a manifest);
+    else a symlink raises UntrustedPath (a file the cache keeps).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK
+    fd = os.open(path, flags | os.O_CLOEXEC) if follow else open_nofollow(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(path, info)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
 
 
 def write_file(path: Path, text: str) -> None:
