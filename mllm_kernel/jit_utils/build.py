@@ -8,15 +8,22 @@ is declared, and a hint (:func:`generated_line_error`).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
+import functools
 import os
 import re
 import shlex
+import signal
 import subprocess
+import sys
+import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from mllm_kernel.jit_utils import env, include_search, paths, toolchain
 from mllm_kernel.jit_utils.cache import file_digest
@@ -185,11 +192,85 @@ def hint_for(log: str) -> str | None:
     return None
 
 
-def _run(command: list[str], cwd: Path) -> tuple[int, str]:
+# Each compiler runs in a process group of its own under this shell, which kills the
+# group when told (SIGTERM): on Linux the kernel tells it when the builder dies, SIGKILL
+# included (PR_SET_PDEATHSIG). The group, because cc1plus, cicc and ptxas are children
+# of the driver: killing the driver alone would leave them running.
+_GROUP_GUARD = 'trap "kill -KILL 0" TERM; "$@" & wait $!'
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up before any fork (a forked child should only call it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _start(command: list[str], cwd: Path, output: IO[bytes]) -> subprocess.Popen:
+    prctl, builder, sigterm = _prctl(), os.getpid(), int(signal.SIGTERM)
+    if prctl is None:
+        preexec = None
+    else:
+        command = ["/bin/sh", "-c", _GROUP_GUARD, "sh", *command]
+
+        def preexec() -> None:  # in the child, between fork and exec: keep it to syscalls
+            prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+            if os.getppid() != builder:  # it died before the line above took effect
+                os._exit(1)
+
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_compilers(commands: list[list[str]], cwd: Path) -> list[tuple[int, str]]:
+    """Runs ``commands`` side by side in ``cwd``: ``(exit status, output)`` of each.
+
+    They die with the calling process: killed when this call is interrupted (Ctrl-C or
+    any exception), and on Linux when the process is killed outright (see
+    ``_GROUP_GUARD``), so no orphaned compiler keeps a core busy.
+    """
+    started: list[tuple[subprocess.Popen, IO[bytes]]] = []
+    with contextlib.ExitStack() as outputs:
+        try:
+            for command in commands:
+                # Output goes to unnamed files in cwd: parallel compilers never block on a
+                # full pipe, and nothing is left behind in the directory.
+                output = outputs.enter_context(tempfile.TemporaryFile(dir=cwd))
+                started.append((_start(command, cwd, output), output))
+            results = []
+            for proc, output in started:
+                code = proc.wait()
+                output.seek(0)
+                results.append((code, output.read().decode(errors="replace")))
+            return results
+        finally:
+            for proc, _ in started:
+                if proc.poll() is None:
+                    _kill_group(proc)
+
+
+def _log_commands(commands: list[list[str]]) -> None:
     if env.verbose():
-        _logger.info("$ %s", shlex.join(command))
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
-    return proc.returncode, proc.stdout + proc.stderr
+        for command in commands:
+            _logger.info("$ %s", shlex.join(command))
 
 
 def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
@@ -202,8 +283,8 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
         units.append(unit)
     jobs = [(u, staging / f"{u.name}.o", staging / f"{u.name}.d") for u in units]
     commands = [_compile_command(spec, u, o, d) for u, o, d in jobs]
-    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-        outcomes = list(pool.map(lambda c: _run(c, staging), commands))
+    _log_commands(commands)
+    outcomes = run_compilers(commands, staging)
     log = "".join(
         f"$ {shlex.join(c)}\n{out}\n" for c, (_, out) in zip(commands, outcomes, strict=False)
     )
@@ -211,7 +292,8 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
     artifact = staging / f"{spec.name}.so"
     if not failed:
         link = _link_command(spec, [o for _, o, _ in jobs], artifact)
-        code, out = _run(link, staging)
+        _log_commands([link])
+        ((code, out),) = run_compilers([link], staging)
         log += f"$ {shlex.join(link)}\n{out}\n"
         failed = code != 0
     if failed:

@@ -183,6 +183,16 @@ def jit(
     """
     if device not in _DEVICES:
         raise ValueError(f"@jit: device must be one of {_DEVICES}, got {device!r}")
+    lists = {
+        "cpp_files": cpp_files,
+        "cuda_files": cuda_files,
+        "extra_cxx_flags": extra_cxx_flags,
+        "extra_cuda_cxx_flags": extra_cuda_cxx_flags,
+        "extra_ld_flags": extra_ld_flags,
+        "extra_include_paths": extra_include_paths,
+    }
+    for arg, value in lists.items():
+        loader.check_list(value, arg, "@jit: ")
     cpp_args = tuple(make_cpp_args(*_template_args(args)))
     has_cuda = bool(cuda_files or cuda_wrappers)
 

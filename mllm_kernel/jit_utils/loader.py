@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import shutil
 import time
@@ -13,10 +14,10 @@ from typing import Any
 import tvm_ffi
 
 from mllm_kernel.jit_utils import build, cache, module_errors, paths, prebuilt, registry
-from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key
+from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key, toolchain_free_hash
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
-from mllm_kernel.jit_utils.errors import KernelBuildError
+from mllm_kernel.jit_utils.errors import KernelBuildError, ToolchainError
 from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper, check_module_name, check_one_line
 from mllm_kernel.jit_utils.status import BuildOutcome, CacheState
@@ -93,6 +94,36 @@ def _paths(items: Iterable[str | Path] | None) -> tuple[Path, ...]:
     return tuple(Path(p).absolute() for p in items or ())
 
 
+def check_list(value: Any, name: str, where: str = "") -> None:
+    """TypeError naming ``name`` when ``value`` is a str, bytes or path where a list of
+    them belongs: iterated, a str would give one file or flag per character.
+
+    ``where`` prefixes the message (``"@jit: "``)."""
+    if isinstance(value, str | bytes | os.PathLike):
+        shown = str(value) if isinstance(value, os.PathLike) else value
+        raise TypeError(
+            f"{where}{name} must be a list, e.g. {name}=[{shown!r}], but got a "
+            f"{type(value).__name__} (a str would be read one character at a time)"
+        )
+
+
+def _check_build_directory(build_directory: str | Path | None) -> None:
+    """ValueError when ``build_directory``, or a directory it would be created in, is an
+    existing file: it is likely the user's own (a source, say) and is left alone."""
+    if build_directory is None:
+        return
+    path = Path(build_directory).expanduser().absolute()
+    for candidate in (path, *path.parents):
+        if candidate.is_dir():
+            return
+        if candidate.exists():
+            where = "" if candidate == path else f" (it would be created inside {candidate})"
+            raise ValueError(
+                f"build_directory must be a directory, but {str(candidate)!r} is a file"
+                f"{where}: pass the path of a directory (existing, or one to create)"
+            )
+
+
 def _either(ours: Any, theirs: Any, our_name: str, their_name: str) -> Any:
     """One of two spellings of a keyword (ours, or the original mllm-kernel's)."""
     if ours is not None and theirs is not None:
@@ -129,10 +160,14 @@ def load_cpu_jit(
     names work too: ``extra_ld_flags`` (= ``extra_ldflags``), and ``use_highway``,
     accepted without effect (no kernel here uses Highway).
 
-    Raises FileNotFoundError (a source), ToolchainError (no compiler),
+    Raises FileNotFoundError (a source), TypeError (a str where a list belongs, such as
+    ``cpp_files="k.cpp"``), ValueError (a ``build_directory`` that is a file, a source
+    path holding a double quote or a line break), ToolchainError (no compiler),
     KernelBuildError (the compiler failed; the message leads with its first error).
     """
     del use_highway
+    check_list(extra_ld_flags, "extra_ld_flags")
+    _check_build_directory(build_directory)
     ldflags = _either(extra_ldflags, extra_ld_flags, "extra_ldflags", "extra_ld_flags")
     spec = cpu_spec(
         name,
@@ -162,6 +197,14 @@ def cpu_spec(
     ``DEFAULT_CPU_OPENMP_FLAGS``); extra flags follow, so they can override them.
     """
     check_module_name(name)
+    lists = {
+        "cpp_files": cpp_files,
+        "extra_cxx_flags": extra_cxx_flags,
+        "extra_ldflags": extra_ldflags,
+        "extra_include_paths": extra_include_paths,
+    }
+    for arg, value in lists.items():
+        check_list(value, arg)
     return BuildSpec(
         name=name,
         device="cpu",
@@ -200,6 +243,9 @@ def load_cuda_jit(
     (``extra_cuda_cxx_flags`` = ``extra_cuda_flags``, ``extra_ld_flags`` =
     ``extra_ldflags``) as for :func:`load_cpu_jit`.
     """
+    check_list(extra_cuda_cxx_flags, "extra_cuda_cxx_flags")
+    check_list(extra_ld_flags, "extra_ld_flags")
+    _check_build_directory(build_directory)
     cuda_flags = _either(
         extra_cuda_flags, extra_cuda_cxx_flags, "extra_cuda_flags", "extra_cuda_cxx_flags"
     )
@@ -239,6 +285,16 @@ def cuda_spec(
     (default: the archs resolved for GPU ``device_index``, see :mod:`.cuda_arch`);
     nothing is built."""
     check_module_name(name)
+    lists = {
+        "cpp_files": cpp_files,
+        "cuda_files": cuda_files,
+        "extra_cxx_flags": extra_cxx_flags,
+        "extra_cuda_flags": extra_cuda_flags,
+        "extra_ldflags": extra_ldflags,
+        "extra_include_paths": extra_include_paths,
+    }
+    for arg, value in lists.items():
+        check_list(value, arg)
     return BuildSpec(
         name=name,
         device="cuda",
@@ -258,12 +314,16 @@ def cuda_spec(
 def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm_ffi.Module:
     """Loads ``spec``'s module: from a read-only cache (``MLLM_KERNEL_CACHE_PATH``, a cache package;
     no toolchain needed) or the writable cache if valid there, else builds it first.
-    With ``build_directory``, that directory is the module's cache (no prebuilt lookup)."""
+    With ``build_directory``, that directory is the module's cache (no prebuilt lookup).
+    Without a toolchain, a writable-cache entry built before it went away is loaded."""
     if registry.capture(spec):  # registry.plan reads a hand-written builder's spec
         return spec
     if build_directory is not None:
         root = Path(build_directory).expanduser().absolute()
-        key = dataclasses.replace(module_key(spec), root=root)
+        try:
+            key = dataclasses.replace(module_key(spec), root=root)
+        except ToolchainError as missing:
+            return _load_without_toolchain(spec, root, missing)
         found = cache.lookup(key)
         module = _try_load(found.artifact, spec) if found.status is CacheState.HIT else None
         if module is not None:
@@ -276,7 +336,10 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm
         if module is not None:
             registry.record_loaded(spec)
             return module
-    key = module_key(spec)
+    try:
+        key = module_key(spec)
+    except ToolchainError as missing:
+        return _load_without_toolchain(spec, None, missing)
     found = cache.lookup(key)
     if found.status is CacheState.HIT:
         module = _try_load(found.artifact, spec)
@@ -284,6 +347,28 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm
             registry.record_loaded(spec)
             return module
     return build_and_load(spec, key)
+
+
+def _load_without_toolchain(
+    spec: BuildSpec, root: Path | None, missing: ToolchainError
+) -> tvm_ffi.Module:
+    """``spec``'s module from the writable cache ``root`` (None: the default), built
+    before the toolchain went away; else ToolchainError: a build needs it."""
+    found = cache.lookup_without_toolchain(spec, root)
+    if found.status is CacheState.HIT:
+        module = _try_load(found.artifact, spec)
+        if module is not None:
+            registry.record_loaded(spec)
+            return module
+        why = "its library does not load"
+    elif found.status is CacheState.MISSING:
+        why = "not built"
+    else:
+        why = f"{found.status}: {found.reason}"
+    raise ToolchainError(
+        f"{spec.describe()}: no valid cached build ({why}), and building one needs the "
+        f"compiler: {missing}"
+    ) from None
 
 
 def _try_load(artifact: Path, spec: BuildSpec) -> tvm_ffi.Module | None:
@@ -329,6 +414,7 @@ def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cac
         build_seconds=round(result.seconds, 3),
         toolchain=result.toolchain,
         cuda_archs=[str(a) for a in spec.cuda_archs],
+        toolchain_free_hash=toolchain_free_hash(spec),
     )
 
 

@@ -7,11 +7,14 @@ fails first with a message about torch's internals, is checked here:
 * a non-tensor where a tensor belongs (TypeError naming the argument). Any other
   DLPack tensor (a numpy array for CPU ops, a CuPy or JAX array for CUDA ops) is
   taken as a torch view of the same memory (``torch.from_dlpack``, no copy), so an
-  op's results are torch tensors, whatever the caller passed;
+  op's results are torch tensors, whatever the caller passed. One with negative strides
+  (``a[::-1]``), which ``torch.from_dlpack`` would abort the process on, is refused
+  (ValueError naming the argument);
 * a tensor with the negative bit (``x.conj().imag``): DLPack exports the raw
   values, so an input is resolved (``resolve_neg()``) and an output refused;
   conjugate views are complex, which no kernel accepts (the dtype check says so);
-* a scalar that is not a number (TypeError; ``bool`` is not a number here);
+* a scalar that is not a number (TypeError; ``bool`` is not a number here) or beyond a
+  float's range (OverflowError);
 * a ``dim`` out of range (IndexError, as torch raises it, naming the argument);
 * and, once a call failed: a meta, sparse, quantized or nested tensor, or one on
   the wrong kind of device, explained by :func:`explain` (ValueError naming the
@@ -38,6 +41,7 @@ reads; the last runs only on a failure. A new op's wrapper reads::
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any, NoReturn
 
 import torch
@@ -83,6 +87,12 @@ def _slow_tensor(value: Any, arg: str, output: bool) -> torch.Tensor:
                 f"argument '{arg}': a read-only {_type_name(value)} cannot be written; pass "
                 "a writable array"
             )
+        if _reversed(value):
+            raise ValueError(
+                f"argument '{arg}': a {_type_name(value)} with negative strides (a reversed "
+                "view such as a[::-1]) cannot be shared with torch; pass a contiguous copy "
+                "(np.ascontiguousarray(a), or a.copy())"
+            )
         try:
             return torch.from_dlpack(value)  # the same memory: an output is written through
         except Exception as error:  # an unsupported dtype or device
@@ -100,6 +110,16 @@ def _slow_tensor(value: Any, arg: str, output: bool) -> torch.Tensor:
     return value  # a subclass such as torch.nn.Parameter
 
 
+def _reversed(value: Any) -> bool:
+    """Whether an array (numpy, CuPy: ``strides`` in bytes) steps backwards along a dim
+    of more than one element. DLPack can describe that, but torch.from_dlpack aborts the
+    process on it (a C++ exception it does not catch), so it must be refused first."""
+    strides, shape = getattr(value, "strides", None), getattr(value, "shape", None)
+    if not isinstance(strides, tuple) or not isinstance(shape, tuple):
+        return False
+    return any(isinstance(s, int) and s < 0 and n > 1 for n, s in zip(shape, strides, strict=False))
+
+
 # --------------------------------------------------------------------------- scalars
 def number(value: Any, arg: str) -> float:
     """``value`` as a float: an int or float (numpy scalars too), not a bool or a str.
@@ -110,7 +130,15 @@ def number(value: Any, arg: str) -> float:
     if type(value) is float:
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            text = str(value)
+            shown = text if len(text) <= 24 else f"{text[:19]}... ({len(text)} digits)"
+            raise OverflowError(
+                f"argument '{arg}': {shown} is out of range for a float (magnitude at most "
+                f"{sys.float_info.max:e})"
+            ) from None
     raise TypeError(f"argument '{arg}': expected a number but got {_type_name(value)}")
 
 
@@ -205,7 +233,6 @@ def _same_op_on(device: str) -> str:
     called (found on the call stack: this runs only on a failure) exists for ``device``
     too, else ``""``."""
     import importlib
-    import sys
 
     package_name = _OP_PACKAGES.get(device)
     if package_name is None:

@@ -39,6 +39,23 @@ def check_one_line(text: str, what: str) -> str:
     return text
 
 
+def check_includable(path: Path) -> Path:
+    """``path`` if it can be written between the quotes of an ``#include "..."`` line;
+    ValueError for one holding a double quote or a line break, which would end that line
+    early and let the rest of the name be read as code.
+
+    >>> check_includable(Path("/src/my kernels/add.cpp")).name
+    'add.cpp'
+    """
+    text = str(path)
+    if '"' in text or _LINE_BREAK.search(text):
+        raise ValueError(
+            f"source path {text!r} cannot be written in an #include line (it holds a double "
+            "quote or a line break): rename the file or move it to a directory without them"
+        )
+    return path
+
+
 def check_module_name(name: object) -> str:
     """``name`` if it is a C identifier of at most MAX_NAME_LENGTH characters; else
     TypeError (not a str) or ValueError saying which rule it breaks.
@@ -103,6 +120,8 @@ class BuildSpec:
         check_module_name(self.name)
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        for path in (*self.cpp_files, *self.cuda_files):
+            check_includable(path)
         exports = [w.export_name for w in (*self.cpp_wrappers, *self.cuda_wrappers)]
         if not exports:
             raise ValueError(

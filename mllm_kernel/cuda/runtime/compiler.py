@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,19 +80,36 @@ class CompileFailed(Exception):
         self.log = log
 
 
+# A str naming a source file ends in one of these; any other str is source text.
+SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
+
+
+def is_source_text(source: str) -> bool:
+    """Whether a str is CUDA source text rather than a file name, decided from the text
+    alone: looking text up on disk fails for a line longer than a file name may be
+    (ENAMETOOLONG). A file name is one line ending in a :data:`SOURCE_SUFFIXES` suffix,
+    without the braces and semicolons every kernel definition or declaration has.
+
+    >>> is_source_text("kernels/add.cu"), is_source_text('#include "add.cuh"')
+    (False, True)
+    """
+    return (
+        not source.strip()
+        or any(c in source for c in "\n\r{};")
+        or not source.lower().endswith(SOURCE_SUFFIXES)
+    )
+
+
 def read_source(source: str | os.PathLike[str]) -> tuple[str, Path | None]:
-    """``(text, path)``: a path (or a one-line str naming a file) is read; other text is
-    the source itself (``path`` None)."""
-    if isinstance(source, os.PathLike):
-        path = Path(source)
-    elif isinstance(source, str):
-        if "\n" in source or not source.strip():
+    """``(text, path)``: a path (a PathLike, or a str naming a source file, see
+    :func:`is_source_text`) is read; other text is the source itself (``path`` None).
+    A file of another name is read when given as a ``pathlib.Path``."""
+    if isinstance(source, str):
+        if is_source_text(source):
             return source, None
         path = Path(source)
-        if not path.is_file():
-            if path.suffix in (".cu", ".cuh", ".cpp", ".h", ".hpp"):
-                raise FileNotFoundError(f"CUDA source file {source!r} does not exist")
-            return source, None
+    elif isinstance(source, os.PathLike):
+        path = Path(source)
     else:
         raise TypeError(f"source must be CUDA source text or a path, got {type(source).__name__}")
     if not path.is_file():
@@ -185,9 +201,9 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         unit,
     ]
     started = time.monotonic()
-    proc = subprocess.run(command, cwd=staging, capture_output=True, text=True, check=False)
-    log = f"$ {shlex.join(command)}\n{proc.stdout}{proc.stderr}"
-    if proc.returncode != 0 or not artifact.is_file():
+    ((code, output),) = build.run_compilers([command], staging)
+    log = f"$ {shlex.join(command)}\n{output}"
+    if code != 0 or not artifact.is_file():
         raise CompileFailed(log)
     return CompileOutput(
         artifact=artifact,

@@ -25,6 +25,8 @@ Dims = int | Sequence[int] | None
 
 _ELF_MAGIC = b"\x7fELF"
 _FATBIN_MAGIC = b"\x50\xed\x55\xba"
+# The longest file name (NAME_MAX on Linux and macOS), in bytes.
+_NAME_MAX = 255
 
 
 class CompiledKernel:
@@ -255,16 +257,30 @@ def compile_kernel(
     return CompiledKernel(module, name, params, grid=grid, block=block, shared_mem=shared_mem)
 
 
-def _image(value: bytes | bytearray | memoryview | str | os.PathLike[str]) -> bytes:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    return Path(value).read_bytes()
+def _could_name_a_file(text: str) -> bool:
+    return "\n" not in text and all(
+        len(os.fsencode(name)) <= _NAME_MAX for name in text.split(os.sep)
+    )
+
+
+def _read(path: str | os.PathLike[str], caller: str, what: str) -> bytes:
+    """The bytes of file ``path``; an empty str (``Path("")`` is the current directory)
+    is refused by name."""
+    if isinstance(path, str) and not path.strip():
+        raise ValueError(
+            f"{caller}: an empty string is neither {what} nor the path of a file: pass the "
+            "image's contents or a file's path"
+        )
+    return Path(path).read_bytes()
 
 
 def load_cubin(path_or_bytes: bytes | str | os.PathLike[str]) -> CudaModule:
     """A CUBIN (or fatbin) from a file or bytes, loaded; kernels through
     ``module.get_function(name, signature="const float*, float*, int")``."""
-    image = _image(path_or_bytes)
+    if isinstance(path_or_bytes, bytes | bytearray | memoryview):
+        image = bytes(path_or_bytes)
+    else:
+        image = _read(path_or_bytes, "load_cubin", "a CUBIN")
     if not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC)):
         raise ValueError(
             "not a CUBIN or fatbin (no ELF or fatbin header): compile one with "
@@ -275,13 +291,19 @@ def load_cubin(path_or_bytes: bytes | str | os.PathLike[str]) -> CudaModule:
 
 
 def load_ptx(path_or_text: str | bytes | os.PathLike[str]) -> CudaModule:
-    """PTX from a file or text, JIT-compiled by the driver for the GPU it runs on."""
+    """PTX from a file or text, JIT-compiled by the driver for the GPU it runs on.
+
+    A str is PTX text when it holds a ``.version`` directive (all PTX does) or cannot be a
+    path (several lines, a name longer than a file name may be), else a file's path: the
+    text alone decides, so text is never looked up on disk."""
     if isinstance(path_or_text, bytes):
         text = path_or_text.decode()
-    elif isinstance(path_or_text, str) and ".version" in path_or_text:
+    elif isinstance(path_or_text, str) and (
+        ".version" in path_or_text or not _could_name_a_file(path_or_text)
+    ):
         text = path_or_text
     else:
-        text = Path(path_or_text).read_text()
+        text = _read(path_or_text, "load_ptx", "PTX").decode()
     if ".version" not in text or ".target" not in text:
         raise ValueError(
             "not PTX (no .version / .target directive): compile it with compile_to_ptx() "

@@ -54,6 +54,10 @@ _QUALIFIERS = frozenset(
 _ATTRIBUTES = frozenset(
     {"__launch_bounds__", "__cluster_dims__", "__maxnreg__", "__attribute__", "__declspec"}
 )
+# Attributes a parameter may carry ([[maybe_unused]], __attribute__((unused))): they do
+# not change how it is passed, and their brackets would read as array or pointer marks.
+_ATTRIBUTE_LIST = re.compile(r"\[\[.*?\]\]", re.DOTALL)
+_PARAMETER_ATTRIBUTE = re.compile(r"\b(?:__attribute__|__declspec|alignas)\s*\(")
 _TOKEN = re.compile(r"[A-Za-z_][\w:]*|\S")
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 # Plain char is signed on x86 and unsigned on Arm, as the host compiler (and so nvcc) has it.
@@ -119,9 +123,20 @@ def _is_type_word(word: str) -> bool:
     return word in _INTEGER_WORDS or word.removeprefix("std::") in _NAMED_SCALARS
 
 
+def _without_attributes(text: str) -> str:
+    text = _ATTRIBUTE_LIST.sub(" ", text)
+    while match := _PARAMETER_ATTRIBUTE.search(text):
+        close = matching_paren(text, match.end() - 1)
+        if close is None:  # unbalanced: left for the type check to refuse
+            break
+        text = f"{text[: match.start()]} {text[close + 1 :]}"
+    return text
+
+
 def parse_param(text: str, index: int, where: str) -> Param:
-    """One parameter declaration, e.g. ``const float* __restrict__ x``."""
-    tokens = _TOKEN.findall(text)
+    """One parameter declaration, e.g. ``const float* __restrict__ x``; attributes
+    (``[[maybe_unused]] int n``) are skipped."""
+    tokens = _TOKEN.findall(_without_attributes(text))
     shown = " ".join(text.split())
     if "&" in tokens:
         raise ValueError(f"{where}: parameter {shown!r} is a reference: kernels take pointers")
