@@ -192,7 +192,7 @@ def test_untrusted_root_is_not_used_and_builds_go_to_a_private_fallback(
     assert module_key(_spec(source)).path.parent == fallback
     assert cache.lookup(module_key(_spec(source))).status == "hit"
     (warning,) = [w for w in warnings_logged if "instead of the cache" in w]
-    assert f"building into {fallback} instead of the cache at {shared}" in warning
+    assert f"using {fallback} instead of the cache at {shared}" in warning
     assert expected in warning and f"mode {mode:04o}" in warning
     assert "MLLM_KERNEL_CACHE_DIR at a directory only you can write" in warning
     for created in (home / ".cache", fallback, fallback / ".locks", fallback / ".staging"):
@@ -324,9 +324,7 @@ def test_unusable_root_falls_back_to_the_private_default_with_one_warning(
     (warning,) = [
         w for w in warnings_logged if "instead of the cache" in w
     ]  # one, not one per call
-    assert f"building into {fallback} instead of the cache at {root} (MLLM_KERNEL_CACHE_DIR)" in (
-        warning
-    )
+    assert f"using {fallback} instead of the cache at {root} (MLLM_KERNEL_CACHE_DIR)" in (warning)
     assert f"cannot create {root}" in warning and os_error in warning
     assert "Fix: point MLLM_KERNEL_CACHE_DIR at a directory you can create and write" in warning
     assert _mode(fallback) == 0o700

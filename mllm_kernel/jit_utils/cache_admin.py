@@ -13,7 +13,6 @@ build in progress is never pulled from under its builder.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import shutil
 import stat
@@ -354,12 +353,9 @@ def check_kernel_names(kernels: frozenset[str], root: Path) -> None:
     unknown = sorted(k for k in unknown if k not in known)
     if not unknown:
         return
-    guesses = []
-    for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1)
-        guesses.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
     raise ValueError(
-        f"unknown kernel(s) {', '.join(guesses)}: no cached module in {root} and no "
+        f"unknown kernel(s) {registry.unknown_names(unknown, known)}: no cached module in "
+        f"{root} and no "
         f"registered kernel has that name; nothing was removed. Known: {', '.join(sorted(known))}"
     )
 

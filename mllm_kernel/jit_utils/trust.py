@@ -259,7 +259,7 @@ class RootChoice:
     def warning(self) -> str:
         """The WARNING a fallback logs: both roots, what is wrong, and the fix."""
         return (
-            f"building into {self.root} instead of the cache at {self.configured} "
+            f"using {self.root} instead of the cache at {self.configured} "
             f"({ROOT_VARIABLE}): {self.problem}"
         )
 
