@@ -76,6 +76,18 @@ def _session_cache(tmp_path_factory, request):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# A one-function CPU module for tests of the JIT core: small, so that it builds fast.
+OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
+
+
+@pytest.fixture
+def ok_source(tmp_path):
+    """``OK_SOURCE`` written to ``tmp_path / "ok.cpp"``."""
+    source = tmp_path / "ok.cpp"
+    source.write_text(OK_SOURCE)
+    return source
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """A private, empty cache root for one test."""

@@ -13,13 +13,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import OK_SOURCE
 
 from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.loader import cpu_spec
 from mllm_kernel.jit_utils.spec import BuildSpec
 
-OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 EVIL_SOURCE = """
 #include <fcntl.h>
 #include <unistd.h>
@@ -47,13 +47,6 @@ def home(tmp_path, monkeypatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("HOME", str(path))
     return path
-
-
-@pytest.fixture
-def ok_source(tmp_path) -> Path:
-    source = tmp_path / "ok.cpp"
-    source.write_text(OK_SOURCE)
-    return source
 
 
 def _spec(source: Path) -> BuildSpec:

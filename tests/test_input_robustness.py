@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import OK_SOURCE
 
 import mllm_kernel
 from mllm_kernel.cuda import compile_to_ptx, load_cubin, load_ptx
@@ -25,14 +26,6 @@ from mllm_kernel.jit_utils import jit, load_cpu_jit, load_cuda_jit, op_inputs
 from mllm_kernel.jit_utils.loader import cpu_spec
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
-OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
-
-
-@pytest.fixture
-def ok_source(tmp_path) -> Path:
-    source = tmp_path / "ok.cpp"
-    source.write_text(OK_SOURCE)
-    return source
 
 
 def _python(script: str, *args: str, env: dict | None = None, **popen) -> subprocess.Popen:

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import OK_SOURCE
 
 import mllm_kernel
 from mllm_kernel.jit_utils import (
@@ -30,14 +31,6 @@ from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
 
 PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
-OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
-
-
-@pytest.fixture
-def ok_source(tmp_path) -> Path:
-    source = tmp_path / "ok.cpp"
-    source.write_text(OK_SOURCE)
-    return source
 
 
 # --------------------------------------------------------------------------- env values

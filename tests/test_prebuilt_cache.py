@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import tvm_ffi
+from conftest import OK_SOURCE
 
 import mllm_kernel
 from mllm_kernel.jit_utils import (
@@ -39,7 +40,6 @@ CHILD_PYTHONPATH = os.pathsep.join(
 )
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
-OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 
 
 @pytest.fixture(autouse=True)
