@@ -179,14 +179,22 @@ def _cached_without_toolchain(entry: KernelEntry, variant: tuple[Any, ...]) -> V
     found = cache.lookup_without_toolchain(spec)
     if found.status is not CacheState.HIT:
         return None
+    detail = "built by a compiler no longer found; loads without it"
+    return _found(entry, spec, VariantState.CACHED, found.artifact, detail)
+
+
+def _found(
+    entry: KernelEntry, spec: Any, state: VariantState, artifact: Path, detail: str
+) -> VariantStatus:
+    """The status of a variant whose build ``artifact`` was found."""
     return VariantStatus(
         entry.name,
         entry.device,
         spec.template_args,
-        VariantState.CACHED,
-        path=found.artifact.parent,
-        size_bytes=found.artifact.stat().st_size,
-        detail="built by a compiler no longer found; loads without it",
+        state,
+        path=artifact.parent,
+        size_bytes=artifact.stat().st_size,
+        detail=detail,
     )
 
 
@@ -204,15 +212,8 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
         return None
     if found is None:
         return None
-    return VariantStatus(
-        entry.name,
-        entry.device,
-        spec.template_args,
-        VariantState.PREBUILT,
-        path=found.artifact.parent,
-        size_bytes=found.artifact.stat().st_size,
-        detail=origins[found.artifact.parent.parent],  # which setting or package named it
-    )
+    origin = origins[found.artifact.parent.parent]  # which setting or package named it
+    return _found(entry, spec, VariantState.PREBUILT, found.artifact, origin)
 
 
 def _planned(entry: KernelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
