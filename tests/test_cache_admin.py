@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mllm_kernel.jit_utils import cache, cache_admin
+from mllm_kernel.jit_utils import build_inputs, cache, cache_admin
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def fake_module(root: Path, name: str, arg: str, age_days: float = 0, device: st
         key_hash="0" * 64,
         artifact=artifact.name,
         artifact_size=1000,
-        artifact_sha256=cache.file_digest(artifact),
+        artifact_sha256=build_inputs.file_digest(artifact),
         deps={},
         exports=[name],
         built_at=time.time() - age_days * DAY,

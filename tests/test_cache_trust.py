@@ -10,12 +10,21 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import OK_SOURCE
 
-from mllm_kernel.jit_utils import KernelBuildError, cache, load_cpu_jit, registry, toolchain
+from mllm_kernel.jit_utils import (
+    KernelBuildError,
+    build_inputs,
+    cache,
+    load_cpu_jit,
+    registry,
+    toolchain,
+    trust,
+)
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.loader import cpu_spec
 from mllm_kernel.jit_utils.spec import BuildSpec
@@ -84,7 +93,7 @@ def _plant(entry: Path, where: Path, marker: Path) -> Path:
     )
     evil_cpp.unlink()
     manifest["artifact_size"] = artifact.stat().st_size
-    manifest["artifact_sha256"] = cache.file_digest(artifact)
+    manifest["artifact_sha256"] = build_inputs.file_digest(artifact)
     (where / "manifest.json").write_text(json.dumps(manifest))
     return where
 
@@ -346,3 +355,255 @@ def test_no_usable_root_is_one_error_naming_both(tmp_path, monkeypatch, ok_sourc
     monkeypatch.delenv("MLLM_KERNEL_CACHE_DIR")  # the default alone: no fallback to name
     with pytest.raises(CacheRootError, match=rf"^the cache root {fallback} cannot be used: "):
         _load(ok_source)
+
+
+# ------------------------------------------- the directories on the way to the root
+# Every check re-resolves the root's path, and so does dlopen: whoever can write a parent
+# of the root can rename the root away and put their own directory in its place between
+# the two (issue 31, item 6: 12 of 40 victims ran a planted constructor that way). Each
+# test plants a valid entry of ours: under a parent others can write it must not load.
+def _root_in(parent: Path) -> Path:
+    root = parent / "cache"
+    root.mkdir(mode=0o700, parents=True)
+    return root
+
+
+def _through_a_named_link(tmp_path: Path, parent: Path) -> Path:
+    """The root named through a symlink to its parent: ``<tmp>/via/cache``."""
+    (tmp_path / "via").symlink_to(parent)
+    return tmp_path / "via" / "cache"
+
+
+def _as_a_link(tmp_path: Path, parent: Path) -> Path:
+    """The root named as a symlink to it: ``<tmp>/link`` -> ``<parent>/cache``."""
+    (tmp_path / "link").symlink_to(parent / "cache")
+    return tmp_path / "link"
+
+
+# How MLLM_KERNEL_CACHE_DIR names the root under the open directory ``parent``.
+NAMINGS = {
+    "parent": lambda tmp_path, parent: parent / "cache",
+    "grandparent": lambda tmp_path, parent: parent / "deeper" / "cache",
+    "named-through-a-link": _through_a_named_link,
+    "root-is-a-link": _as_a_link,
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "writers"),
+    [(0o777, "group and others"), (0o775, "its group"), (0o757, "everyone")],
+    ids=["world-writable", "group-writable", "other-writable"],
+)
+@pytest.mark.parametrize("naming", NAMINGS.values(), ids=list(NAMINGS))
+def test_a_root_under_a_directory_others_can_write_is_not_used(
+    real_entry, tmp_path, home, monkeypatch, warnings_logged, naming, mode, writers
+):
+    # Before: every check passed (the root itself is private and ours) and the planted
+    # library was loaded; an attacker swapping the root in that parent won 12 of 40 races.
+    source, entry = real_entry
+    parent = tmp_path / "open"
+    root = naming(tmp_path, parent)
+    real_root = _root_in(root.resolve().parent)
+    marker = tmp_path / "constructor-ran"
+    _plant(entry, real_root / entry.name, marker)
+    parent.chmod(mode)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
+
+    assert _load(source).f() == 3
+    assert not marker.exists(), "the planted library was loaded"
+    fallback = home / ".cache" / "mllm_kernel"
+    assert module_key(_spec(source)).path.parent == fallback
+    (warning,) = [w for w in warnings_logged if "instead of the cache" in w]
+    assert f"using {fallback} instead of the cache at {root} (MLLM_KERNEL_CACHE_DIR)" in warning
+    assert f"passes through {parent}, which is writable by {writers} and has no sticky bit" in (
+        warning
+    )
+    assert f"owner {trust.owner_name(os.geteuid())}, mode {mode:04o}" in warning
+    assert f"Fix: chmod go-w {parent} or chmod +t {parent}" in warning
+
+
+def test_a_root_under_a_sticky_directory_is_used(
+    real_entry, tmp_path, home, monkeypatch, warnings_logged
+):
+    # /tmp's case: in a sticky directory only the root's owner can rename it.
+    source, entry = real_entry
+    parent = tmp_path / "sticky"
+    root = _root_in(parent)
+    shutil.copytree(entry, root / entry.name)
+    parent.chmod(0o1777)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
+
+    assert trust.check_root(root) is None
+    assert _load(source).f() == 3
+    assert module_key(_spec(source)).path == root / entry.name
+    assert not (home / ".cache").exists() and not warnings_logged
+
+
+@needs_root
+def test_a_root_under_a_directory_of_another_user_is_not_used(
+    tmp_path, home, monkeypatch, warnings_logged, ok_source
+):
+    parent = tmp_path / "theirs"
+    root = _root_in(parent)
+    os.chown(parent, NOBODY, NOBODY)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
+
+    assert _load(ok_source).f() == 3
+    assert module_key(_spec(ok_source)).path.parent == home / ".cache" / "mllm_kernel"
+    (warning,) = [w for w in warnings_logged if "instead of the cache" in w]
+    assert f"passes through {parent}, which is owned by nobody (uid 65534), not by you or " in (
+        warning
+    )
+    assert f"Fix: move the cache out of {parent}" in warning
+
+
+@needs_root
+def test_a_link_of_another_user_in_a_sticky_directory_is_not_followed(
+    tmp_path, home, monkeypatch, warnings_logged, ok_source
+):
+    # The kernel's protected_symlinks rule: a symlink in /tmp is its owner's to repoint.
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    root = _root_in(tmp_path / "mine")
+    link = sticky / "cache"
+    link.symlink_to(root)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(link))
+
+    assert _load(ok_source).f() == 3
+    assert module_key(_spec(ok_source)).path.parent == home / ".cache" / "mllm_kernel"
+    (warning,) = [w for w in warnings_logged if "instead of the cache" in w]
+    assert f"passes through the symlink {link} (owner nobody (uid 65534)" in warning
+
+
+def _load_into(source: Path, build_directory: Path):
+    return load_cpu_jit(
+        "ok",
+        "3",
+        cpp_files=[str(source)],
+        cpp_wrappers=[("f", "ok::f<3>")],
+        build_directory=str(build_directory),
+    )
+
+
+def test_a_build_directory_under_a_directory_others_can_write_is_an_error(
+    real_entry, tmp_path, monkeypatch
+):
+    # It was asked for by name: no fallback, an error saying what is wrong and the fix.
+    source, entry = real_entry
+    parent = tmp_path / "open"
+    build_directory = _root_in(parent)
+    marker = tmp_path / "constructor-ran"
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    planted = module_key(_spec(source)).path.name
+    _plant(entry, build_directory / planted, marker)
+    parent.chmod(0o777)
+
+    with pytest.raises(KernelBuildError) as info:
+        _load_into(source, build_directory)
+    assert not marker.exists(), "the planted library was loaded"
+    message = str(info.value)
+    assert f"the path to {build_directory} passes through {parent}, which is writable" in message
+    assert f"Fix: chmod go-w {parent} or chmod +t {parent}" in message
+    assert "hint" not in message  # not a full or read-only filesystem: no such hint
+
+    parent.chmod(0o1777)  # sticky: the same directory is fine
+    shutil.rmtree(build_directory / planted)
+    shutil.copytree(entry, build_directory / planted)
+    assert _load_into(source, build_directory).f() == 3
+
+
+def test_only_a_passing_path_is_remembered(tmp_path, monkeypatch):
+    parent = tmp_path / "open"
+    root = parent / "cache"
+    walks: list[Path] = []
+    walk = trust._walk_ancestors
+
+    def counting(path, *args):
+        walks.append(path)
+        return walk(path, *args)
+
+    monkeypatch.setattr(trust, "_walk_ancestors", counting)
+    assert trust.check_root(root) is None  # missing: not remembered, it may still be made
+    parent.mkdir(mode=0o777)
+    parent.chmod(0o777)
+    root.mkdir(mode=0o700)
+    assert "has no sticky bit" in trust.check_root(root)
+    assert "has no sticky bit" in trust.check_root(root)  # a failure is checked again
+    parent.chmod(0o755)
+    assert trust.check_root(root) is None
+    assert trust.check_root(root) is None  # remembered: no walk
+    monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", str(NOBODY))
+    assert trust.check_root(root, any_owner=True) is None  # other owners trusted: walked
+    assert walks == [root] * 5
+
+
+# Swaps argv[1] with a symlink to argv[2] and back, as fast as it can, for 30 seconds (C:
+# the interpreter may sit where the other user cannot run it).
+ATTACKER = """
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char** argv) {
+  char aside[4096];
+  snprintf(aside, sizeof aside, "%s.aside", argv[1]);
+  for (time_t until = time(0) + 30; time(0) < until;) {
+    if (rename(argv[1], aside) == 0) {
+      symlink(argv[2], argv[1]);
+      unlink(argv[1]);
+      rename(aside, argv[1]);
+    }
+  }
+  return argc;
+}
+"""
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory another user can reach (pytest's tmp_path is 0700 to others)."""
+    path = Path(tempfile.mkdtemp(prefix="mllm-kernel-race-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_a_root_being_swapped_by_another_user_is_never_loaded_from(
+    real_entry, shared_tmp, home, monkeypatch
+):
+    # The fault run's race: another user loops renaming the private root away and
+    # symlinking a directory of theirs (holding a planted entry) in its place.
+    source, entry = real_entry
+    parent = shared_tmp / "open"
+    root = _root_in(parent)
+    parent.chmod(0o777)
+    shutil.copytree(entry, root / entry.name)
+    theirs = shared_tmp / "theirs"
+    theirs.mkdir()
+    marker = shared_tmp / "constructor-ran"
+    _plant(entry, theirs / entry.name, marker)
+    for path in (theirs, *theirs.rglob("*")):
+        os.chown(path, NOBODY, NOBODY)
+    fallback = home / ".cache" / "mllm_kernel"
+    fallback.mkdir(mode=0o700, parents=True)
+    (home / ".cache").chmod(0o700)
+    shutil.copytree(entry, fallback / entry.name)  # no build: 40 loads in a few seconds
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(root))
+    (shared_tmp / "attacker.cpp").write_text(ATTACKER)
+    cxx = str(toolchain.find_cxx().path)
+    subprocess.run(
+        [cxx, str(shared_tmp / "attacker.cpp"), "-o", str(shared_tmp / "attacker")], check=True
+    )
+    attacker = subprocess.Popen(
+        [str(shared_tmp / "attacker"), str(root), str(theirs)], user=NOBODY, group=NOBODY
+    )
+    try:
+        for _ in range(40):
+            assert _load(source).f() == 3
+    finally:
+        attacker.kill()
+        attacker.wait()
+    assert not marker.exists(), "the planted library was loaded"
+    assert module_key(_spec(source)).path.parent == fallback

@@ -182,7 +182,7 @@ def test_precompile_builds_a_decorated_kernel_before_its_first_call(
 def test_build_directory_holds_the_module_and_is_reused(
     sources, clean_jit_registry, fresh_cache, tmp_path
 ):
-    from mllm_kernel.jit_utils import cache, jit
+    from mllm_kernel.jit_utils import build_inputs, cache, jit
 
     build_directory = tmp_path / "my_build"
 
@@ -223,7 +223,7 @@ def test_build_directory_holds_the_module_and_is_reused(
     dst = _poisoned(src)
     decorated()(dst, src)
     torch.testing.assert_close(dst, src + 3, rtol=0, atol=1e-5)
-    assert cache.file_digest(artifact) == cache.Manifest.read(module_dir).artifact_sha256
+    assert build_inputs.file_digest(artifact) == cache.Manifest.read(module_dir).artifact_sha256
 
 
 def test_load_jit_takes_the_originals_keyword_names(sources, fresh_cache, tmp_path):

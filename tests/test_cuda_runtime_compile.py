@@ -87,10 +87,52 @@ def test_source_from_a_path_and_its_headers_are_tracked(fresh_cache, tmp_path):
     (entry,) = _entries(fresh_cache)
     assert entry.name.startswith("cuda_ptx_scaled_compute_90a_")
     manifest = json.loads((entry / "manifest.json").read_text())
-    assert list(manifest["deps"]) == [str(header.resolve())]  # toolkit headers left out
+    assert sorted(manifest["deps"]) == sorted([str(header), str(source)])  # as named
+    assert manifest["toolchain_deps"], "the toolkit's headers are fingerprinted"
     header.write_text("#define SCALE 3.0f\n")
     second = compile_to_ptx(str(source))
     assert second != first and "0f40400000" in second  # 3.0f: recompiled for the header
+
+
+SCALED = "#include <scale.h>\n" + SAXPY.replace("a * x[i]", "SCALE * x[i]")
+
+
+def _scale(directory: Path, value: str) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / "scale.h").write_text(f"#define SCALE {value}\n")
+
+
+# Issue 31, item 4: the raw runtime kept its own, weaker dependency tracking.
+def test_a_header_through_isystem_is_tracked(fresh_cache, tmp_path):
+    # Before: -MMD left -isystem headers out; the edit was served stale.
+    _scale(tmp_path / "sys", "2.0f")
+    options = ["-isystem", str(tmp_path / "sys")]
+    assert "0f40000000" in compile_to_ptx(SCALED, options=options)
+    _scale(tmp_path / "sys", "3.0f")
+    assert "0f40400000" in compile_to_ptx(SCALED, options=options)
+
+
+def test_cpath_is_in_the_key(fresh_cache, tmp_path, monkeypatch):
+    # Before: CPATH was not in the key; the other directory's header was never read.
+    _scale(tmp_path / "one", "2.0f")
+    _scale(tmp_path / "two", "3.0f")
+    monkeypatch.setenv("CPATH", str(tmp_path / "one"))
+    assert "0f40000000" in compile_to_ptx(SCALED)
+    monkeypatch.setenv("CPATH", str(tmp_path / "two"))
+    assert "0f40400000" in compile_to_ptx(SCALED)
+
+
+def test_a_new_shadowing_header_recompiles(fresh_cache, tmp_path, caplog, monkeypatch):
+    # Before: scale.h created in A (searched before B) was not seen.
+    monkeypatch.setattr(logging.getLogger("mllm_kernel"), "propagate", True)  # for caplog
+    (tmp_path / "A").mkdir()
+    _scale(tmp_path / "B", "2.0f")
+    options = ["-I", str(tmp_path / "A"), "-I", str(tmp_path / "B")]
+    assert "0f40000000" in compile_to_ptx(SCALED, options=options)
+    _scale(tmp_path / "A", "3.0f")
+    with caplog.at_level(logging.INFO, logger="mllm_kernel"):
+        assert "0f40400000" in compile_to_ptx(SCALED, options=options)
+    assert f"{tmp_path / 'A' / 'scale.h'} now shadows the scale.h" in caplog.text
 
 
 def test_options_reach_the_compiler_and_the_key(fresh_cache):

@@ -7,10 +7,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import mllm_kernel
 from mllm_kernel.jit_utils import (
     cache,
     cache_wheel,
+    env,
     load_cpu_jit,
     paths,
     prebuilt,
@@ -179,18 +182,93 @@ def user_prebuilt(tmp_path, monkeypatch) -> tuple[Path, Path]:
     return source, output
 
 
+def _chown_tree(root: Path, uid: int) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
+            os.chown(name, uid, uid)
+
+
+NOT_TRUSTED = "not by you, root or an owner in MLLM_KERNEL_TRUSTED_CACHE_OWNERS"
+
+
 @needs_root
-def test_a_prebuilt_cache_of_another_owner_is_used_when_nobody_else_can_write_it(
-    user_prebuilt, tmp_path, warnings_logged
+def test_a_prebuilt_cache_of_another_owner_is_used_only_when_they_are_trusted(
+    user_prebuilt, tmp_path, monkeypatch, warnings_logged
+):
+    # Before: any owner was accepted, so a cache another user left under /tmp ran their
+    # library's constructor in every process that named it.
+    source, output = user_prebuilt
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    theirs = sticky / "prebuilt"
+    output.rename(theirs)
+    _chown_tree(theirs, NOBODY)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_PATH", str(theirs))
+
+    assert prebuilt.find(_spec(source)) is None
+    (warning,) = [w for w in warnings_logged if "prebuilt cache entry not used" in w]
+    assert f"{theirs} is owned by nobody (uid 65534), {NOT_TRUSTED}" in warning
+    assert "if you trust nobody (uid 65534), set MLLM_KERNEL_TRUSTED_CACHE_OWNERS=nobody" in (
+        warning
+    )
+    assert _load(source).f() == 3
+    assert (tmp_path / "writable").is_dir()  # built privately instead
+    for trusted in ("nobody", str(NOBODY), " root , nobody "):
+        monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", trusted)
+        found = prebuilt.find(_spec(source))
+        assert found is not None and found.artifact.parent.parent == theirs, trusted
+
+
+@needs_root
+def test_a_prebuilt_cache_inside_a_directory_of_another_owner_needs_them_trusted(
+    user_prebuilt, tmp_path, monkeypatch, warnings_logged
+):
+    # Its owner could swap the cache (ours) for one of theirs between the check and the load.
+    source, output = user_prebuilt
+    parent = tmp_path / "theirs"
+    parent.mkdir()
+    inside = parent / "prebuilt"
+    output.rename(inside)
+    os.chown(parent, NOBODY, NOBODY)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_PATH", str(inside))
+
+    assert prebuilt.find(_spec(source)) is None
+    (warning,) = [w for w in warnings_logged if "prebuilt cache entry not used" in w]
+    assert f"the path to {inside} passes through {parent}, which is owned by nobody" in warning
+    assert NOT_TRUSTED in warning and "MLLM_KERNEL_TRUSTED_CACHE_OWNERS=nobody" in warning
+    monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", "nobody")
+    assert prebuilt.find(_spec(source)) is not None
+
+
+@needs_root
+def test_a_trusted_owner_s_cache_others_can_write_is_still_refused(
+    user_prebuilt, monkeypatch, warnings_logged
 ):
     source, output = user_prebuilt
-    for dirpath, _, filenames in os.walk(output):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
-            os.chown(name, NOBODY, NOBODY)
-    found = prebuilt.find(_spec(source))
-    assert found is not None and found.artifact.parent.parent == output
-    assert _load(source).f() == 3
-    assert not (tmp_path / "writable").exists() and not warnings_logged
+    _chown_tree(output, NOBODY)
+    output.chmod(0o775)
+    monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", "nobody")
+    assert prebuilt.find(_spec(source)) is None
+    (warning,) = [w for w in warnings_logged if "prebuilt cache entry not used" in w]
+    assert f"{output} is writable by its group" in warning
+
+
+def test_an_unknown_trusted_owner_is_a_warning_naming_the_variable(
+    user_prebuilt, monkeypatch, warnings_logged
+):
+    source, _ = user_prebuilt
+    unknown = f"no_such_user_{uuid.uuid4().hex[:8]}"  # new to this process: warned once
+    monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", f"{unknown}, {NOBODY}")
+    assert env.trusted_cache_owners() == (unknown, str(NOBODY))
+    assert prebuilt.find(_spec(source)) is not None  # the cache is ours: still used
+    assert warnings_logged == [
+        f"MLLM_KERNEL_TRUSTED_CACHE_OWNERS: no user named {unknown!r} on this machine, so "
+        "caches it owns are not trusted. Fix: give user names from /etc/passwd or numeric "
+        "uids, comma-separated (e.g. MLLM_KERNEL_TRUSTED_CACHE_OWNERS=builder,1001)"
+    ]
+    monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", " , ")
+    assert env.trusted_cache_owners() == ()
 
 
 @pytest.mark.parametrize(
@@ -388,6 +466,28 @@ def test_show_config_says_which_cache_serves_each_variant(cpu_prebuilt, monkeypa
     monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH")
     report = cache_admin.config_report(device="cpu")
     assert not any(s.status == "prebuilt" for k in report.kernels for s in k.variants)
+
+
+@needs_root
+def test_show_config_says_why_a_prebuilt_cache_of_another_owner_is_not_used(
+    cpu_prebuilt, tmp_path, monkeypatch, warnings_logged
+):
+    from mllm_kernel.jit_utils import cache_admin
+
+    theirs = tmp_path / "theirs"
+    shutil.copytree(cpu_prebuilt, theirs)
+    _chown_tree(theirs, NOBODY)
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_PATH", str(theirs))
+    report = cache_admin.config_report(device="cpu")
+    statuses = [s for k in report.kernels if k.builtin for s in k.variants]
+    assert statuses and not any(s.status == "prebuilt" for s in statuses)
+    (warning,) = [w for w in warnings_logged if "prebuilt cache entry not used" in w]
+    assert f"{theirs} is owned by nobody (uid 65534), {NOT_TRUSTED}" in warning
+
+    monkeypatch.setenv("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", str(NOBODY))
+    report = cache_admin.config_report(device="cpu")
+    statuses = [s for k in report.kernels if k.builtin for s in k.variants]
+    assert all(s.status == "prebuilt" and s.path.parent == theirs for s in statuses)
 
 
 # ---------------------------------------------------------------------------

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from mllm_kernel.jit_utils import env, include_search, paths, toolchain
-from mllm_kernel.jit_utils.cache import file_digest
+from mllm_kernel.jit_utils import build_inputs, env, include_search, paths, toolchain, trust
 from mllm_kernel.jit_utils.cpp_declarations import find_declarations, function_name
 from mllm_kernel.jit_utils.cuda_arch import gencode_flags
 from mllm_kernel.jit_utils.errors import KernelBuildError
@@ -93,9 +92,7 @@ _HINTS = (
 @dataclass
 class BuildResult:
     artifact: Path
-    deps: dict[str, str]  # path -> sha256, headers and sources outside the toolchain
-    toolchain_deps: dict[str, str]  # path -> "size:mtime_ns", see include_search
-    include_search: list[dict]  # per unit: include_search.record()
+    inputs: build_inputs.BuildInputs  # what the compilers read
     seconds: float
     toolchain: dict[str, str]
 
@@ -299,58 +296,55 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
     if failed:
         raise _build_error(spec, log, log_path, staging)
 
-    deps, toolchain_deps, searches = _record_inputs(spec, staging, jobs)
+    inputs = _record_inputs(spec, staging, jobs)
     for _, obj, depfile in jobs:  # only the .so and the generated sources are kept
         obj.unlink()
         depfile.unlink()
     tools = {"cxx": toolchain.find_cxx().version()}
     if spec.device == "cuda":
         tools["nvcc"] = toolchain.find_cuda().nvcc_version().text
-    return BuildResult(artifact, deps, toolchain_deps, searches, time.monotonic() - started, tools)
+    return BuildResult(artifact, inputs, time.monotonic() - started, tools)
 
 
 def _record_inputs(
     spec: BuildSpec, staging: Path, jobs: list[tuple[Path, Path, Path]]
-) -> tuple[dict[str, str], dict[str, str], list[dict]]:
-    """What the manifest keeps of the compilers' dependency output: hashes of our and
-    the user's files, fingerprints of the toolchain's, and how each name resolved."""
-    toolchain_dirs = include_search.toolchain_dirs(spec)
-    owned_by_toolchain = tuple(d + os.sep for d in toolchain_dirs)
-    generated = staging.resolve()
-    deps: dict[str, str] = {}
-    toolchain_deps: dict[str, str] = {}
-    searches = []
+) -> build_inputs.BuildInputs:
+    """What the manifest keeps of the compilers' dependency output (see
+    :mod:`.build_inputs`): the files each compiler opened, by the paths it opened them
+    under, each unit's search path, and the generated unit's own directives."""
+    units = []
+    generated = os.path.normpath(staging)
     for unit, _, depfile in jobs:
-        opened = [os.path.normpath(staging / dep) for dep in parse_depfile(depfile.read_text())]
-        # The generated units live (briefly) in staging; the key covers their text.
-        opened = [path for path in opened if Path(path).resolve().parent != generated]
-        for path in opened:
-            if path.startswith(owned_by_toolchain):
-                toolchain_deps[path] = include_search.toolchain_fingerprint(path)
-            else:
-                deps[str(Path(path).resolve())] = file_digest(Path(path))
+        # Joined to the directory the compiler ran in, never resolved (see build_inputs);
+        # the generated units live (briefly) in staging, and the key covers their text.
+        opened = [os.path.join(staging, dep) for dep in parse_depfile(depfile.read_text())]
+        opened = [p for p in opened if os.path.dirname(os.path.normpath(p)) != generated]
         dirs = include_search.search_path(spec, unit)
-        searches.append(include_search.record(dirs, opened, toolchain_dirs))
-    return deps, toolchain_deps, searches
+        units.append(build_inputs.CompiledUnit(opened, dirs, unit.read_bytes()))
+    return build_inputs.record(units, include_search.toolchain_dirs(spec))
 
 
 def cache_write_error(spec: BuildSpec, exc: OSError) -> KernelBuildError | None:
     """The build error for ``exc`` when the cache itself could not be written (a full,
-    read-only or forbidden filesystem while locking, staging or installing), else None."""
+    read-only or forbidden filesystem while locking, staging or installing, or a path
+    the trust rule refuses), else None."""
     name = _FILESYSTEM_ERRNOS.get(exc.errno)
     if name is None:
         return None
-    error = f"{exc.strerror} ({name}): {exc.filename}"
+    if isinstance(exc, trust.UntrustedPath):  # its text already says what is wrong and the fix
+        error, hint = str(exc), None
+    else:
+        error, hint = f"{exc.strerror} ({name}): {exc.filename}", _FILESYSTEM_HINT
     args = ", ".join(spec.template_args)
     return KernelBuildError(
         f"{error}\n"
-        f"  while building module {spec.name!r} with template args <{args}> ({spec.device})\n"
-        f"  hint: {_FILESYSTEM_HINT}",
+        f"  while building module {spec.name!r} with template args <{args}> ({spec.device})"
+        + (f"\n  hint: {hint}" if hint else ""),
         module=spec.name,
         template_args=spec.template_args,
         first_error=error,
         log_path="",
-        hint=_FILESYSTEM_HINT,
+        hint=hint,
     )
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import reprlib
@@ -34,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mllm_kernel.jit_utils import env, include_search, paths, trust
+from mllm_kernel.jit_utils import build_inputs, env, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey, toolchain_free_hash
 from mllm_kernel.jit_utils.cache_names import (
     LOCKS_DIR,
@@ -59,23 +58,6 @@ MANIFEST = "manifest.json"
 MANIFEST_MAX_BYTES = 16 << 20
 _OWNER_MAX_BYTES = 4096
 _logger = get_logger()
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of the regular file ``path`` (a symlink is followed); NotRegularFile
-    (an OSError) for a FIFO or a device, which could block or never end."""
-    fd, _ = trust.open_regular(path, follow=True)
-    try:
-        return _digest(fd)
-    finally:
-        os.close(fd)
-
-
-def _digest(fd: int) -> str:
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 class CorruptManifest(ValueError):
@@ -168,17 +150,22 @@ class Manifest:
     artifact: str
     artifact_size: int
     artifact_sha256: str
-    deps: dict[str, str]  # absolute path -> sha256, sources and non-toolchain headers
+    deps: dict[str, str]  # path as opened -> sha256, sources and non-toolchain headers
     exports: list[str]
     built_at: float
     build_seconds: float
-    toolchain_deps: dict[str, str] = field(default_factory=dict)  # path -> "size:mtime_ns"
+    # path -> "size:mtime:ctime:inode:sha256" (build_inputs.fingerprint)
+    toolchain_deps: dict[str, str] = field(default_factory=dict)
     include_search: list[dict] = field(default_factory=list)  # per unit: include_search.record()
     toolchain: dict[str, str] = field(default_factory=dict)
     cuda_archs: list[str] = field(default_factory=list)
     format: int = CACHE_FORMAT
     # cache_key.toolchain_free_hash: how the entry is found once its compiler is gone.
     toolchain_free_hash: str = ""
+
+    def inputs(self) -> build_inputs.BuildInputs:
+        """What the build read (see :mod:`.build_inputs`)."""
+        return build_inputs.BuildInputs(self.deps, self.toolchain_deps, self.include_search)
 
     def write(self, directory: Path) -> None:
         trust.write_file(directory / MANIFEST, json.dumps(asdict(self), indent=1, sort_keys=True))
@@ -250,7 +237,7 @@ def lookup(key: ModuleKey, *, any_owner: bool = False, toolchain_free: bool = Fa
     not checked (see :func:`lookup_without_toolchain`).
     """
     directory = key.path
-    reason = trust.check_dir(key.root, any_owner=any_owner, follow=True)
+    reason = trust.check_root(key.root, any_owner=any_owner)
     if reason is not None:
         return Lookup(CacheState.UNTRUSTED, reason=reason)
     try:
@@ -300,7 +287,7 @@ def lookup(key: ModuleKey, *, any_owner: bool = False, toolchain_free: bool = Fa
                 "(truncated?)",
                 manifest=manifest,
             )
-        if _digest(fd) != manifest.artifact_sha256:
+        if build_inputs.fd_digest(fd) != manifest.artifact_sha256:
             return Lookup(
                 CacheState.CORRUPT,
                 reason=f"{artifact.name} content does not match its checksum",
@@ -308,10 +295,30 @@ def lookup(key: ModuleKey, *, any_owner: bool = False, toolchain_free: bool = Fa
             )
     finally:
         os.close(fd)
-    reason = _changed_input(manifest, toolchain=not toolchain_free)
-    if reason:
-        return Lookup(CacheState.STALE, reason=reason, manifest=manifest)
+    verdict = build_inputs.check(manifest.inputs(), toolchain=not toolchain_free)
+    if verdict.reason:
+        return Lookup(CacheState.STALE, reason=verdict.reason, manifest=manifest)
+    if verdict.refreshed is not None and not any_owner:
+        _record_refreshed(key, manifest, verdict.refreshed)
     return Lookup(CacheState.HIT, artifact=artifact, manifest=manifest)
+
+
+def _record_refreshed(
+    key: ModuleKey, manifest: Manifest, refreshed: build_inputs.BuildInputs
+) -> None:
+    """Writes the stats of unchanged inputs back into ``key``'s manifest (a reinstall of
+    the same toolchain headers: see :mod:`.build_inputs`), so that later lookups neither
+    hash nor list again. Only while the entry's lock is free, and only into the entry
+    that was checked (same artifact); otherwise the next lookup does the work again."""
+    held = try_module_lock(key, purpose="recording unchanged inputs")
+    if held is None:
+        return
+    with held, contextlib.suppress(OSError, ValueError):
+        if Manifest.read(key.path).artifact_sha256 != manifest.artifact_sha256:
+            return  # rebuilt meanwhile
+        manifest.toolchain_deps = refreshed.toolchain_deps
+        manifest.include_search = refreshed.include_search
+        manifest.write(key.path)
 
 
 def lookup_without_toolchain(spec: BuildSpec, root: Path | None = None) -> Lookup:
@@ -393,30 +400,6 @@ def _read_trusted(path: Path, any_owner: bool, limit: int) -> tuple[bytes, str |
         return _read_at_most(fd, info, path, limit), None
     finally:
         os.close(fd)
-
-
-def _changed_input(manifest: Manifest, *, toolchain: bool = True) -> str | None:
-    """Why the build's inputs differ from the recorded ones (None: they do not).
-    ``toolchain``: check the toolchain's headers and the include search too."""
-    for dep, fingerprint in manifest.toolchain_deps.items() if toolchain else ():
-        try:
-            if include_search.toolchain_fingerprint(dep) != fingerprint:
-                return f"{dep} changed"
-        except OSError:
-            return f"{dep} no longer exists"
-    for unit in manifest.include_search if toolchain else ():
-        reason = include_search.shadowed(unit)
-        if reason:
-            return reason
-    for dep, digest in manifest.deps.items():
-        try:  # a prebuilt entry names the package's files by anchor (paths.anchored)
-            if file_digest(paths.unanchored(dep)) != digest:
-                return f"{dep} changed"
-        except trust.NotRegularFile as exc:
-            return str(exc)
-        except OSError:
-            return f"{dep} no longer exists"
-    return None
 
 
 # ---------------------------------------------------------------------------

@@ -2,13 +2,19 @@
 
 =============================  ===================================================
 ``MLLM_KERNEL_CACHE_DIR``      cache root (default ``~/.cache/mllm_kernel``); one that
-                               another user could write, or that cannot be created or
-                               written, is not used (see :mod:`.trust`): builds go to
-                               the default instead, with a WARNING
+                               another user could write or swap (a parent they can
+                               write), or that cannot be created or written, is not
+                               used (see :mod:`.trust`): builds go to the default
+                               instead, with a WARNING
 ``MLLM_KERNEL_CACHE_PATH``     read-only prebuilt caches, ``dir1:dir2``, searched in
                                order before the installed cache packages and the
                                cache root (``precompile --output`` writes one);
                                nothing is ever written there
+``MLLM_KERNEL_TRUSTED_CACHE_OWNERS``
+                               users (names or uids, comma-separated) whose read-only
+                               caches, and the directories they are in, are trusted
+                               as your own (see :mod:`.trust`); a name with no user
+                               is left out with a WARNING
 ``MLLM_KERNEL_VERBOSE``        ``1``: log every compiler command
 ``MLLM_KERNEL_CUDA_ARCH_LIST`` CUDA archs to build for, e.g. ``9.0a`` or ``8.0;9.0a``
 ``TORCH_CUDA_ARCH_LIST``       honoured when the variable above is unset
@@ -24,7 +30,9 @@
                                cache key (they change which headers a build sees)
 =============================  ===================================================
 
-A malformed value raises ValueError naming the variable, at the first read.
+A malformed value raises ValueError naming the variable, at the first read (a
+name in ``MLLM_KERNEL_TRUSTED_CACHE_OWNERS`` with no user is a WARNING: trusting
+fewer owners is the safe side of a typo).
 """
 
 from __future__ import annotations
@@ -68,6 +76,14 @@ def cache_path() -> list[Path]:
     order; empty items are ignored."""
     value = os.environ.get("MLLM_KERNEL_CACHE_PATH", "")
     return [Path(p).expanduser().absolute() for p in value.split(os.pathsep) if p.strip()]
+
+
+def trusted_cache_owners() -> tuple[str, ...]:
+    """The items of ``MLLM_KERNEL_TRUSTED_CACHE_OWNERS`` (comma-separated user names or
+    uids), blanks stripped, empty items ignored; :func:`.trust.trusted_uids` resolves
+    them."""
+    value = os.environ.get("MLLM_KERNEL_TRUSTED_CACHE_OWNERS", "")
+    return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 def verbose() -> bool:

@@ -6,8 +6,8 @@ about each depends on who owns it:
 * **Toolchain headers** (under the C++ compiler's built-in include directories,
   the CUDA toolkit's include directories, or tvm-ffi's): keyed by the identity of
   the compiler, nvcc + CUDA version and tvm-ffi version (see :mod:`.cache_key`),
-  and fingerprinted by size and mtime (one ``stat``, no read), so that a libc or
-  ``/usr/local/include`` upgrade without a compiler upgrade also rebuilds.
+  and fingerprinted by their stat and content (see :mod:`.build_inputs`), so that a
+  libc or ``/usr/local/include`` upgrade without a compiler upgrade also rebuilds.
 * **Every other header** (the package's, the user's, anything from ``-I``,
   ``-isystem``, ``extra_include_paths`` or ``CPATH``): hashed (sha256).
 
@@ -19,6 +19,16 @@ held each name; a lookup re-resolves those names (a directory listing per
 directory and subdirectory, cached, no compiler spawned) and rebuilds when any
 resolves elsewhere.
 
+Two lookups are not in the compilers' dependency output, so the sources and
+headers outside the toolchain are read for them (:func:`directives`):
+
+* ``#include "x.h"`` looks first in the directory of the file that includes it: a
+  ``x.h`` created there later shadows the one the search path found. Each such
+  directory gets a search of its own, itself first (:func:`record_includers`).
+* ``__has_include(<x.h>)`` probes a name that may not exist at build time: the
+  names it probes are recorded with the rest, found or not, so a header created
+  later rebuilds.
+
 The search path is modelled as the compilers build it: the sources' own
 directories (for ``#include "..."``), ``-iquote``, ``-I`` (the package's include
 dir first), ``CPATH``, the CUDA toolkit's include dirs for ``.cu`` units,
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -120,31 +131,55 @@ def _cuda_dirs() -> list[str]:
 
 
 def toolchain_dirs(spec: BuildSpec) -> list[str]:
-    """Directories whose headers belong to the toolchain (not hashed, see above)."""
+    """Directories whose headers belong to the toolchain (fingerprinted, see above)."""
+    return toolchain_dirs_of(cuda=spec.device == "cuda")
+
+
+def toolchain_dirs_of(*, cuda: bool) -> list[str]:
+    """The C++ compiler's built-in dirs, tvm-ffi's, and with ``cuda`` the toolkit's."""
     dirs = [*builtin_dirs(), *(_normal(p) for p in paths.tvm_ffi_include_dirs())]
-    if spec.device == "cuda":
-        dirs += _cuda_dirs()
-    return dirs
+    return dirs + _cuda_dirs() if cuda else dirs
 
 
 def search_path(spec: BuildSpec, unit: Path) -> list[str]:
-    """The directories an ``#include`` in ``unit`` is looked up in, in order."""
+    """The directories an ``#include`` in ``unit`` (a generated unit of ``spec``) is
+    looked up in, in order."""
     is_cuda = unit.suffix == ".cu"
-    flags = directories_in_flags(spec.cuda_flags if is_cuda else spec.cxx_flags)
-    sources = spec.cuda_files if is_cuda else spec.cpp_files
+    return search_path_of(
+        source_dirs=[p.parent for p in (spec.cuda_files if is_cuda else spec.cpp_files)],
+        flags=spec.cuda_flags if is_cuda else spec.cxx_flags,
+        include_paths=[paths.include_dir(), *spec.include_paths],
+        is_cuda=is_cuda,
+        tvm_ffi=True,
+    )
+
+
+def search_path_of(
+    *,
+    source_dirs: Iterable[str | Path],
+    flags: Sequence[str],
+    include_paths: Iterable[str | Path],
+    is_cuda: bool,
+    tvm_ffi: bool,
+) -> list[str]:
+    """The search path the compilers build: the sources' own directories (for
+    ``#include "..."``), ``-iquote``, ``include_paths`` (our ``-I``), the ``-I`` of
+    ``flags``, ``CPATH``, the CUDA toolkit's dirs (``is_cuda``), tvm-ffi's dirs
+    (``tvm_ffi``: passed as ``-isystem``), ``-isystem``, ``CPLUS_INCLUDE_PATH``, the C++
+    compiler's built-in dirs, ``-idirafter``."""
+    groups = directories_in_flags(flags)
     ordered = [
-        *(_normal(p.parent) for p in sources),
-        *flags["quote"],
-        _normal(paths.include_dir()),
-        *(_normal(p) for p in spec.include_paths),
-        *flags["include"],
+        *(_normal(p) for p in source_dirs),
+        *groups["quote"],
+        *(_normal(p) for p in include_paths),
+        *groups["include"],
         *_split_variable("CPATH"),
         *(_cuda_dirs() if is_cuda else []),
-        *(_normal(p) for p in paths.tvm_ffi_include_dirs()),
-        *flags["system"],
+        *((_normal(p) for p in paths.tvm_ffi_include_dirs()) if tvm_ffi else ()),
+        *groups["system"],
         *_split_variable("CPLUS_INCLUDE_PATH"),
         *builtin_dirs(),
-        *flags["after"],
+        *groups["after"],
     ]
     return list(dict.fromkeys(ordered))  # a directory searched twice counts at its first place
 
@@ -207,19 +242,25 @@ def _resolve(dirs: Sequence[str], names: Iterable[str]) -> tuple[dict[str, int],
     return found, listings.mtimes
 
 
-def record(dirs: Sequence[str], headers: Iterable[str], toolchain: Sequence[str] = ()) -> dict:
+def record(
+    dirs: Sequence[str],
+    headers: Iterable[str],
+    toolchain: Sequence[str] = (),
+    probed: Iterable[str] = (),
+) -> dict:
     """What a lookup needs to tell whether ``headers`` would still be found where
     they were: ``{"dirs", "names", "listed"}``, recorded right after a build.
 
     ``names``: every name under which ``dirs`` reach one of ``headers`` -> the
-    index of the first directory holding it. A toolchain header (under one of
-    ``toolchain``) is named only relative to the deepest directory holding it
-    (``vector``, not also ``c++/12/vector`` from ``/usr/include``): that is how it
-    is included, and it halves the listings. ``listed``: the directories read,
-    with their mtimes.
+    index of the first directory holding it, and each name of ``probed`` (the
+    ``<...>`` names the sources include or probe with ``__has_include``; -1 where
+    none holds it). A toolchain header (under one of ``toolchain``) is named only
+    relative to the deepest directory holding it (``vector``, not also
+    ``c++/12/vector`` from ``/usr/include``): that is how it is included, and it
+    halves the listings. ``listed``: the directories read, with their mtimes.
     """
     owned_by_toolchain = tuple(d + os.sep for d in toolchain)
-    names = set()
+    names = {name for name in probed if _is_relative_name(name)}
     for header in headers:
         header = _normal(header)
         found = [header[len(d) + 1 :] for d in dirs if header.startswith(d + os.sep)]
@@ -230,32 +271,84 @@ def record(dirs: Sequence[str], headers: Iterable[str], toolchain: Sequence[str]
     return {"dirs": list(dirs), "names": resolved, "listed": listed}
 
 
-def _mtime(path: str) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return -1
+def record_includers(dirs: Sequence[str], quoted: dict[str, set[str]]) -> list[dict]:
+    """One :func:`record` per directory of ``quoted`` (a directory holding sources or
+    headers -> the ``"..."`` names they include or probe): its search is that
+    directory first, then ``dirs``, as for an ``#include "..."`` written there."""
+    units = []
+    for directory, names in sorted(quoted.items()):
+        own = [_normal(directory), *(d for d in dirs if d != _normal(directory))]
+        units.append(record(own, (), probed=names))
+    return units
 
 
-def shadowed(recorded: dict) -> str | None:
-    """Why a recorded name now resolves elsewhere, or None if none does.
+# `#include "x.h"`, `#include <x.h>`, `#include_next <x.h>`, `__has_include(<x.h>)`,
+# `__has_include_next("x.h")`: the delimiter and the name. A macro (`#include FOO_H`)
+# is not read: what it named is in the compiler's dependency output, if it was found.
+_DIRECTIVE = re.compile(
+    rb"(?:^[ \t]*#[ \t]*include(?:_next)?[ \t]*|__has_include(?:_next)?[ \t]*\([ \t]*)"
+    rb'(?:"([^"\n]+)"|<([^>\n]+)>)',
+    re.MULTILINE,
+)
 
-    Stats the listed directories first (~50, a tenth of a millisecond); only when
-    one changed are the names resolved again.
+
+def directives(text: bytes) -> tuple[set[str], set[str]]:
+    r"""The ``("..." names, <...> names)`` that ``text`` includes or probes with
+    ``__has_include``, in any branch of an ``#if`` (a name that is never included
+    only costs a rebuild when a file of that name appears).
+
+    >>> directives(b'#include "a.h"\n#if __has_include(<b.h>)\n# include <b.h>\n#endif')
+    ({'a.h'}, {'b.h'})
     """
-    if all(_mtime(path) == mtime for path, mtime in recorded["listed"].items()):
-        return None
+    quoted, angled = set(), set()
+    for match in _DIRECTIVE.finditer(text):
+        if match[1] is not None:
+            quoted.add(match[1].decode(errors="replace").strip())
+        else:
+            angled.add(match[2].decode(errors="replace").strip())
+    return quoted, angled
+
+
+def _is_relative_name(name: str) -> bool:
+    """A name an include search resolves (an absolute one is opened as it is)."""
+    return bool(name) and not os.path.isabs(name) and "\0" not in name
+
+
+def _mtime(path: str, memo: dict[str, int]) -> int:
+    mtime = memo.get(path)
+    if mtime is None:
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            mtime = -1
+        memo[path] = mtime
+    return mtime
+
+
+def shadowed(recorded: dict, mtimes: dict[str, int] | None = None) -> tuple[str | None, dict]:
+    """``(why a recorded name now resolves elsewhere or None, the listed directories'
+    listed now)``; these differ from the recorded ones only where a directory
+    changed without changing what any name resolves to (a reinstall, say): the
+    caller may record them, so the next lookup skips the resolving again.
+
+    Stats the listed directories first (~50, a tenth of a millisecond; ``mtimes``
+    memoizes the stats across the units of one lookup); only when one changed are the
+    names resolved again.
+    """
+    memo = {} if mtimes is None else mtimes
+    listed = recorded["listed"]
+    now_listed = {path: _mtime(path, memo) for path in listed}
+    if now_listed == listed:
+        return None, listed
     dirs, names = recorded["dirs"], recorded["names"]
-    now, _ = _resolve(dirs, names)
+    now, relisted = _resolve(dirs, names)
     for name, index in names.items():
         if now[name] != index:
             if now[name] < 0:
-                return f"{name} is no longer found in the include path"
-            return f"{os.path.join(dirs[now[name]], name)} now shadows the {name} the build used"
-    return None
-
-
-def toolchain_fingerprint(path: str) -> str:
-    """Size and mtime of a toolchain header (a stat, no read)."""
-    stat = os.stat(path)
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+                return f"{name} is no longer found in the include path", listed
+            found = os.path.join(dirs[now[name]], name)
+            if index < 0:
+                return f"{found} now exists (the build found no {name})", listed
+            return f"{found} now shadows the {name} the build used", listed
+    # Read again: a directory created since (a new subdirectory) is listed now.
+    return None, relisted

@@ -13,7 +13,15 @@ from typing import Any
 
 import tvm_ffi
 
-from mllm_kernel.jit_utils import build, cache, module_errors, paths, prebuilt, registry
+from mllm_kernel.jit_utils import (
+    build,
+    build_inputs,
+    cache,
+    module_errors,
+    paths,
+    prebuilt,
+    registry,
+)
 from mllm_kernel.jit_utils.cache_key import ModuleKey, module_key, toolchain_free_hash
 from mllm_kernel.jit_utils.cpp_args import to_cpp_arg
 from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
@@ -405,10 +413,10 @@ def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cac
         key_hash=key.hash,
         artifact=result.artifact.name,
         artifact_size=result.artifact.stat().st_size,
-        artifact_sha256=cache.file_digest(result.artifact),
-        deps=result.deps,
-        toolchain_deps=result.toolchain_deps,
-        include_search=result.include_search,
+        artifact_sha256=build_inputs.file_digest(result.artifact),
+        deps=result.inputs.deps,
+        toolchain_deps=result.inputs.toolchain_deps,
+        include_search=result.inputs.include_search,
         exports=list(spec.exports),
         built_at=time.time(),
         build_seconds=round(result.seconds, 3),

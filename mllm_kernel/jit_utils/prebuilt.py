@@ -9,10 +9,12 @@ name. They are found by listing the ``sys.path`` directories, not through
 of its own. An entry there is found by its
 :func:`~.cache_key.relocatable_key` (computed without any toolchain), validated
 like any entry (manifest schema, the artifact's size and sha256, the sha256 of
-every source and header it was built from) under the read-only trust rule (any
-owner, nothing writable by group or others: :mod:`.trust`), and loaded without
-writing anything: no lock, no log, no staging. A missing, stale or untrusted
-entry is built in the writable cache as usual.
+every source and header it was built from) under the read-only trust rule (owned by
+the user, root or an owner named in ``MLLM_KERNEL_TRUSTED_CACHE_OWNERS``, as is every
+directory on the way, and nothing writable by group or others: :mod:`.trust`), and
+loaded without writing anything: no lock, no log, no staging. A missing, stale or
+untrusted entry is built in the writable cache as usual, with a WARNING saying why
+(for an owner not trusted: who owns it, and the variable that would trust them).
 
 ``python -m mllm_kernel precompile --output DIR`` writes such a cache
 (:func:`export`): each entry is built (and, where possible, loaded) in the
@@ -39,7 +41,7 @@ from mllm_kernel.jit_utils.status import CacheState
 
 _logger = get_logger()
 # A prebuilt cache is read by whichever user serves: readable by all, writable by none
-# but its owner.
+# but its owner (whom that user trusts: MLLM_KERNEL_TRUSTED_CACHE_OWNERS, unless root).
 _DIR_MODE = 0o755
 _FILE_MODE = 0o644
 # An installed cache is the package <CACHE_PACKAGE_PREFIX><tag>, its entries in CACHE_SUBDIR.

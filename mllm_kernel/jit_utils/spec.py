@@ -22,7 +22,8 @@ _LINE_BREAK = re.compile("[\x00\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 MAX_NAME_LENGTH = 100
 
 # Bump when the generated code or the manifest layout changes meaning.
-CACHE_FORMAT = 2
+# 3: deps by the path as opened, toolchain fingerprints with ctime and sha256.
+CACHE_FORMAT = 3
 
 
 def check_one_line(text: str, what: str) -> str:

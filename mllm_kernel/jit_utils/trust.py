@@ -4,21 +4,34 @@ A cache entry is a shared library that runs code in the loading process, so an
 entry another local user could have planted or edited must never be loaded. The
 rule, checked before any dlopen:
 
-* **writable cache** (``MLLM_KERNEL_CACHE_DIR``, default ``~/.cache/mllm_kernel``):
-  the cache root, the entry directory, its manifest and its artifact are owned by
-  the current user or root, and none is writable by group or others. The entry,
-  the manifest and the artifact are not symlinks (the root may be one: it is the
-  user's own setting). A root that fails the rule, or that this process cannot
-  create (a missing parent on a read-only or pseudo filesystem, a file in the way,
-  EACCES, EROFS), is not used at all: one WARNING names
+* **writable cache** (``MLLM_KERNEL_CACHE_DIR``, default ``~/.cache/mllm_kernel``,
+  and a ``build_directory``): the cache root, the entry directory, its manifest and
+  its artifact are owned by the current user or root, and none is writable by group
+  or others. The entry, the manifest and the artifact are not symlinks (the root may
+  be one: it is the user's own setting). A root that fails the rule, or that this
+  process cannot create (a missing parent on a read-only or pseudo filesystem, a file
+  in the way, EACCES, EROFS), is not used at all: one WARNING names
   ``MLLM_KERNEL_CACHE_DIR``, the path, what is wrong and the fix, and the process
   builds into the private default root under the user's home instead
-  (:func:`choose_root`; CacheRootError naming both when that fails too).
+  (:func:`choose_root`; CacheRootError naming both when that fails too). A
+  ``build_directory`` that fails is an error instead: it was asked for by name.
+* **every directory the root's path passes through** (its parents as named, and the
+  directories a symlink on the way leads through, up to ``/``) is owned by the user
+  or root and not writable by group or others unless it has the sticky bit (``/tmp``,
+  1777). Otherwise its owner, or anyone who can write it, can rename the root away
+  and put a directory of their own in its place between the check and the
+  ``dlopen``, which resolves the path again: no check of the root itself can close
+  that race (:func:`check_root`). A symlink on the way that lies in a sticky
+  directory others can write must be owned by the user or root, as the kernel's
+  ``protected_symlinks`` asks. A root whose path passes is remembered for the
+  process (a directory only the user or root can write cannot be changed by another
+  user later), so a warm load stats the root alone.
 * **read-only caches** (``MLLM_KERNEL_CACHE_PATH`` and installed cache packages,
-  searched first): the owner may be anyone (a prebuilt cache installed by an image
-  build or by pip is owned by whoever installed it, and naming the directory or
-  installing the package is the user's decision, as with ``PATH``), but nothing on
-  the way may be writable by group or others.
+  searched first): the same rule, root, entries and parents alike, except that the
+  owners named in ``MLLM_KERNEL_TRUSTED_CACHE_OWNERS`` (user names or uids) are
+  trusted as the user's own would be: a prebuilt cache installed by an image build or
+  by pip as another user is used only when the user says they trust that user. What
+  is writable by group or others is refused whoever owns it.
 
 What the package creates is private: directories 0700, files with the process
 umask but never group- or world-writable, written without following a symlink.
@@ -26,13 +39,15 @@ What it reads is a regular file, checked on the descriptor before a byte is read
 (:func:`open_regular`): a FIFO or a device planted in the cache is never read from.
 
 The checks are one ``stat`` per path (four per warm load: root, entry, manifest,
-artifact), on descriptors the loader opens anyway where it can.
+artifact, plus the root's parents once per process), on descriptors the loader opens
+anyway where it can.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import pwd
 import stat
@@ -54,6 +69,9 @@ _WRITERS = {
 }
 PRIVATE_DIR_MODE = 0o700
 FILE_MODE = 0o644  # further narrowed by the umask, never widened
+ROOT_VARIABLE = "MLLM_KERNEL_CACHE_DIR"
+TRUSTED_OWNERS_VARIABLE = "MLLM_KERNEL_TRUSTED_CACHE_OWNERS"
+_MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP) on symlinks in one path
 
 
 class UntrustedPath(PermissionError):
@@ -83,24 +101,82 @@ def describe(info: os.stat_result) -> str:
     return f"owner {owner_name(info.st_uid)}, mode {stat.S_IMODE(info.st_mode):04o}"
 
 
+def trusted_uids(*, read_only: bool = False) -> frozenset[int]:
+    """The owners a cache path may have: the current user and root, and for a read-only
+    cache (``read_only``) also the users named in ``MLLM_KERNEL_TRUSTED_CACHE_OWNERS``:
+    a prebuilt cache made by another user (an image build, pip run as another user) is
+    used only when the user says they trust that user."""
+    own = frozenset((os.geteuid(), 0))
+    return own | _named_uids(env.trusted_cache_owners()) if read_only else own
+
+
+@functools.lru_cache(maxsize=16)  # keyed by the variable's value: resolved once per value
+def _named_uids(names: tuple[str, ...]) -> frozenset[int]:
+    """The uids of ``names`` (user names or numeric uids, which need no passwd entry: a
+    container's build user often has none). An unknown name is left out with a WARNING
+    rather than an error: trusting fewer owners is the safe side of a typo, and the
+    refused entries' WARNINGs then say what is not used."""
+    uids = set()
+    for name in names:
+        if name.isascii() and name.isdigit():
+            uids.add(int(name))
+            continue
+        try:
+            uids.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            warn_once(
+                Path(TRUSTED_OWNERS_VARIABLE),
+                f"{TRUSTED_OWNERS_VARIABLE}: no user named {name!r} on this machine, so "
+                "caches it owns are not trusted. Fix: give user names from /etc/passwd or "
+                f"numeric uids, comma-separated (e.g. {TRUSTED_OWNERS_VARIABLE}=builder,1001)",
+            )
+    return frozenset(uids)
+
+
+def _foreign_owner(uid: int, *, read_only: bool) -> str:
+    """The :func:`problem` text for an owner outside :func:`trusted_uids`; for a read-only
+    cache it names the variable that would trust them."""
+    if read_only:
+        trusted = f"not by you, root or an owner in {TRUSTED_OWNERS_VARIABLE}"
+        return f"is owned by {owner_name(uid)}, {trusted}"
+    return f"is owned by {owner_name(uid)}, not by you or root"
+
+
 def problem(info: os.stat_result, *, any_owner: bool = False) -> str | None:
     """Why a path with this ``lstat`` result may not be trusted, or None if it may.
 
-    ``any_owner``: the read-only-cache rule (the owner is not checked).
+    ``any_owner``: the read-only-cache rule, under which the owners named in
+    ``MLLM_KERNEL_TRUSTED_CACHE_OWNERS`` are trusted too (:func:`trusted_uids`). The
+    keyword is the one :mod:`.cache` passes; it dates from when any owner was trusted.
     """
     if stat.S_ISLNK(info.st_mode):
         return "is a symlink"
-    if not any_owner and info.st_uid not in (os.geteuid(), 0):
-        return f"is owned by {owner_name(info.st_uid)}, not by you or root"
+    if info.st_uid not in trusted_uids(read_only=any_owner):
+        return _foreign_owner(info.st_uid, read_only=any_owner)
     writable = info.st_mode & _GROUP_OR_OTHER_WRITE
     if writable:
         return f"is writable by {_WRITERS[writable]}"
     return None
 
 
-def fix_for(path: Path, reason: str) -> str:
-    """The commands that make ``path`` trusted, for a ``reason`` from :func:`problem`."""
+def _trust_owner_fix(uid: int) -> str:
+    """How to trust a read-only cache's owner: the variable, with their name or uid."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return f"if you trust {owner_name(uid)}, set {TRUSTED_OWNERS_VARIABLE}={name}"
+
+
+def fix_for(path: Path, reason: str, owner: int | None = None) -> str:
+    """The commands that make ``path`` trusted, for a ``reason`` from :func:`problem`
+    (``owner``: the path's uid, named in the fix for a read-only cache's owner)."""
     private = "or point MLLM_KERNEL_CACHE_DIR at a directory only you can write"
+    if TRUSTED_OWNERS_VARIABLE in reason and owner is not None:
+        return (
+            f"{_trust_owner_fix(owner)} (comma-separated names or uids); otherwise take "
+            "this cache out of MLLM_KERNEL_CACHE_PATH or uninstall its package"
+        )
     if reason.startswith("is owned by"):
         return f"remove it (rm -rf {path}) or take it over (chown -R $USER {path}), {private}"
     if reason.startswith("is writable"):
@@ -112,7 +188,7 @@ def explain(path: Path, info: os.stat_result, reason: str) -> str:
     """One sentence for a WARNING or an error: path, what is wrong, owner, mode, fix."""
     return (
         f"{path} {reason} ({describe(info)}): another local user could have written it. "
-        f"Fix: {fix_for(path, reason)}"
+        f"Fix: {fix_for(path, reason, info.st_uid)}"
     )
 
 
@@ -129,11 +205,131 @@ def check_dir(path: Path, *, any_owner: bool = False, follow: bool = False) -> s
     return None if reason is None else explain(path, info, reason)
 
 
+# ---------------------------------------------------------------------------
+# The directories a root's path passes through
+# ---------------------------------------------------------------------------
+def _insecure_dir(info: os.stat_result, trusted: frozenset[int], read_only: bool) -> str | None:
+    """Why a directory on the way to a root lets another user swap what is below it, or
+    None: owned by a trusted user, and writable by no one else unless sticky (in a
+    sticky directory only an entry's owner can rename it)."""
+    if info.st_uid not in trusted:
+        return _foreign_owner(info.st_uid, read_only=read_only)
+    writable = info.st_mode & _GROUP_OR_OTHER_WRITE
+    if writable and not info.st_mode & stat.S_ISVTX:
+        return f"is writable by {_WRITERS[writable]} and has no sticky bit"
+    return None
+
+
+def _ancestor_fix(directory: Path, info: os.stat_result, reason: str) -> str:
+    """The fix for a ``reason`` from :func:`_insecure_dir`: close the directory, trust
+    its owner (a read-only cache), or keep the cache elsewhere."""
+    elsewhere = "keep the cache in a directory whose every parent only you or root can write"
+    if reason.startswith("is writable"):
+        return f"chmod go-w {directory} or chmod +t {directory} (as its owner), or {elsewhere}"
+    if TRUSTED_OWNERS_VARIABLE in reason:
+        return f"{_trust_owner_fix(info.st_uid)}, or {elsewhere}"
+    return f"move the cache out of {directory}: {elsewhere}"
+
+
+def _explain_ancestor(root: Path, directory: Path, info: os.stat_result, reason: str) -> str:
+    """The :func:`check_root` text for an insecure directory on the way to ``root``."""
+    return (
+        f"the path to {root} passes through {directory}, which {reason} ({describe(info)}): "
+        f"another local user could rename {root} away and put a directory of their own in "
+        f"its place between the check and the load. Fix: {_ancestor_fix(directory, info, reason)}"
+    )
+
+
+def _explain_link(root: Path, link: Path, info: os.stat_result, directory: Path) -> str:
+    return (
+        f"the path to {root} passes through the symlink {link} ({describe(info)}) in "
+        f"{directory}, which others can write: its owner could point it anywhere. Fix: "
+        f"use the path it points to, or remove it (rm {link})"
+    )
+
+
+def _walk_ancestors(
+    root: Path, trusted: frozenset[int], read_only: bool
+) -> tuple[str | None, bool]:
+    """``(why a directory resolving root passes through is insecure, or None; whether
+    every name of the path exists)``. The path is resolved one name at a time as the
+    kernel does, following symlinks, so every directory a name is looked up in is
+    checked: the parents as named, and those of each symlink's target. The root itself
+    is not (:func:`check_dir` holds it to the stricter rule). A missing name, a file on
+    the way or a symlink loop ends the walk: the root's own check reports those."""
+    pending = list(reversed(root.parts[1:]))  # root is absolute: parts[0] is "/"
+    current, info = Path("/"), os.stat("/")
+    checked: set[Path] = set()
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name == "/":
+            current, info = Path("/"), os.stat("/")
+            continue
+        if name == "..":
+            current = current.parent
+            info = os.stat(current)
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            return None, False
+        if current not in checked:
+            reason = _insecure_dir(info, trusted, read_only)
+            if reason is not None:
+                return _explain_ancestor(root, current, info, reason), False
+            checked.add(current)
+        child = current / name
+        try:
+            child_info = os.lstat(child)
+        except (FileNotFoundError, NotADirectoryError):
+            return None, False
+        if not stat.S_ISLNK(child_info.st_mode):
+            current, info = child, child_info
+            continue
+        if info.st_mode & _GROUP_OR_OTHER_WRITE and child_info.st_uid not in trusted:
+            return _explain_link(root, child, child_info, current), False
+        links += 1
+        if links > _MAX_SYMLINKS:
+            return None, False
+        pending.extend(reversed(Path(os.readlink(child)).parts))
+    return None, True
+
+
+_secure_paths: set[tuple[str, frozenset[int]]] = set()
+
+
+def ancestors_problem(root: Path, *, read_only: bool = False) -> str | None:
+    """Why a directory the path to ``root`` passes through lets another user swap the
+    root (its owner, its mode, and the fix), or None. A passing path is remembered for
+    the process, keyed by the owners trusted: directories only trusted users can write
+    cannot change under us, so a warm load pays the stats once. A failing one, or one
+    not yet created in full (a name could still be made by another user), is not."""
+    trusted = trusted_uids(read_only=read_only)
+    memo = (str(root), trusted)
+    if memo in _secure_paths:
+        return None
+    reason, complete = _walk_ancestors(Path(root).absolute(), trusted, read_only)
+    if reason is None and complete:
+        _secure_paths.add(memo)
+    return reason
+
+
+def check_root(root: Path, *, any_owner: bool = False) -> str | None:
+    """:func:`check_dir` of the cache root ``root`` through a symlink, after
+    :func:`ancestors_problem` of the directories its path passes through: the text of
+    the first that fails, or None (``any_owner``: the read-only-cache rule)."""
+    return ancestors_problem(root, read_only=any_owner) or check_dir(
+        root, any_owner=any_owner, follow=True
+    )
+
+
 def private_dir(path: Path, *, follow: bool = False) -> Path:
     """``path`` as a directory of ours: created 0700 (with any missing parents) or, if it
-    exists, checked against the rule (``follow``: through a symlink, for the root; else a
-    symlink fails). Raises UntrustedPath when it fails; a creation race lost to another
-    user fails the check."""
+    exists, checked against the rule (``follow``: the root, through a symlink and with
+    the directories its path passes through, checked before anything is created there;
+    else a symlink fails). Raises UntrustedPath when it fails; a creation race lost to
+    another user fails the check."""
+    if follow and (reason := ancestors_problem(path)) is not None:
+        raise UntrustedPath(reason, path)
     missing = []
     probe = path
     while not probe.exists() and probe != probe.parent:
@@ -142,7 +338,7 @@ def private_dir(path: Path, *, follow: bool = False) -> Path:
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory, PRIVATE_DIR_MODE)
-    reason = check_dir(path, follow=follow)
+    reason = check_root(path) if follow else check_dir(path)
     if reason is not None:
         raise UntrustedPath(reason, path)
     return path
@@ -240,9 +436,6 @@ def warn_once(path: Path, message: str) -> None:
     _logger.warning("%s", message)
 
 
-ROOT_VARIABLE = "MLLM_KERNEL_CACHE_DIR"
-
-
 @dataclass(frozen=True)
 class RootChoice:
     """Which cache root builds go to: ``root``, and when that is not the ``configured`` one
@@ -305,12 +498,12 @@ def root_problem(root: Path) -> tuple[str, bool] | None:
     """``(why root cannot be the cache root builds go to, whether that text already
     says the fix)``, or None when it can be.
 
-    It must pass the trust rule (:func:`check_dir`, through a symlink; the text says the
-    fix) and be a directory, or one this process can create (the text is the OS error;
-    see :func:`_unusable`).
+    It must pass the trust rule (:func:`check_root`: through a symlink, with the
+    directories on its path; the text says the fix) and be a directory, or one this
+    process can create (the text is the OS error; see :func:`_unusable`).
     """
     try:
-        reason = check_dir(root, follow=True)
+        reason = check_root(root)
     except NotADirectoryError:
         reason = None  # a file on the way: _unusable names it
     except OSError as exc:  # a parent that cannot be searched

@@ -1,8 +1,11 @@
 """CUBIN/PTX in the package cache, with the JIT core's guarantees (jit_utils.cache).
 
 The key covers the source text, its file name and directory (for relative
-``#include``), the options, the kind and arch, and the compiler's identity; headers
-the source includes are recorded in the manifest and checked on every lookup. A
+``#include``), the options, the kind and arch, the compiler's identity and the
+include-path variables (``CPATH``); what the compiler read is recorded in the
+manifest and checked on every lookup, as for JIT modules
+(:mod:`mllm_kernel.jit_utils.build_inputs`: headers by content, the toolkit's by
+stat and content, and how each name resolved, so a new shadowing header rebuilds). A
 build runs under the key's cross-process lock in a staging directory and is renamed
 into place; a truncated or altered artifact fails its checksum and is rebuilt. A
 cache hit reads the key and the file: no compiler runs.
@@ -25,7 +28,7 @@ from mllm_kernel.cuda.runtime.compiler import (
     compile_in,
     compiler_identity,
 )
-from mllm_kernel.jit_utils import cache, trust
+from mllm_kernel.jit_utils import build_inputs, cache, env, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cache_names import binary_dirname
 from mllm_kernel.jit_utils.logging_setup import get_logger
@@ -51,6 +54,8 @@ def binary_key(request: CompileRequest, cache_dir: str | Path | None = None) -> 
         "options": list(request.options),
         "backend": request.backend,
         "compiler": compiler_identity(request.backend),
+        # They move headers in and out of nvcc's search path.
+        "include_path_variables": env.include_path_variables(),
     }
     digest = stable_hash(material)
     dirname = binary_dirname(request.kind, request.label, request.target, digest)
@@ -66,8 +71,10 @@ def _manifest(request: CompileRequest, key: ModuleKey, output: CompileOutput) ->
         key_hash=key.hash,
         artifact=output.artifact.name,
         artifact_size=output.artifact.stat().st_size,
-        artifact_sha256=cache.file_digest(output.artifact),
-        deps=output.deps,
+        artifact_sha256=build_inputs.file_digest(output.artifact),
+        deps=output.inputs.deps,
+        toolchain_deps=output.inputs.toolchain_deps,
+        include_search=output.inputs.include_search,
         exports=[],
         built_at=time.time(),
         build_seconds=round(output.seconds, 3),

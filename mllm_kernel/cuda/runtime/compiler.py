@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mllm_kernel.jit_utils import build, cache, toolchain
+from mllm_kernel.jit_utils import build, build_inputs, include_search, toolchain
 from mllm_kernel.jit_utils.cuda_arch import (
     CudaArch,
     arch_for_capability,
@@ -68,7 +69,7 @@ class CompileOutput:
     artifact: Path
     log: str
     seconds: float
-    deps: dict[str, str] = field(default_factory=dict)
+    inputs: build_inputs.BuildInputs = field(default_factory=build_inputs.BuildInputs)
     toolchain: dict[str, str] = field(default_factory=dict)
 
 
@@ -143,19 +144,35 @@ def resolve_arch(arch: str | None = None) -> CudaArch:
     )
 
 
-def _deps(depfile: Path, staging: Path, source: Path | None) -> dict[str, str]:
-    """Headers the source included, less the toolkit's own (its identity is in the key)
-    and the source itself (its text is)."""
-    toolkit = toolchain.find_cuda().home.resolve()
-    deps = {}
-    for dep in build.parse_depfile(depfile.read_text()):
-        path = (staging / dep).resolve()
-        if path.parent == staging.resolve() or path.is_relative_to(toolkit):
-            continue
-        if source is not None and path == source.resolve():
-            continue
-        deps[str(path)] = cache.file_digest(path)
-    return deps
+def search_path(request: CompileRequest, options: Sequence[str]) -> list[str]:
+    """Where ``request``'s ``#include`` directives are looked up (``options``: the
+    compiler's, ``-I`` and ``-isystem`` included), as the JIT core models it."""
+    return include_search.search_path_of(
+        source_dirs=[request.source_path.parent] if request.source_path else [],
+        flags=options,
+        include_paths=[],
+        is_cuda=True,
+        tvm_ffi=False,
+    )
+
+
+def record_inputs(
+    request: CompileRequest, opened: list[str], dirs: Sequence[str]
+) -> build_inputs.BuildInputs:
+    """The manifest's records of what compiling ``request`` read (see
+    :mod:`mllm_kernel.jit_utils.build_inputs`): the headers ``opened``, the toolkit's
+    and the C++ compiler's fingerprinted, and how each name resolved in ``dirs``. Source
+    text counts by its directives (the key holds the text itself)."""
+    text = request.source.encode() if request.source_path is None else b""
+    unit = build_inputs.CompiledUnit(opened, dirs, text)
+    return build_inputs.record([unit], include_search.toolchain_dirs_of(cuda=True))
+
+
+def _opened(depfile: Path, staging: Path) -> list[str]:
+    """The files nvcc opened, as it named them, less source text written to staging."""
+    opened = [os.path.join(staging, dep) for dep in build.parse_depfile(depfile.read_text())]
+    here = os.path.normpath(staging)
+    return [p for p in opened if os.path.dirname(os.path.normpath(p)) != here]
 
 
 def _build_error(request: CompileRequest, log: str, log_path: Path) -> KernelBuildError:
@@ -193,7 +210,8 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         # The register and spill report, kept in the log for verbose=True.
         *(["--resource-usage"] if request.kind == "cubin" else []),
         *request.options,
-        "-MMD",
+        # Every header opened, -isystem ones included (-MMD leaves those out).
+        "-MD",
         "-MF",
         "deps.d",
         "-o",
@@ -209,7 +227,9 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         artifact=artifact,
         log=log,
         seconds=time.monotonic() - started,
-        deps=_deps(staging / "deps.d", staging, request.source_path),
+        inputs=record_inputs(
+            request, _opened(staging / "deps.d", staging), search_path(request, request.options)
+        ),
         toolchain={"nvcc": cuda.nvcc_version().text},
     )
 

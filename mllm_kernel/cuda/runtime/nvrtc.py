@@ -11,8 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.cuda.runtime.compiler import CompileFailed, CompileOutput, CompileRequest
-from mllm_kernel.jit_utils import toolchain
+from mllm_kernel.cuda.runtime.compiler import (
+    CompileFailed,
+    CompileOutput,
+    CompileRequest,
+    record_inputs,
+    search_path,
+)
+from mllm_kernel.jit_utils import build_inputs, include_search, toolchain
 from mllm_kernel.jit_utils.errors import ToolchainError
 
 _MISSING = (
@@ -103,5 +109,18 @@ def compile_with_nvrtc(request: CompileRequest, staging: Path) -> CompileOutput:
         artifact=artifact,
         log=log,
         seconds=time.monotonic() - started,
+        inputs=_inputs(request, options),
         toolchain={"nvrtc": identity()},
     )
+
+
+def _inputs(request: CompileRequest, options: list[str]) -> build_inputs.BuildInputs:
+    """What NVRTC read: it reports no dependencies, so the directives are read (every
+    branch of an ``#if``; its built-in headers are not files and are left out)."""
+    dirs = search_path(request, options)
+    here = str(request.source_path.parent) if request.source_path else None
+    toolchain_dirs = include_search.toolchain_dirs_of(cuda=True)
+    opened = build_inputs.scan_includes(request.source.encode(), dirs, toolchain_dirs, here)
+    if request.source_path is not None:
+        opened.insert(0, str(request.source_path))
+    return record_inputs(request, opened, dirs)
