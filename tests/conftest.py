@@ -6,8 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from pathlib import Path
 
 import pytest
+
+import mllm_kernel
 
 
 def _has_gpu() -> bool:
@@ -74,6 +77,18 @@ def _session_cache(tmp_path_factory, request):
         os.environ["MLLM_KERNEL_CACHE_DIR"] = previous
     if not worker:  # a worker's may still be in use by another worker
         shutil.rmtree(root, ignore_errors=True)
+
+
+# The package a child process imports: this checkout's, ahead of what PYTHONPATH holds
+# already (on the GPU machine, tvm-ffi's wheels in /tmp/site).
+PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
+CHILD_PYTHONPATH = os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)
+
+
+def child_env(**variables: str) -> dict[str, str]:
+    """The environment of a child Python process that imports this package: ours, with
+    :data:`CHILD_PYTHONPATH` and ``variables``."""
+    return {**os.environ, "PYTHONPATH": CHILD_PYTHONPATH, **variables}
 
 
 # A one-function CPU module for tests of the JIT core: small, so that it builds fast.

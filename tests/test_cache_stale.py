@@ -21,11 +21,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
-import mllm_kernel
 from mllm_kernel.jit_utils import build_inputs, cache, include_search
-
-PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 
 # Each load runs in a new process, as a user's next run would.
 PROBE = textwrap.dedent("""
@@ -51,7 +49,7 @@ def _load(source: Path, tvm_ffi_include: Path | None = None, **settings) -> tupl
         settings["tvm_ffi_include"] = True
     run = subprocess.run(
         [sys.executable, "-c", PROBE, str(source), json.dumps(settings), str(tvm_ffi_include)],
-        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT},
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=300,

@@ -13,11 +13,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
-import mllm_kernel
 from mllm_kernel.jit_utils import ToolchainError, toolchain
 
-PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 GXX = shutil.which("g++")
 
 # A kernel whose result is a flag only a wrapper script passes.
@@ -77,7 +76,7 @@ def _bias(source: Path, cxx: Path | str) -> tuple[str, str]:
     """TINY_BIAS as a fresh process built or loaded it with CXX=cxx, and its log."""
     run = subprocess.run(
         [sys.executable, "-c", BIAS_PROBE, str(source)],
-        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT, "CXX": str(cxx)},
+        env=child_env(CXX=str(cxx)),
         capture_output=True,
         text=True,
         timeout=300,

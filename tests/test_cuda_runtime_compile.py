@@ -214,6 +214,22 @@ def test_nvrtc_compiles_the_same_kernel(fresh_cache):
     assert manifest["template_args"][-1] == "nvrtc"
 
 
+def test_nvrtc_tracks_the_headers_it_read(fresh_cache, tmp_path, caplog, monkeypatch):
+    # NVRTC reports no dependencies: its headers were never tracked (edits served stale).
+    pytest.importorskip("cuda.bindings.nvrtc")
+    monkeypatch.setattr(logging.getLogger("mllm_kernel"), "propagate", True)  # for caplog
+    _scale(tmp_path / "inc", "2.0f")
+    (tmp_path / "early").mkdir()
+    options = ["-I", str(tmp_path / "early"), "-I", str(tmp_path / "inc")]
+    assert "0f40000000" in compile_to_ptx(SCALED, options=options, backend="nvrtc")
+    _scale(tmp_path / "inc", "3.0f")  # edited
+    assert "0f40400000" in compile_to_ptx(SCALED, options=options, backend="nvrtc")
+    _scale(tmp_path / "early", "4.0f")  # now shadows it
+    with caplog.at_level(logging.INFO, logger="mllm_kernel"):
+        assert "0f40800000" in compile_to_ptx(SCALED, options=options, backend="nvrtc")
+    assert f"{tmp_path / 'early' / 'scale.h'} now shadows the scale.h" in caplog.text
+
+
 def test_nvrtc_missing_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings.nvrtc", None)  # import fails
     with pytest.raises(ToolchainError, match=r"pip install mllm-kernel\[nvrtc\]"):

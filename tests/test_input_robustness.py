@@ -16,22 +16,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import OK_SOURCE
+from conftest import OK_SOURCE, child_env
 
-import mllm_kernel
 from mllm_kernel.cuda import compile_to_ptx, load_cubin, load_ptx
 from mllm_kernel.cuda.runtime.compiler import read_source
 from mllm_kernel.cuda.runtime.signature import kernel_params, parse_signature
 from mllm_kernel.jit_utils import jit, load_cpu_jit, load_cuda_jit, op_inputs
 from mllm_kernel.jit_utils.loader import cpu_spec
 
-PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
-
 
 def _python(script: str, *args: str, env: dict | None = None, **popen) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", script, *args],
-        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT, **(env or {})},
+        env=child_env(**(env or {})),
         **popen,
     )
 

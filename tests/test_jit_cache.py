@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
-import mllm_kernel
 from mllm_kernel.jit_utils import (
     CacheLockTimeout,
     KernelBuildError,
@@ -26,8 +26,6 @@ from mllm_kernel.jit_utils import (
 )
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
-
-PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 
 PROBE = textwrap.dedent("""
     import sys
@@ -71,13 +69,11 @@ def spy(tmp_path) -> dict[str, str]:
         f'exec {real} "$@"\n'
     )
     compiler.chmod(0o755)
-    return {
-        **os.environ,
-        "CXX": str(compiler),
-        "SPY_LOG": str(log),
-        "PYTHONPATH": PACKAGE_PARENT,
-        "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "cache"),
-    }
+    return child_env(
+        CXX=str(compiler),
+        SPY_LOG=str(log),
+        MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"),
+    )
 
 
 def _spy_calls(env: dict[str, str]) -> list[str]:
@@ -344,7 +340,7 @@ def test_lock_timeout_names_the_holder(tmp_path, fresh_cache, monkeypatch):
                 time.sleep(60)
         """),
         ],
-        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT},
+        env=child_env(),
         stdout=subprocess.PIPE,
         text=True,
     )

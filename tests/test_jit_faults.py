@@ -16,9 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import OK_SOURCE
+from conftest import OK_SOURCE, child_env
 
-import mllm_kernel
 from mllm_kernel.jit_utils import (
     KernelBuildError,
     cache,
@@ -29,8 +28,6 @@ from mllm_kernel.jit_utils import (
 )
 from mllm_kernel.jit_utils.cache_key import module_key
 from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
-
-PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
 
 
 # --------------------------------------------------------------------------- env values
@@ -286,7 +283,7 @@ def _header_value(tmp_path, env_extra=None, **kwargs) -> tuple[str, str]:
         source.write_text(HEADER_SOURCE)
     run = subprocess.run(
         [sys.executable, "-c", HEADER_PROBE, str(source), json.dumps(kwargs)],
-        env={**os.environ, "PYTHONPATH": PACKAGE_PARENT, **(env_extra or {})},
+        env=child_env(**(env_extra or {})),
         capture_output=True,
         text=True,
         timeout=300,

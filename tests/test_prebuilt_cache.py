@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import tvm_ffi
-from conftest import OK_SOURCE
+from conftest import CHILD_PYTHONPATH, OK_SOURCE, PACKAGE_PARENT
 
 import mllm_kernel
 from mllm_kernel.jit_utils import (
@@ -35,12 +35,6 @@ from mllm_kernel.jit_utils.cache_key import module_key, relocatable_key, relocat
 from mllm_kernel.jit_utils.loader import cpu_spec
 from mllm_kernel.jit_utils.spec import BuildSpec
 
-PACKAGE_PARENT = str(Path(mllm_kernel.__file__).resolve().parents[1])
-# The child imports this package first, then whatever the caller's PYTHONPATH holds
-# (tvm-ffi may be installed there, as on the GPU machines).
-CHILD_PYTHONPATH = os.pathsep.join(
-    path for path in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if path
-)
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 
