@@ -1,5 +1,9 @@
 """Per-call host cost of the op layer at decode size: CPU ops, and the CUDA module lookup
 (on a GPU when there is one, else on a memo entry pre-filled for a CPU tensor's index).
+On a GPU, also each CUDA op's eager call at one token against its bare kernel function
+(the same tvm-ffi call without the op layer), the launch floor (a tvm-ffi call of an
+empty kernel with three tensors and two scalars) and torch.compile's call of the op,
+timed interleaved (medians of rotating samples, as bench_runtime does).
 
     python benchmarks/bench_host.py [--no-grad]
 
@@ -51,6 +55,81 @@ def main() -> None:
     rows["cuda module lookup, variant c=8"] = lambda: add_module[probe.get_device(), 8]
     for name, fn in rows.items():
         print(f"{name:40s} {per_call_us(fn):.3f} us", flush=True)
+    if torch.cuda.is_available():
+        cuda_rows()
+
+
+def cuda_rows() -> None:
+    """Eager vs bare kernel vs launch floor vs torch.compile, per CUDA op at one token."""
+    import tempfile
+    from pathlib import Path
+
+    from bench_runtime import JIT_OP, time_interleaved
+
+    import mllm_kernel.cuda.jit as cuda
+    from mllm_kernel.jit_utils import load_cuda_jit
+
+    with tempfile.TemporaryDirectory() as work:
+        source = Path(work) / "bench_host_floor.cu"
+        source.write_text(JIT_OP)
+        empty = load_cuda_jit(
+            "bench_runtime_op",
+            cuda_files=[str(source)],
+            cuda_wrappers=[("empty", "bench::launch_empty")],
+        ).empty
+    dev, bf16 = "cuda", torch.bfloat16
+    x, w, y = (torch.randn(1, 4096, device=dev, dtype=bf16) for _ in range(3))
+    w = w[0]
+    residual = torch.randn(1, 4096, device=dev, dtype=bf16)
+    gate, gate_out = (
+        torch.randn(1, 8192, device=dev, dtype=bf16),
+        torch.empty(1, 4096, device=dev, dtype=bf16),
+    )
+    small, small_out = torch.randn(16, device=dev), torch.empty(16, device=dev)
+    floor = lambda: empty(x, y, y, 1, 0.5)  # noqa: E731
+    modules = {
+        name: importlib.import_module(f"mllm_kernel.cuda.jit.{name}")
+        for name in ("rmsnorm", "activation", "softmax", "add_constant")
+    }
+    index = x.get_device()
+    ops = {
+        "rmsnorm out=": (
+            lambda: cuda.rmsnorm(x, w, 1e-6, out=y),
+            lambda: modules["rmsnorm"]._RMSNORM[index].rmsnorm(y, x, w, 1e-6),
+        ),
+        "fused_add_rmsnorm": (
+            lambda: cuda.fused_add_rmsnorm(x, residual, w),
+            lambda: modules["rmsnorm"]._RMSNORM[index].fused_add_rmsnorm(x, residual, w, 1e-6),
+        ),
+        "silu_and_mul out=": (
+            lambda: cuda.silu_and_mul(gate, out=gate_out),
+            lambda: modules["activation"]._ACTIVATION[index].silu_and_mul(gate_out, gate),
+        ),
+        "softmax": (
+            lambda: cuda.softmax(x),
+            lambda: modules["softmax"]._SOFTMAX[index].softmax_forward(torch.empty_like(x), x, 1.0),
+        ),
+        "add_constant c=8 out=": (
+            lambda: cuda.add_constant(small, 8, out=small_out),
+            lambda: modules["add_constant"]._ADD_CONSTANT[index, 8].add_constant(small_out, small),
+        ),
+    }
+    print(
+        f"\n{'CUDA op, 1 token (us/call)':28s} {'eager':>7s} {'bare':>7s} {'floor':>7s} "
+        f"{'compile':>8s} {'eager/floor':>12s} {'eager/compile':>14s}"
+    )
+    for name, (eager, bare) in ops.items():
+        compiled = torch.compile(eager)
+        times = time_interleaved(
+            {"eager": eager, "bare": bare, "floor": floor, "compile": compiled}, inner=200, outer=21
+        )
+        us = {k: v * 1e6 for k, v in times.items()}
+        print(
+            f"{name:28s} {us['eager']:7.2f} {us['bare']:7.2f} {us['floor']:7.2f} "
+            f"{us['compile']:8.2f} {us['eager'] / us['floor']:11.2f}x "
+            f"{us['eager'] / us['compile']:13.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

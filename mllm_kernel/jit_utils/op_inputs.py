@@ -216,9 +216,12 @@ def explain(error: BaseException, device: str, **tensors: Any) -> None:
     else returns so that the caller re-raises ``error`` unchanged.
 
     The clear error replaces ``error`` (``from None``): that one is torch's or tvm-ffi's
-    account of the same problem, often with a C++ stack trace.
+    account of the same problem, often with a C++ stack trace. An IndexError (a ``dim``
+    out of range, checked by the kernel function where it needs the tensor's rank) is
+    the caller's mistake on any device and stays.
     """
-    del error  # kept in the signature so that call sites read as what they do
+    if isinstance(error, IndexError):  # a dim out of range: named already, whatever the device
+        return
     try:
         check_device(device, **tensors)
     except ValueError as clear:

@@ -1,0 +1,261 @@
+"""An op declared once for every device, and the eager call path generated from it.
+
+Design
+------
+An op's declaration (``mllm_kernel/ops/<family>.py``) is a typed Python signature with
+its docstring, plus what torch and the call path need to know about it::
+
+    def rmsnorm(input: Tensor, weight: Tensor, eps: float = 1e-6,
+                out: Tensor | None = None) -> Tensor:
+        '''What it computes, on every device.'''
+
+    RMSNORM = Op(rmsnorm, out="out", fake=like("input"), autograd=(backward, setup))
+
+From the declaration come the torch custom op ``torch.ops.mllm_kernel.rmsnorm`` (its
+schema inferred from the annotations by ``torch.library.infer_schema``, never spelled
+by hand; its fake, autograd and ``.out`` overload: :mod:`.torch_op`) and, per device,
+the public eager function. A device's op file gives the op its kernel::
+
+    @RMSNORM.kernel("cuda")
+    def rmsnorm(input, weight, eps, out):
+        '''Notes for this device (dtypes, layouts), appended to the op's docstring.'''
+        out = torch.empty_like(input) if out is None else out
+        _RMSNORM[input.get_device()].rmsnorm(out, input, weight, eps)
+        return out
+
+and gets back ``mllm_kernel.cuda.jit.rmsnorm``: a function with the declared signature
+whose body is generated once per (op, device) as straight-line code (no loop over the
+arguments, no ``*args``), so that an eager call costs what a hand-written wrapper
+would. In order, it
+
+1. under ``torch.compile`` tracing, calls the torch op (a compiled graph holds it);
+2. converts each argument by its annotation (:mod:`.op_inputs`: a ``Tensor`` may be
+   any DLPack tensor, a written one or the ``out`` buffer is checked as an output, a
+   ``float`` any real number, an ``int`` any integer), or by the op's ``convert``
+   function for that argument; an exact ``torch.Tensor`` / ``float`` / ``int`` takes
+   the fast path of one ``type()`` test (an ``int`` or ``float`` argument's converter
+   too: it runs for other types only, so a value it would refuse must also be refused
+   by the kernel module's variant check, as ``add_constant``'s is);
+3. when grad mode is on and a tensor argument requires grad: an op with a backward
+   goes through the torch op, whose autograd records it; any other op raises the
+   no-backward RuntimeError (:func:`.torch_op.no_backward_error`): no result silently
+   drops a gradient;
+4. calls the kernel with the converted arguments, in the declared order; a failure is
+   explained by :func:`.op_inputs.explain` (an argument of the wrong kind of tensor is
+   named) before it propagates.
+
+So a device's file holds only its ``KernelModule`` and kernel functions, every check of
+tensor shapes, dtypes and strides is the C++ kernel's, and nothing of the op is written
+twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mllm_kernel.jit_utils import op_inputs
+from mllm_kernel.jit_utils.torch_op import Autograd, TorchOp, no_backward_error, torch_op
+
+_Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class like:
+    """A fake implementation: a new tensor like the argument ``name`` (shape, dtype,
+    device), wherever the call passes it."""
+
+    name: str
+
+    def bound(self, signature: inspect.Signature) -> Callable[..., torch.Tensor]:
+        position = list(signature.parameters).index(self.name)
+
+        def fake(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return torch.empty_like(kwargs[self.name] if position >= len(args) else args[position])
+
+        return fake
+
+
+def _is_optional(annotation: Any, kind: type) -> bool:
+    """Whether ``annotation`` is ``kind | None``."""
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and set(
+        typing.get_args(annotation)
+    ) == {kind, type(None)}
+
+
+class Op:
+    """One op for every device: see the module docstring."""
+
+    def __init__(
+        self,
+        signature: Callable[..., Any],
+        *,
+        fake: Callable[..., Any] | like | None = None,
+        out: str | None = None,
+        writes: tuple[str, ...] = (),
+        autograd: Autograd | None = None,
+        convert: dict[str, Callable[[Any], Any]] | None = None,
+    ) -> None:
+        self.name = signature.__name__
+        self.signature = inspect.signature(signature, eval_str=True)
+        self.doc = inspect.getdoc(signature) or ""
+        self.out = out
+        self.writes = writes
+        self.autograd = autograd
+        self.convert = dict(convert or {})
+        unknown = set(self.convert) | set(writes) | ({out} if out else set())
+        unknown -= set(self.signature.parameters)
+        if unknown:
+            raise ValueError(f"op {self.name}: no parameter named {sorted(unknown)}")
+        if isinstance(fake, like):
+            fake = fake.bound(self.signature)
+        self.torch_op: TorchOp = torch_op(
+            self.name, self.schema(), fake=fake, out=out, autograd=autograd
+        )
+        self.kernels: dict[str, Callable[..., Any]] = {}
+
+    def schema(self) -> str:
+        """The torch schema, inferred from the signature without the ``out`` buffer
+        (it is the ``.out`` overload's); ``int`` stays ``int`` (torch infers
+        ``SymInt``): an int argument of ours picks a kernel, it is never symbolic."""
+        params = [p for name, p in self.signature.parameters.items() if name != self.out]
+        prototype = _prototype(self.signature.replace(parameters=params))
+        schema = torch.library.infer_schema(prototype, mutates_args=self.writes)
+        return schema.replace("SymInt", "int")
+
+    def kernel(self, device: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: ``fn`` is the op's kernel on ``device`` (``"cpu"`` or ``"cuda"``),
+        called with the converted arguments in the declared order; returns the public
+        eager function of that device (and registers it as the torch op's kernel)."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if device in self.kernels:
+                raise ValueError(f"op {self.name} already has a {device} kernel")
+            eager = _generate(self, device, fn)
+            self.kernels[device] = eager
+            self.torch_op.implement(device, eager)
+            return eager
+
+        return register
+
+
+def _prototype(signature: inspect.Signature) -> Callable[..., Any]:
+    def prototype(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a signature only")
+
+    prototype.__signature__ = signature  # type: ignore[attr-defined]
+    return prototype
+
+
+def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]]:
+    """The generated line converting argument ``name``, and the names it uses."""
+    written = name in op.writes or name == op.out
+    custom = op.convert.get(name)
+    if custom is not None:
+        exact = "int" if annotation is int else "float" if annotation is float else None
+        line = f"{name} = _convert_{name}({name})"
+        if exact:  # the converter's fast path, inline
+            line = f"if type({name}) is not {exact}: {line}"
+        return line, {f"_convert_{name}": custom}
+    if annotation is _Tensor:
+        check = "_output" if written else "_tensor"
+        fast = f"type({name}) is _Tensor and not {name}.is_neg()"
+        return f"if not ({fast}): {name} = {check}({name}, {name!r})", {}
+    if _is_optional(annotation, _Tensor):
+        check = "_output" if written else "_tensor"
+        return f"if {name} is not None: {name} = {check}({name}, {name!r})", {}
+    if annotation is float:
+        return f"if type({name}) is not float: {name} = _number({name}, {name!r})", {}
+    if _is_optional(annotation, float):
+        return f"if {name} is not None: {name} = _number({name}, {name!r})", {}
+    if annotation is int:
+        return f"if type({name}) is not int: {name} = _integer({name}, {name!r})", {}
+    raise TypeError(
+        f"op {op.name}: argument {name!r} is annotated {annotation!r}; give it a converter "
+        "(Op(convert={...}))"
+    )
+
+
+def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager function of ``op`` on ``device`` around ``kernel`` (module docstring)."""
+    params = op.signature.parameters
+    names = list(params)
+    tensors = [
+        n
+        for n, p in params.items()
+        if p.annotation is _Tensor or _is_optional(p.annotation, _Tensor)
+    ]
+    # The code runs in a module of its own, registered as a submodule of the device's op
+    # file: torch.compile looks a function's globals up by their module's name, and
+    # op_inputs._same_op_on tells the device by it.
+    module = types.ModuleType(f"{kernel.__module__}._eager_{op.name}")
+    sys.modules[module.__name__] = module
+    namespace = module.__dict__
+    namespace.update(
+        {
+            "_tracing": torch.compiler.is_dynamo_compiling,
+            "_grad_enabled": torch.is_grad_enabled,
+            "_op": op.torch_op,
+            "_kernel": kernel,
+            "_Tensor": _Tensor,
+            "_tensor": op_inputs.tensor,
+            "_output": op_inputs.output,
+            "_number": op_inputs.number,
+            "_integer": op_inputs.integer,
+            "_explain": op_inputs.explain,
+            "_no_backward": no_backward_error,
+        }
+    )
+    header = []
+    for name, param in params.items():
+        if param.kind is param.KEYWORD_ONLY and "*" not in header:
+            header.append("*")
+        if param.default is param.empty:
+            header.append(name)
+        else:
+            namespace[f"_default_{name}"] = param.default
+            header.append(f"{name}=_default_{name}")
+    positional = [n for n in names if n != op.out and params[n].kind is not params[n].KEYWORD_ONLY]
+    keyword = [n for n in names if n != op.out and params[n].kind is params[n].KEYWORD_ONLY]
+    traced_args = ", ".join([*positional, *(f"{n}={n}" for n in keyword)])
+    if op.out:
+        traced_args += f", {op.out}={op.out}"
+    lines = [f"def {op.name}({', '.join(header)}):"]
+    lines.append(f"    if _tracing(): return _op({traced_args})")
+    for name in names:
+        line, extra = _conversion(op, name, params[name].annotation)
+        namespace.update(extra)
+        lines.append(f"    {line}")
+    if tensors:
+        required = " or ".join(
+            f"{n}.requires_grad"
+            if params[n].annotation is _Tensor
+            else f"({n} is not None and {n}.requires_grad)"
+            for n in tensors
+        )
+        route = f"return _op({traced_args})" if op.autograd else f"raise _no_backward({op.name!r})"
+        lines.append(f"    if _grad_enabled() and ({required}): {route}")
+    named = ", ".join(f"{n}={n}" for n in tensors)
+    lines += [
+        "    try:",
+        f"        return _kernel({', '.join(names)})",
+        "    except Exception as error:",
+        f"        _explain(error, {device!r}, {named})",
+        "        raise",
+    ]
+    exec("\n".join(lines), namespace)  # generated from the declaration only
+    eager = namespace[op.name]
+    notes = inspect.getdoc(kernel)
+    eager.__doc__ = f"{op.doc}\n\nOn {device}: {notes}" if notes else op.doc
+    eager.__module__ = kernel.__module__
+    eager.__qualname__ = op.name
+    eager.__signature__ = op.signature
+    eager.__wrapped__ = kernel
+    return eager

@@ -1,0 +1,142 @@
+"""The device-neutral op layer (mllm_kernel.ops.op): one declaration gives the torch op
+(schema inferred, fake, autograd, .out overload) and each device's eager function."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from mllm_kernel.ops.op import Op, like
+
+
+def scale_op(
+    x: torch.Tensor, s: float = 2.0, times: int = 1, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x * s * times``."""
+
+
+def _save(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.factor = inputs[1] * inputs[2]
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    return grad * ctx.factor, None, None
+
+
+SCALE = Op(scale_op, out="out", fake=like("x"), autograd=(_backward, _save))
+calls: list[tuple] = []
+
+
+@SCALE.kernel("cpu")
+def scale_op_cpu(x, s, times, out):
+    """float32 only here."""
+    calls.append((type(x), type(s), type(times), out))
+    out = torch.empty_like(x) if out is None else out
+    torch.mul(x, s * times, out=out)
+    return out
+
+
+def shift_op(x: torch.Tensor, by: int) -> torch.Tensor:
+    """``x + by`` for ``by`` in {1, 2}."""
+
+
+def _checked_by(value: object) -> int:
+    if value not in (1, 2) or isinstance(value, bool):
+        raise ValueError(f"by must be 1 or 2, got {value!r}")
+    return int(value)
+
+
+SHIFT = Op(shift_op, fake=like("x"), convert={"by": _checked_by})
+
+
+@SHIFT.kernel("cpu")
+def shift_op_cpu(x, by):
+    return x + by
+
+
+def test_the_schema_is_inferred_from_the_signature():
+    schema = str(torch.ops.mllm_kernel.scale_op.default._schema)
+    assert schema == "mllm_kernel::scale_op(Tensor x, float s=2., int times=1) -> Tensor"
+    out_schema = str(torch.ops.mllm_kernel.scale_op.out._schema)
+    assert "Tensor(a!) out" in out_schema
+    assert str(torch.ops.mllm_kernel.shift_op.default._schema).endswith(
+        "(Tensor x, int by) -> Tensor"
+    )
+
+
+def test_the_eager_function_has_the_declared_signature_and_both_docstrings():
+    assert inspect.signature(scale_op_cpu) == inspect.signature(scale_op, eval_str=True)
+    assert scale_op_cpu.__name__ == "scale_op"
+    assert scale_op_cpu.__doc__ == "``x * s * times``.\n\nOn cpu: float32 only here."
+
+
+def test_arguments_are_converted_by_their_annotation():
+    calls.clear()
+    x = np.arange(4, dtype=np.float32)
+    result = scale_op_cpu(x, np.float32(0.5), np.int64(3))
+    assert torch.equal(result, torch.arange(4.0) * 1.5)
+    assert calls == [(torch.Tensor, float, int, None)]  # a DLPack array becomes a tensor
+    with pytest.raises(TypeError, match=r"argument 's': expected a number but got str"):
+        scale_op_cpu(torch.ones(2), "2")
+    with pytest.raises(TypeError, match=r"argument 'times': expected an int but got float"):
+        scale_op_cpu(torch.ones(2), 2.0, 1.5)
+    with pytest.raises(TypeError, match=r"argument 'x'"):
+        scale_op_cpu([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"by must be 1 or 2, got 3.0"):
+        shift_op_cpu(torch.ones(2), 3.0)
+    # An exact int skips an int converter (the hot path): the kernel's variant check
+    # (KernelModule(check_variant=...)) refuses what the converter would.
+    assert torch.equal(shift_op_cpu(torch.ones(2), 3), torch.full((2,), 4.0))
+    with pytest.raises(ValueError, match=r"by must be 1 or 2, got True"):
+        shift_op_cpu(torch.ones(2), True)  # not an exact int: the converter runs
+
+
+def test_out_is_written_and_returned():
+    x, out = torch.ones(3), torch.full((3,), float("nan"))
+    assert scale_op_cpu(x, 3.0, out=out) is out
+    assert torch.equal(out, torch.full((3,), 3.0))
+
+
+def test_a_grad_goes_through_the_torch_op_and_its_backward():
+    x = torch.ones(3, requires_grad=True)
+    y = scale_op_cpu(x, 2.0, 2)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 4.0))
+    with pytest.raises(RuntimeError, match=r"does not support automatic differentiation"):
+        scale_op_cpu(x, out=torch.empty(3))
+
+
+def test_an_op_without_a_backward_refuses_a_grad():
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"mllm_kernel.shift_op has no backward"):
+        shift_op_cpu(x, 1)
+    with torch.no_grad():
+        assert torch.equal(shift_op_cpu(x, 1), torch.full((2,), 2.0))
+
+
+def test_compiled_graphs_hold_the_torch_op():
+    compiled = torch.compile(lambda x: scale_op_cpu(x, 3.0), fullgraph=True)
+    assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_declaration_mistakes_are_errors_at_import():
+    def unconverted(x: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """."""
+
+    with pytest.raises(TypeError, match=r"argument 'ids' is annotated .*give it a converter"):
+        Op(unconverted, fake=like("x")).kernel("cpu")(lambda x, ids: x)
+
+    def untyped(x: torch.Tensor, ids: list) -> torch.Tensor:
+        """."""
+
+    with pytest.raises(ValueError, match=r"Parameter ids has unsupported type"):
+        Op(untyped, fake=like("x"))  # no schema: torch's own message
+    with pytest.raises(ValueError, match=r"no parameter named \['output'\]"):
+        Op(scale_op, out="output")
+    with pytest.raises(ValueError, match=r"already has a cpu kernel"):
+        SHIFT.kernel("cpu")(lambda x, by: x)
