@@ -1,6 +1,9 @@
 // RMSNorm over the last dim, the fused residual-add variant of sglang/FlashInfer,
 // and the backward of the plain one. Rows (all leading dims) may be strided; each
 // row must be contiguous. Computed in float32 for every dtype; threads split the rows.
+// fused_add_rmsnorm normalises the residual as stored (the float32 sum rounded to the
+// dtype), as the CUDA kernel does: the devices differ only by float32 rounding inside
+// the norm (the order of the sum of squares, CUDA's rsqrtf).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +21,34 @@ namespace rmsnorm_detail {
 
 inline float inv_rms(float sum_squares, int64_t hidden, float eps) {
   return 1.0f / std::sqrt(sum_squares / static_cast<float>(hidden) + eps);
+}
+
+/// dst[i] = from_float<T>(x[i] + res[i]) (dst may be res's row) and s[i] = to_float(dst[i]),
+/// the sums as stored, which fused_add_rmsnorm normalises; returns the sum of s[i]^2.
+/// Where T converts in blocks the hardware rounds the block into dst and widens it back;
+/// otherwise each element rounds in the one loop. Always inlined (see for_each_block).
+template <typename T, typename Len>
+[[gnu::always_inline]] inline float store_sum(const FloatIn<T>& x, const FloatIn<T>& res, Len len,
+                                              T* dst, float* s) {
+  float sum_squares = 0.0f;
+  if constexpr (kConvertsInBlocks<T>) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) s[i] = x[i] + res[i];
+    narrow(s, dst, len);
+    widen(dst, s, len);
+#pragma omp simd reduction(+ : sum_squares)
+    for (int64_t i = 0; i < len; ++i) sum_squares += s[i] * s[i];
+  } else {
+#pragma omp simd reduction(+ : sum_squares)
+    for (int64_t i = 0; i < len; ++i) {
+      // from_float twice rather than a local T: GCC does not vectorise a bf16_t copy.
+      const float sum = x[i] + res[i];
+      dst[i] = from_float<T>(sum);
+      s[i] = to_float(from_float<T>(sum));
+      sum_squares += s[i] * s[i];
+    }
+  }
+  return sum_squares;
 }
 
 // rmsnorm_backward sums grad_weight over the rows in at most this many blocks of
@@ -87,8 +118,8 @@ inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double 
   });
 }
 
-/// In place: residual += input; input = rmsnorm(residual) * weight. The sum is kept in
-/// float32 for the norm (residual stores it rounded to its dtype), as FlashInfer.
+/// In place: residual = round(input + residual) (the sum in float32, rounded to the
+/// dtype); input = rmsnorm(residual) * weight of residual as stored, in float32.
 inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView weight, double eps,
                               int64_t num_threads) {
   SymbolicSize hidden_dim{"hidden"};
@@ -131,17 +162,7 @@ inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView 
         float sum = 0.0f;
         for_each_block<T>(hidden, [&](int64_t at, auto len) {
           const FloatIn<T> x(xr + at, len, x_buf), res(rr + at, len, r_buf);
-          const FloatOut<T> res_out(rr + at, r_buf);
-          float* s = sum_row.get() + at;
-          float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-          for (int64_t i = 0; i < len; ++i) {
-            s[i] = x[i] + res[i];
-            res_out.set(i, s[i]);
-            part += s[i] * s[i];
-          }
-          res_out.store(len);
-          sum += part;
+          sum += rmsnorm_detail::store_sum(x, res, len, rr + at, sum_row.get() + at);
         });
         const float scale = rmsnorm_detail::inv_rms(sum, hidden, epsf);
         for_each_block<T>(hidden, [&](int64_t at, auto len) {
