@@ -18,63 +18,40 @@ HGMMA instructions, registers and spills (from cuobjdump, when the toolkit has i
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import math
 import re
 import shutil
 import statistics
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
+import gemm_harness as harness
 import torch
+from bench_cuda import copy_bandwidth, time_interleaved
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from mllm_kernel.cuda.jit import gemm
+from mllm_kernel.cuda.jit.gemm import _GEMM, TILES, choose_tile
 
-from bench_cuda import copy_bandwidth, git_commit, l2_bytes, time_interleaved  # noqa: E402
-
-from mllm_kernel.cuda.jit import gemm  # noqa: E402
-from mllm_kernel.cuda.jit.gemm import _GEMM, TILES, choose_tile  # noqa: E402
-
-LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+LLAMA_NK = [*harness.LLAMA_NK, (8192, 28672)]  # and 70B's MLP down
 LLAMA_M = [1, 16, 128, 1024, 4096]
 SQUARES = [4096, 6144, 8192]
-CALLS_PER_GRAPH = 10
-
-
-def _graph(calls: list[Callable[[], object]]) -> Callable[[], object]:
-    """One CUDA graph of CALLS_PER_GRAPH calls rotating over ``calls``."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS_PER_GRAPH):
-            calls[i % len(calls)]()
-    return graph.replay
 
 
 def measure(m: int, n: int, k: int) -> dict[str, float]:
-    sets = max(1, math.ceil(3 * l2_bytes() / (n * k * 2))) if m <= 1024 else 1
-    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(sets)]
+    a = harness.random_bf16(m, k)
+    weights = [harness.random_bf16(n, k) for _ in range(harness.weight_copies(n * k * 2, m))]
     ours_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     theirs_out = torch.empty_like(ours_out)
     ours = [lambda b=b: gemm(a, b, ours_out) for b in weights]
-    theirs = [lambda b=b: torch.matmul(a, b.T, out=theirs_out) for b in weights]
+    theirs = harness.cublas_calls(a, weights, theirs_out)
     ours[0]()
     theirs[0]()
     torch.cuda.synchronize()
     ok = (ours_out.float() - theirs_out.float()).abs().max().item() <= 0.05 * (
         theirs_out.float().abs().max().item() + 1
     )
-    inner = 3 if m * n * k >= 2**36 else 10
-    times = time_interleaved({"ours": [_graph(ours)], "cublas": [_graph(theirs)]}, inner, 10)
-    result = {name: seconds / CALLS_PER_GRAPH for name, seconds in times.items()}
+    result = harness.time_graphs(
+        {"ours": ours, "cublas": theirs}, harness.replays_per_sample(m, n, k)
+    )
     if m <= 16:  # decode: also called one by one, the host's per-call work included
         eager = time_interleaved({"ours": ours, "cublas": theirs}, 20, 10)
         result.update({f"{name} eager": seconds for name, seconds in eager.items()})
@@ -85,15 +62,12 @@ def measure(m: int, n: int, k: int) -> dict[str, float]:
 def _tile_tflops(m: int, n: int, k: int, tiles: list) -> dict[str, float]:
     from mllm_kernel.cuda.jit.gemm import TileChoice, _launch
 
-    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    b = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    a, b = harness.random_bf16(m, k), harness.random_bf16(n, k)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    contenders = {
-        t.name: [_graph([lambda t=t: _launch(a, b, out, None, TileChoice(t))])] for t in tiles
-    }
-    contenders["cuBLAS"] = [_graph([lambda: torch.matmul(a, b.T, out=out)])]
-    times = time_interleaved(contenders, 3, 8)
-    return {name: 2 * m * n * k / (t / CALLS_PER_GRAPH) / 1e12 for name, t in times.items()}
+    contenders = {t.name: [lambda t=t: _launch(a, b, out, None, TileChoice(t))] for t in tiles}
+    contenders["cuBLAS"] = harness.cublas_calls(a, [b], out)
+    times = harness.time_graphs(contenders, 3, 8)
+    return {name: 2 * m * n * k / t / 1e12 for name, t in times.items()}
 
 
 def tile_comparison(shapes: list[tuple[int, int, int]]) -> list[str]:
@@ -154,12 +128,9 @@ def _compiled_path(tile) -> Path | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="also write the markdown table here")
-    parser.add_argument("--quick", action="store_true", help="8192^3 and M in {1, 4096} only")
-    args = parser.parse_args()
+    args = harness.argument_parser(__doc__, "8192^3 and M in {1, 4096} only").parse_args()
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    sms = harness.gpu().sm_count
     shapes = [(s, s, s) for s in SQUARES] + [(m, n, k) for m in LLAMA_M for n, k in LLAMA_NK]
     if args.quick:
         shapes = [(8192, 8192, 8192)] + [(m, n, k) for m in (1, 4096) for n, k in LLAMA_NK]
@@ -177,13 +148,13 @@ def main() -> None:
         b_gbs = n * k * 2 / t["ours"] / 1e9
         small = m <= 16
         row = (
-            f"| {m} | {n} | {k} | {choose_tile(m, n, k, props.multi_processor_count)} | "
+            f"| {m} | {n} | {k} | {choose_tile(m, n, k, sms)} | "
             f"{t['ours'] * 1e6:.1f} | {t['cublas'] * 1e6:.1f} | {flops / t['ours'] / 1e12:.0f} | "
             f"{flops / t['cublas'] / 1e12:.0f} | {speed:.3f}x | "
             f"{b_gbs:.0f} | {100 * b_gbs / copy_gbs:.0f}% | "
             f"{t['ours eager'] * 1e6:.1f} / {t['cublas eager'] * 1e6:.1f} |"
             if small
-            else f"| {m} | {n} | {k} | {choose_tile(m, n, k, props.multi_processor_count)} | "
+            else f"| {m} | {n} | {k} | {choose_tile(m, n, k, sms)} | "
             f"{t['ours'] * 1e6:.1f} | {t['cublas'] * 1e6:.1f} | {flops / t['ours'] / 1e12:.0f} | "
             f"{flops / t['cublas'] / 1e12:.0f} | {speed:.3f}x | - | - | - |"
         )
@@ -207,8 +178,7 @@ def main() -> None:
     sass = sass_report()
     text = "\n".join(
         [
-            f"## GEMM, {props.name} ({props.multi_processor_count} SMs), commit {git_commit()}, "
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            harness.heading("GEMM"),
             "",
             f"bf16 in and out, fp32 accumulation, random data; CUDA-graph replays, interleaved "
             f"with cuBLAS (torch.matmul). Device copy: {copy_gbs:.0f} GB/s (read + written). "
@@ -230,9 +200,7 @@ def main() -> None:
             "",
         ]
     )
-    print("\n" + text)
-    if args.out:
-        args.out.write_text(text)
+    harness.publish(text, args.out)
 
 
 if __name__ == "__main__":

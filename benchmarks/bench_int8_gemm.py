@@ -24,56 +24,31 @@ few shapes, interleaved: the data behind choose_tile's choices for int8.
 
 from __future__ import annotations
 
-import argparse
-import math
-import sys
-from collections.abc import Callable
-from pathlib import Path
-
+import gemm_harness as harness
 import torch
+from bench_cuda import copy_bandwidth
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8
+from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile
+from mllm_kernel.cuda.jit.int8_scaled_mm import _launch
 
-from bench_cuda import copy_bandwidth, l2_bytes, time_interleaved  # noqa: E402
-
-from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8  # noqa: E402
-from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile  # noqa: E402
-from mllm_kernel.cuda.jit.int8_scaled_mm import _launch  # noqa: E402
-
-LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192)]
-LLAMA_M = [1, 4, 16, 64, 256, 1024, 4096]
-CALLS_PER_GRAPH = 10
 INT_MM_MIN_M = 17
 
 
-def _graph(calls: list[Callable[[], object]]) -> Callable[[], object]:
-    """One CUDA graph of CALLS_PER_GRAPH calls rotating over ``calls``."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS_PER_GRAPH):
-            calls[i % len(calls)]()
-    return graph.replay
-
-
 def measure(m: int, n: int, k: int) -> dict[str, float]:
-    sets = max(1, math.ceil(3 * l2_bytes() / (n * k)))
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    sets = harness.weight_copies(n * k)
+    x = harness.random_bf16(m, k)
     a_q = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
     a_pad = torch.randint(-127, 128, (max(m, INT_MM_MIN_M), k), dtype=torch.int8, device="cuda")
     scales_a = torch.rand(m, 1, device="cuda") * 0.01
     scales_pad = torch.rand(a_pad.shape[0], 1, device="cuda") * 0.01
     w_q = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(sets)]
-    w_bf16 = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(max(1, sets // 2))]
+    w_bf16 = [harness.random_bf16(n, k) for _ in range(max(1, sets // 2))]
     scales_b = torch.rand(n, device="cuda") * 0.01
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
     ours = [lambda w=w: int8_scaled_mm(a_q, w.t(), scales_a, scales_b, torch.bfloat16) for w in w_q]
-    cublas = [lambda w=w: torch.matmul(x, w.T, out=out) for w in w_bf16]
+    cublas = harness.cublas_calls(x, w_bf16, out)
 
     def int_mm(w):
         c = torch._int_mm(a_pad, w.t())
@@ -87,21 +62,15 @@ def measure(m: int, n: int, k: int) -> dict[str, float]:
         got = int8_scaled_mm(a_q, w_q[0].t(), scales_a, scales_b, torch.bfloat16).float()
         assert (got - ref).abs().max().item() <= 0.01 * ref.abs().max().item() + 1e-6
 
-    inner = 3 if m * n * k >= 2**36 else 10
-    times = time_interleaved(
-        {"ours": [_graph(ours)], "cublas": [_graph(cublas)], "int_mm": [_graph(int_mm_calls)]},
-        inner,
-        10,
-    )
-    return {name: seconds / CALLS_PER_GRAPH for name, seconds in times.items()}
+    contenders = {"ours": ours, "cublas": cublas, "int_mm": int_mm_calls}
+    return harness.time_graphs(contenders, harness.replays_per_sample(m, n, k))
 
 
 def quant_rows(copy_gbs: float) -> list[str]:
     lines = ["", "| per_token_quant_int8 | us | GB/s | % of copy |", "|---|---:|---:|---:|"]
     for m, k in [(1, 4096), (256, 4096), (4096, 4096), (4096, 14336), (16384, 8192)]:
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        seconds = time_interleaved({"q": [_graph([lambda x=x: per_token_quant_int8(x)])]}, 10, 10)
-        t = seconds["q"] / CALLS_PER_GRAPH
+        x = harness.random_bf16(m, k)
+        t = harness.time_graphs({"q": [lambda x=x: per_token_quant_int8(x)]}, 10)["q"]
         moved = m * k * 3 + m * 4  # bf16 in, int8 out, fp32 scales
         gbs = moved / t / 1e9
         share = 100 * gbs / copy_gbs
@@ -110,8 +79,8 @@ def quant_rows(copy_gbs: float) -> list[str]:
     return lines
 
 
-SWEEP_SMALL = [(m, n, k) for m in (1, 16, 64) for n, k in LLAMA_NK[:3]]
-SWEEP_LARGE = [(m, n, k) for m in (256, 1024, 4096) for n, k in LLAMA_NK[:2]]
+SWEEP_SMALL = [(m, n, k) for m in (1, 16, 64) for n, k in harness.LLAMA_NK[:3]]
+SWEEP_LARGE = [(m, n, k) for m in (256, 1024, 4096) for n, k in harness.LLAMA_NK[:2]]
 
 
 def _candidates(m: int) -> list[TileChoice]:
@@ -122,19 +91,20 @@ def _candidates(m: int) -> list[TileChoice]:
 
 
 def _sweep_times(m: int, n: int, k: int) -> dict[str, float]:
-    sets = max(1, math.ceil(3 * l2_bytes() / (n * k)))
     a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
-    ws = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(sets)]
+    ws = [
+        torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
+        for _ in range(harness.weight_copies(n * k))
+    ]
     sa, sb = torch.rand(m, device="cuda"), torch.rand(n, device="cuda")
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     contenders = {
         f"{c}, rows {c.group_rows}": [
-            _graph([lambda w=w, c=c: _launch(out, a, w, sa, sb, None, c) for w in ws])
+            lambda w=w, c=c: _launch(out, a, w, sa, sb, None, c) for w in ws
         ]
         for c in _candidates(m)
     }
-    times = time_interleaved(contenders, 3 if m * n * k >= 2**36 else 10, 8)
-    return {name: t / CALLS_PER_GRAPH for name, t in times.items()}
+    return harness.time_graphs(contenders, harness.replays_per_sample(m, n, k), 8)
 
 
 def sweep() -> None:
@@ -147,15 +117,14 @@ def sweep() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two shapes, M in {1, 16, 4096}")
+    parser = harness.argument_parser(__doc__, "two shapes, M in {1, 16, 4096}", out=False)
     parser.add_argument("--sweep", action="store_true", help="time every tile and split")
     args = parser.parse_args()
     if args.sweep:
         sweep()
         return
-    shapes = LLAMA_NK[:2] if args.quick else LLAMA_NK
-    ms = [1, 16, 4096] if args.quick else LLAMA_M
+    shapes = harness.LLAMA_NK[:2] if args.quick else harness.LLAMA_NK
+    ms = [1, 16, 4096] if args.quick else harness.LLAMA_M
     copy_gbs = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}; device copy {copy_gbs:.0f} GB/s")
     header = (

@@ -19,49 +19,18 @@ copy leaves out); for large M bf16 tensor throughput (cuBLAS is the yardstick).
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import math
-import sys
-from collections.abc import Callable
-from pathlib import Path
-
+import gemm_harness as harness
 import torch
+from bench_cuda import copy_bandwidth
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+import mllm_kernel.cuda.jit as jit
+from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
+from mllm_kernel.cuda.jit import gptq_marlin_gemm, marlin_make_workspace, scalar_types
+from mllm_kernel.cuda.jit.gptq_marlin import plan
 
-from bench_cuda import copy_bandwidth, git_commit, l2_bytes, time_interleaved  # noqa: E402
-
-import mllm_kernel.cuda.jit as jit  # noqa: E402
-from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module  # noqa: E402
-from mllm_kernel.cuda.jit import gptq_marlin_gemm, marlin_make_workspace, scalar_types  # noqa: E402
-from mllm_kernel.cuda.jit.gptq_marlin import plan  # noqa: E402
-
-LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192)]
-LLAMA_M = [1, 4, 16, 64, 256, 1024, 4096]
 GROUP = 128
-CALLS_PER_GRAPH = 10
 PLAIN_READ_MAX_M = 16  # the weight-bound rows
 BF16 = torch.bfloat16
-
-
-def _graph(calls: list[Callable[[], object]]) -> Callable[[], object]:
-    """One CUDA graph of CALLS_PER_GRAPH calls rotating over ``calls``."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS_PER_GRAPH):
-            calls[i % len(calls)]()
-    return graph.replay
-
-
-def _copies(weight_bytes: int, m: int) -> int:
-    """Weight copies to rotate over so that L2 (3x over) holds none of them."""
-    return max(1, math.ceil(3 * l2_bytes() / weight_bytes)) if m <= 1024 else 1
 
 
 def w4a16_contenders(m: int, n: int, k: int, a: torch.Tensor) -> dict[str, list]:
@@ -69,7 +38,7 @@ def w4a16_contenders(m: int, n: int, k: int, a: torch.Tensor) -> dict[str, list]
     for M <= PLAIN_READ_MAX_M also torch's float32 sum over the same packed weights: a
     plain read of the 4-bit words ours reads (not its scales, 3% more bytes), in a call
     of the same size."""
-    sets = _copies(n * k // 2, m)
+    sets = harness.weight_copies(n * k // 2, m)
     workspace = marlin_make_workspace("cuda")
     out = torch.empty(m, n, device="cuda", dtype=BF16)
     ours, naive, read = [], [], []
@@ -104,7 +73,7 @@ def w4a16_contenders(m: int, n: int, k: int, a: torch.Tensor) -> dict[str, list]
 
 def w8a8_contenders(m: int, n: int, k: int) -> dict[str, list]:
     """Ours int8_scaled_mm (when present) and torch._int_mm + scaling."""
-    sets = _copies(n * k, m)
+    sets = harness.weight_copies(n * k, m)
     a_q = torch.randint(-127, 127, (m, k), dtype=torch.int8, device="cuda")
     scale_a = torch.rand(m, 1, device="cuda") * 0.01
     scale_b = torch.rand(1, n, device="cuda") * 0.01
@@ -131,18 +100,15 @@ def w8a8_contenders(m: int, n: int, k: int) -> dict[str, list]:
 
 
 def measure(m: int, n: int, k: int) -> dict[str, float]:
-    a = torch.randn(m, k, device="cuda").to(BF16)
-    bf16_weights = [torch.randn(n, k, device="cuda").to(BF16) for _ in range(_copies(n * k * 2, m))]
+    a = harness.random_bf16(m, k)
+    bf16_weights = [harness.random_bf16(n, k) for _ in range(harness.weight_copies(n * k * 2, m))]
     cublas_out = torch.empty(m, n, device="cuda", dtype=BF16)
     contenders = {
-        "cublas": [lambda b=b: torch.matmul(a, b.T, out=cublas_out) for b in bf16_weights],
+        "cublas": harness.cublas_calls(a, bf16_weights, cublas_out),
         **w4a16_contenders(m, n, k, a),
         **w8a8_contenders(m, n, k),
     }
-    inner = 3 if m * n * k >= 2**36 else 10
-    graphs = {name: [_graph(calls)] for name, calls in contenders.items()}
-    times = time_interleaved(graphs, inner, 10)
-    return {name: seconds / CALLS_PER_GRAPH for name, seconds in times.items()}
+    return harness.time_graphs(contenders, harness.replays_per_sample(m, n, k))
 
 
 def _us(t: dict[str, float], name: str) -> str:
@@ -150,16 +116,14 @@ def _us(t: dict[str, float], name: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="also write the markdown table here")
-    parser.add_argument("--quick", action="store_true", help="M in {1, 16, 1024} only")
+    parser = harness.argument_parser(__doc__, "M in {1, 16, 1024} only")
     parser.add_argument("--m", help="comma-separated M values (default: all)")
     args = parser.parse_args()
-    ms = [int(v) for v in args.m.split(",")] if args.m else LLAMA_M
+    ms = [int(v) for v in args.m.split(",")] if args.m else harness.LLAMA_M
     if args.quick:
         ms = [1, 16, 1024]
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    index = harness.gpu().index
     copy_gbs = copy_bandwidth()
     header = (
         "| N | K | M | W4A16 path | W4A16 (us) | W8A8 (us) | cuBLAS bf16 (us) | "
@@ -168,10 +132,10 @@ def main() -> None:
     )
     rows = [header, "|---:|---:|---:|---|" + "---:|" * 12]
     print(header, flush=True)
-    for n, k in LLAMA_NK:
+    for n, k in harness.LLAMA_NK:
         for m in ms:
             t = measure(m, n, k)
-            sms, hopper, clusters = gptq_marlin_module._device_facts(torch.cuda.current_device())
+            sms, hopper, clusters = gptq_marlin_module._device_facts(index)
             how = plan(m, n, k, sms, hopper, sms, clusters, fusable=True)
             where = " (cluster)" if how.cluster else ""
             if how.fused_tokens:
@@ -195,8 +159,7 @@ def main() -> None:
             rows.append(row)
     text = "\n".join(
         [
-            f"## Quantized GEMM, {props.name} ({props.multi_processor_count} SMs), commit "
-            f"{git_commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            harness.heading("Quantized GEMM"),
             "",
             f"bf16 activations and output; W4A16 = uint4b8 weights, group {GROUP}; W8A8 = "
             f"int8 per-token x per-channel. CUDA-graph replays, interleaved. Device copy: "
@@ -209,9 +172,7 @@ def main() -> None:
             "",
         ]
     )
-    print("\n" + text)
-    if args.out:
-        args.out.write_text(text)
+    harness.publish(text, args.out)
 
 
 if __name__ == "__main__":

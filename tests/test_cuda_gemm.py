@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 # The module, not the function of the same name that mllm_kernel.cuda.jit exports.
 gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
+facts_module = importlib.import_module("mllm_kernel.cuda.device_facts")
 
 pytestmark = pytest.mark.cuda
 
@@ -273,9 +275,10 @@ def test_gemm_bad_inputs():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gemm_refuses_other_gpus(monkeypatch):
-    monkeypatch.setattr(gemm_module, "_sm_counts", {})
     monkeypatch.setattr(gemm_module, "_choices", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    index = torch.cuda.current_device()
+    ampere = dataclasses.replace(facts_module.device_facts(index), capability=(8, 0))
+    monkeypatch.setitem(facts_module._facts, index, ampere)
     a, b = _operands(4, 8, 8, torch.bfloat16)
     with pytest.raises(NotImplementedError, match=r"compute capability 9\.0"):
         gemm_module.gemm(a, b)

@@ -7,6 +7,7 @@ device or build is involved. The rest (``cuda`` marker) runs the kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -354,10 +355,11 @@ def test_int8_scaled_mm_bad_inputs():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_int8_scaled_mm_refuses_other_gpus(monkeypatch):
-    gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
-    monkeypatch.setattr(gemm_module, "_sm_counts", {})
+    facts_module = importlib.import_module("mllm_kernel.cuda.device_facts")
     monkeypatch.setattr(int8_module, "_choices", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    index = torch.cuda.current_device()
+    ampere = dataclasses.replace(facts_module.device_facts(index), capability=(8, 0))
+    monkeypatch.setitem(facts_module._facts, index, ampere)
     with pytest.raises(NotImplementedError, match=r"^int8_scaled_mm needs a GPU of compute "):
         int8_scaled_mm(_int8(4, 16), _int8(8, 16).t(), _scales(4), _scales(8), torch.bfloat16)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from marlin_reference import AWQ_ORDER, marlin_layout, pack_awq, pack_gptq
 
+from mllm_kernel.cuda.device_facts import DeviceFacts
 from mllm_kernel.cuda.jit import (
     awq_marlin_repack,
     awq_to_marlin_zero_points,
@@ -215,17 +216,17 @@ def test_device_facts_take_clusters_only_where_sm90_code_runs(
     """The split-K sum through a cluster needs the code the driver picks for the GPU (the
     newest built arch not newer than it) to be sm_90 or newer; otherwise the kernel would
     trap, so the global-memory path must be planned."""
+    gpu = DeviceFacts(0, "GPU", capability, sm_count=100)
     monkeypatch.setattr(gptq_marlin_module, "_devices", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    monkeypatch.setattr(gptq_marlin_module, "device_facts", lambda index: gpu)
     monkeypatch.setattr(gptq_marlin_module, "resolve_cuda_archs", lambda index: archs)
-    props = type("Props", (), {"multi_processor_count": 100})
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
     assert gptq_marlin_module._device_facts(0) == (100, hopper, clusters)
 
 
 def test_device_facts_refuse_gpus_before_ampere(monkeypatch):
+    turing = DeviceFacts(0, "GPU", (7, 5), sm_count=40)
     monkeypatch.setattr(gptq_marlin_module, "_devices", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 5))
+    monkeypatch.setattr(gptq_marlin_module, "device_facts", lambda index: turing)
     with pytest.raises(NotImplementedError, match=r"8\.0 or newer.*cuda:0 has 7\.5"):
         gptq_marlin_module._device_facts(0)
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from mllm_kernel.cuda.device_facts import device_facts, require_hopper
 from mllm_kernel.jit_utils import op_inputs
-from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY, CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
@@ -161,40 +162,15 @@ _GEMM = KernelModule(
 )
 
 
-# Per GPU index: its SM count once it is known to be Hopper with sm_90a code.
-_sm_counts: dict[int, int] = {}
 _choices: dict[tuple[int, int, int, int], TileChoice] = {}
 _lock = threading.Lock()
-
-
-def _hopper_sms(index: int, op: str = "gemm") -> int:
-    """The SM count of GPU ``index``; NotImplementedError (naming ``op``) unless it is
-    sm_90 built as sm_90a."""
-    count = _sm_counts.get(index)
-    if count is not None:
-        return count
-    major, minor = torch.cuda.get_device_capability(index)
-    if (major, minor) != (9, 0):
-        raise NotImplementedError(
-            f"{op} needs a GPU of compute capability 9.0 (Hopper: H100, H200; it uses TMA "
-            f"and wgmma); cuda:{index} has compute capability {major}.{minor}"
-        )
-    if CudaArch(9, 0, "a") not in resolve_cuda_archs(index):
-        raise NotImplementedError(
-            f"{op} needs code built for sm_90a (wgmma exists only there): include 9.0a in "
-            "MLLM_KERNEL_CUDA_ARCH_LIST / TORCH_CUDA_ARCH_LIST, or unset them"
-        )
-    count = torch.cuda.get_device_properties(index).multi_processor_count
-    with _lock:
-        _sm_counts[index] = count
-    return count
 
 
 def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
     key = (m, n, k, index)
     choice = _choices.get(key)
     if choice is None:
-        choice = choose_tile(m, n, k, _hopper_sms(index))
+        choice = choose_tile(m, n, k, require_hopper(index, "gemm").sm_count)
         with _lock:
             _choices[key] = choice
     return choice
@@ -374,8 +350,9 @@ class Gemm:
             raise ValueError(
                 f"argument 'out_dtype': expected {self.dtype} or float32, got {self.out_dtype}"
             )
-        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-        self.num_sms = _hopper_sms(torch.cuda.current_device()) if hopper else _H100_SMS
+        facts = device_facts(torch.cuda.current_device()) if torch.cuda.is_available() else None
+        hopper = facts is not None and facts.capability == (9, 0)
+        self.num_sms = require_hopper(facts.index, "gemm").sm_count if hopper else _H100_SMS
         self.tile_config = choose_tile(M, N, K, self.num_sms)
 
     @staticmethod
@@ -401,7 +378,7 @@ class Gemm:
                 )
         bias = op_inputs.optional_tensor(bias, "bias")
         try:
-            _hopper_sms(_operands_device(a, b))
+            require_hopper(_operands_device(a, b), "gemm")
             out = _output(a, self.N, out, self.out_dtype)
             result = _launch(a, b, out, bias, self.tile_config)
         except Exception as error:

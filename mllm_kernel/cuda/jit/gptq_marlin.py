@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mllm_kernel.cuda.device_facts import device_facts
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import (
@@ -253,7 +254,8 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     return tokens, split, tail
 
 
-# Per GPU index: (SM count, whether dequantize + Hopper GEMM is available).
+# Per GPU index: (SM count, whether dequantize + Hopper GEMM is available, whether
+# the code that runs there has thread-block clusters), as plan() takes them.
 _devices: dict[int, tuple[int, bool, bool]] = {}
 _lock = threading.Lock()
 
@@ -265,7 +267,8 @@ def _device_facts(index: int) -> tuple[int, bool, bool]:
     facts = _devices.get(index)
     if facts is not None:
         return facts
-    major, minor = torch.cuda.get_device_capability(index)
+    gpu = device_facts(index)
+    major, minor = gpu.capability
     if major < 8:
         raise NotImplementedError(
             f"gptq_marlin_gemm needs a GPU of compute capability 8.0 or newer (Ampere, Ada, "
@@ -276,8 +279,7 @@ def _device_facts(index: int) -> tuple[int, bool, bool]:
     # The driver runs the newest code not newer than the GPU; clusters need sm_90's.
     runs = max(((a.major, a.minor) for a in archs if (a.major, a.minor) <= (major, minor)),
                default=(0, 0))  # fmt: skip
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
-    facts = (sms, hopper, runs >= (9, 0))
+    facts = (gpu.sm_count, hopper, runs >= (9, 0))
     with _lock:
         _devices[index] = facts
     return facts

@@ -15,7 +15,8 @@ import threading
 
 import torch
 
-from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, _hopper_sms, choose_tile
+from mllm_kernel.cuda.device_facts import require_hopper
+from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.kernel_module import KernelModule
@@ -44,7 +45,8 @@ def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
     key = (m, n, k, index)
     choice = _choices.get(key)
     if choice is None:
-        choice = choose_tile(m, n, k, _hopper_sms(index, "int8_scaled_mm"), element_bytes=1)
+        sms = require_hopper(index, "int8_scaled_mm").sm_count
+        choice = choose_tile(m, n, k, sms, element_bytes=1)
         with _lock:
             _choices[key] = choice
     return choice

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.cuda.device_facts import device_facts
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 
@@ -41,8 +42,8 @@ def marlin_make_workspace(device: torch.device | str | int) -> torch.Tensor:
     if device.type != "cuda":
         raise ValueError(f"argument 'device': expected a CUDA device, got {device}")
     require_torch_cuda("marlin_make_workspace")
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return torch.zeros(sms, dtype=torch.int32, device=device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.zeros(device_facts(index).sm_count, dtype=torch.int32, device=device)
 
 
 def _check_sizes(size_k: int, size_n: int, group_size: int) -> tuple[int, int, int]:

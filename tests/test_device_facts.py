@@ -1,0 +1,127 @@
+"""mllm_kernel.cuda.device_facts on the CPU: torch's device queries replaced by fakes
+that count their calls, so the memo (one property read per GPU index, shared by every
+op), the errors for a bad index and the Hopper admission are checked without a GPU."""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mllm_kernel.cuda import device_facts as facts_module
+from mllm_kernel.cuda.device_facts import DeviceFacts, device_facts, require_hopper
+from mllm_kernel.jit_utils.cuda_driver import GpuUnavailableError
+
+# By module path: mllm_kernel.cuda.jit's attributes gemm and int8_scaled_mm are the ops.
+gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
+int8_module = importlib.import_module("mllm_kernel.cuda.jit.int8_scaled_mm")
+gptq_marlin_module = importlib.import_module("mllm_kernel.cuda.jit.gptq_marlin")
+
+H100 = SimpleNamespace(name="NVIDIA H100", major=9, minor=0, multi_processor_count=132)
+A100 = SimpleNamespace(name="NVIDIA A100", major=8, minor=0, multi_processor_count=108)
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Two fake GPUs, cuda:0 an H100 and cuda:1 an A100, and nothing remembered of
+    either; returns the list of indices get_device_properties was asked for."""
+    asked: list[int] = []
+    props = [H100, A100]
+
+    def get_device_properties(index):
+        asked.append(index)
+        return props[index]
+
+    monkeypatch.setattr(facts_module, "_facts", {})
+    monkeypatch.setattr(facts_module, "_sm90a_ready", set())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(props))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", get_device_properties)
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0;9.0a")
+    return asked
+
+
+def test_facts_are_read_once_per_index(gpus):
+    assert device_facts(0) == DeviceFacts(0, "NVIDIA H100", (9, 0), 132)
+    assert device_facts(1) == DeviceFacts(1, "NVIDIA A100", (8, 0), 108)
+    for _ in range(3):
+        assert device_facts(0).sm_count == 132
+        assert device_facts(1).capability == (8, 0)
+    assert gpus == [0, 1]
+
+
+def test_every_op_reads_the_same_facts(gpus, monkeypatch):
+    """gemm, int8_scaled_mm and gptq_marlin_gemm plan from one read of the GPU."""
+    monkeypatch.setattr(gemm_module, "_choices", {})
+    monkeypatch.setattr(int8_module, "_choices", {})
+    monkeypatch.setattr(gptq_marlin_module, "_devices", {})
+    gemm_module._choice(4096, 4096, 4096, 0)
+    int8_module._choice(16, 4096, 4096, 0)
+    assert gptq_marlin_module._device_facts(0) == (132, True, True)
+    assert gptq_marlin_module._device_facts(1) == (108, False, False)
+    assert gpus == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "index, error, message",
+    [
+        (2, ValueError, r"^no GPU has index 2: torch sees 2 \(cuda:0 to cuda:1"),
+        (-1, ValueError, r"^no GPU has index -1: torch sees 2 "),
+        ("0", TypeError, r"^device index must be an int \(0 for cuda:0\), got '0'"),
+        (True, TypeError, r"^device index must be an int \(0 for cuda:0\), got True"),
+    ],
+)
+def test_a_bad_index_is_refused_before_torch_is_asked(gpus, index, error, message):
+    with pytest.raises(error, match=message):
+        device_facts(index)
+    assert gpus == [] and facts_module._facts == {}
+
+
+def test_the_error_names_cuda_visible_devices_when_it_is_set(gpus, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with pytest.raises(ValueError, match=r"cuda:1, CUDA_VISIBLE_DEVICES='3,5'\)"):
+        device_facts(2)
+
+
+def test_no_gpu_is_a_gpu_unavailable_error(gpus, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(GpuUnavailableError, match=r"^device_facts needs "):
+        device_facts(0)
+    assert gpus == []
+
+
+def test_require_hopper_names_the_op_and_the_gpu(gpus):
+    assert require_hopper(0, "gemm").sm_count == 132
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^int8_scaled_mm needs a GPU of compute capability 9\.0 \(Hopper: H100, H200; "
+        r"it uses TMA and wgmma\); cuda:1 has compute capability 8\.0$",
+    ):
+        require_hopper(1, "int8_scaled_mm")
+
+
+def test_require_hopper_needs_sm90a_code(gpus, monkeypatch):
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0")
+    with pytest.raises(NotImplementedError, match=r"^gemm needs code built for sm_90a .*9\.0a"):
+        require_hopper(0, "gemm")
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0a")
+    assert require_hopper(0, "gemm").index == 0
+
+
+def test_require_hopper_checks_the_build_once_and_the_gpu_every_call(gpus, monkeypatch):
+    """The arch list is resolved once per index (it is off the hot path after that);
+    the capability comes from the memo on every call, so replacing a GPU's facts (as
+    the GPU tests do to stand for another GPU) is refused at once."""
+    resolved: list[int] = []
+    real = facts_module.resolve_cuda_archs
+    monkeypatch.setattr(
+        facts_module, "resolve_cuda_archs", lambda index: resolved.append(index) or real(index)
+    )
+    for _ in range(3):
+        require_hopper(0, "gemm")
+    assert resolved == [0]
+    monkeypatch.setitem(facts_module._facts, 0, DeviceFacts(0, "NVIDIA A100", (8, 0), 108))
+    with pytest.raises(NotImplementedError, match=r"cuda:0 has compute capability 8\.0"):
+        require_hopper(0, "gemm")
