@@ -1,7 +1,8 @@
 """The package's ops as torch custom ops (``torch.ops.mllm_kernel.*``): what torch.compile sees.
 
-An op file declares each public op once with its schema, and implements it for its
-device with the op's own Python function::
+The ops of :mod:`mllm_kernel.ops` get theirs from their declaration (:class:`mllm_kernel.ops.op.Op`
+infers the schema and calls :func:`torch_op`). An op not yet declared there spells its
+schema and implements it for its device with the op's own Python function::
 
     _RMSNORM_OP = torch_op(
         "rmsnorm", "(Tensor input, Tensor weight, float eps=1e-06) -> Tensor",
