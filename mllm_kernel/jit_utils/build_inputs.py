@@ -162,7 +162,7 @@ def check(inputs: BuildInputs, *, toolchain: bool = True) -> Verdict:
     """Compares ``inputs`` (a manifest's records) with the files now. ``toolchain``:
     check the toolchain's headers and the include search too (a prebuilt entry skips
     them: no compiler runs here, see :mod:`.cache_key`)."""
-    refreshed_deps = dict(inputs.toolchain_deps) if toolchain else {}
+    refreshed_deps: dict[str, str] = {}  # only the headers whose stat changed
     stats_changed = False
     for dep, recorded in inputs.toolchain_deps.items() if toolchain else ():
         try:
@@ -194,4 +194,5 @@ def check(inputs: BuildInputs, *, toolchain: bool = True) -> Verdict:
             return Verdict(f"{dep} no longer exists")
     if not stats_changed:
         return Verdict()
-    return Verdict(refreshed=BuildInputs(inputs.deps, refreshed_deps, searches))
+    toolchain_deps = {**inputs.toolchain_deps, **refreshed_deps}
+    return Verdict(refreshed=BuildInputs(inputs.deps, toolchain_deps, searches))
