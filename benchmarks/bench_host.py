@@ -64,19 +64,12 @@ def cuda_rows() -> None:
     import tempfile
     from pathlib import Path
 
-    from bench_runtime import JIT_OP, time_interleaved
+    from bench_runtime import load_empty_op, time_interleaved
 
     import mllm_kernel.cuda.jit as cuda
-    from mllm_kernel.jit_utils import load_cuda_jit
 
     with tempfile.TemporaryDirectory() as work:
-        source = Path(work) / "bench_host_floor.cu"
-        source.write_text(JIT_OP)
-        empty = load_cuda_jit(
-            "bench_runtime_op",
-            cuda_files=[str(source)],
-            cuda_wrappers=[("empty", "bench::launch_empty")],
-        ).empty
+        empty = load_empty_op(Path(work))
     dev, bf16 = "cuda", torch.bfloat16
     x, w, y = (torch.randn(1, 4096, device=dev, dtype=bf16) for _ in range(3))
     w = w[0]

@@ -52,6 +52,20 @@ void launch_empty(tvm::ffi::TensorView x, tvm::ffi::TensorView y, tvm::ffi::Tens
 """
 
 
+def load_empty_op(work: Path) -> Callable[..., object]:
+    """:data:`JIT_OP` built (or loaded from the cache) through ``work``: the launch floor
+    of a tvm-ffi op, ``empty(x, y, z, n, alpha)``."""
+    from mllm_kernel.jit_utils import load_cuda_jit
+
+    source = work / "bench_runtime_op.cu"
+    source.write_text(JIT_OP)
+    return load_cuda_jit(
+        "bench_runtime_op",
+        cuda_files=[str(source)],
+        cuda_wrappers=[("empty", "bench::launch_empty")],
+    ).empty
+
+
 def _sample(call: Callable[[], object], inner: int) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -79,20 +93,13 @@ def time_interleaved(
 
 def contenders(work: Path) -> tuple[dict[str, Callable[[], object]], list[str]]:
     from mllm_kernel.cuda import compile_kernel
-    from mllm_kernel.jit_utils import load_cuda_jit
 
     x, y, z = (torch.empty(1024, device="cuda") for _ in range(3))
     n, alpha = 1024, 0.5
     calls: dict[str, Callable[[], object]] = {}
     notes = []
 
-    source = work / "bench_runtime_op.cu"
-    source.write_text(JIT_OP)
-    jit = load_cuda_jit(
-        "bench_runtime_op",
-        cuda_files=[str(source)],
-        cuda_wrappers=[("empty", "bench::launch_empty")],
-    ).empty
+    jit = load_empty_op(work)
     calls["tvm-ffi JIT op (load_cuda_jit)"] = lambda: jit(x, y, z, n, alpha)
 
     fixed = compile_kernel(EMPTY_KERNEL, "empty", grid=1, block=32)

@@ -91,6 +91,25 @@ def child_env(**variables: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": CHILD_PYTHONPATH, **variables}
 
 
+def write_script(path: Path, text: str) -> Path:
+    """An executable file (mode 0755) holding ``text``, with its parent directories: a
+    stand-in compiler, wrapper or tool."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def reset_toolchain():
+    """Forgets the compilers found before and after the test (PATH / CXX changes)."""
+    from mllm_kernel.jit_utils import toolchain
+
+    toolchain.reset()
+    yield
+    toolchain.reset()
+
+
 # A one-function CPU module for tests of the JIT core: small, so that it builds fast.
 OK_SOURCE = "namespace ok { template <int K> int f() { return K; } }\n"
 

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import child_env
+from conftest import child_env, write_script
 
 from mllm_kernel.jit_utils import ToolchainError, toolchain
 
@@ -43,20 +43,6 @@ FAKE_CCACHE = textwrap.dedent("""\
     done
     exit 127
 """)
-
-
-@pytest.fixture
-def reset_toolchain():
-    toolchain.reset()
-    yield
-    toolchain.reset()
-
-
-def _script(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
 
 
 def _binary(path: Path, content: bytes) -> Path:
@@ -92,10 +78,10 @@ def test_a_wrapper_script_and_its_flags_are_in_the_key(tmp_path, fresh_cache):
     source = tmp_path / "tiny.cpp"
     source.write_text(BIAS_SOURCE)
     assert _bias(source, GXX)[0] == "0"
-    wrapper = _script(tmp_path / "wrap", f'#!/bin/sh\nexec {GXX} -DTINY_BIAS=2 "$@"\n')
+    wrapper = write_script(tmp_path / "wrap", f'#!/bin/sh\nexec {GXX} -DTINY_BIAS=2 "$@"\n')
     value, log = _bias(source, wrapper)
     assert value == "2" and "compiling tinybias" in log
-    _script(wrapper, f'#!/bin/sh\nexec {GXX} -DTINY_BIAS=3 "$@"\n')  # same size
+    write_script(wrapper, f'#!/bin/sh\nexec {GXX} -DTINY_BIAS=3 "$@"\n')  # same size
     value, log = _bias(source, wrapper)
     assert value == "3" and "compiling tinybias" in log
     assert _bias(source, wrapper) == ("3", "")  # unchanged: warm, nothing logged or built
@@ -104,13 +90,15 @@ def test_a_wrapper_script_and_its_flags_are_in_the_key(tmp_path, fresh_cache):
 def test_identity_names_the_called_path_each_script_and_the_real_file(tmp_path, reset_toolchain):
     real = _binary(tmp_path / "compilers" / "g++-99", b"v1")
     (tmp_path / "compilers" / "g++").symlink_to("g++-99")
-    wrapper = _script(tmp_path / "wrap", f'#!/bin/sh\nexec {tmp_path}/compilers/g++ -O1 "$@"\n')
+    wrapper = write_script(
+        tmp_path / "wrap", f'#!/bin/sh\nexec {tmp_path}/compilers/g++ -O1 "$@"\n'
+    )
     tool = toolchain.Tool(wrapper, toolchain.follow_wrapper(wrapper))
     assert tool.real_path == real
     before = tool.identity
     assert before.startswith(f"{wrapper} -> {wrapper}#sha256:")
     assert before.endswith(f" -> {_keyed_as_binary(real)}")
-    _script(wrapper, f'#!/bin/sh\nexec {tmp_path}/compilers/g++ -O2 "$@"\n')
+    write_script(wrapper, f'#!/bin/sh\nexec {tmp_path}/compilers/g++ -O2 "$@"\n')
     assert tool.identity != before  # same size, same process: its bytes are keyed
     os.utime(real, ns=(1, 1))
     assert _keyed_as_binary(real) in tool.identity  # the real compiler "upgraded"
@@ -128,7 +116,7 @@ def test_the_same_binary_called_by_another_name_is_another_compiler(tmp_path):
 
 def test_a_file_of_the_chain_gone_is_a_toolchain_error(tmp_path, reset_toolchain):
     real = _binary(tmp_path / "compilers" / "g++", b"v1")
-    wrapper = _script(tmp_path / "wrap", f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper = write_script(tmp_path / "wrap", f'#!/bin/sh\nexec {real} "$@"\n')
     tool = toolchain.Tool(wrapper, real)
     assert tool.identity
     real.unlink()
@@ -140,14 +128,14 @@ def test_a_file_of_the_chain_gone_is_a_toolchain_error(tmp_path, reset_toolchain
 def test_a_wrapped_nvcc_is_keyed_by_its_script(tmp_path, monkeypatch, reset_toolchain):
     home = tmp_path / "cuda"
     real = _binary(tmp_path / "real-cuda" / "bin" / "nvcc", b"nvcc")
-    _script(home / "bin" / "nvcc", f'#!/bin/sh\nexec {real} -Xptxas=-v "$@"\n')
+    write_script(home / "bin" / "nvcc", f'#!/bin/sh\nexec {real} -Xptxas=-v "$@"\n')
     (home / "lib64").mkdir()
     (home / "lib64" / "libcudart.so").write_bytes(b"")
     monkeypatch.setenv("CUDA_HOME", str(home))
     cuda = toolchain.find_cuda()
     before = cuda.identity
     assert f"{home}/bin/nvcc#sha256:" in before and _keyed_as_binary(real) in before
-    _script(home / "bin" / "nvcc", f'#!/bin/sh\nexec {real} -Xptxas=-O1 "$@"\n')
+    write_script(home / "bin" / "nvcc", f'#!/bin/sh\nexec {real} -Xptxas=-O1 "$@"\n')
     assert cuda.identity != before
 
 
@@ -156,7 +144,7 @@ def test_a_wrapped_nvcc_is_keyed_by_its_script(tmp_path, monkeypatch, reset_tool
 def fake_ccache(tmp_path, monkeypatch, reset_toolchain) -> dict[str, Path]:
     """A ccache masquerade directory (``g++ -> ccache``) first on PATH, then a stand-in
     g++ binary: ``launcher``, ``masquerade`` (the g++ link) and ``gxx`` (the compiler)."""
-    launcher = _script(tmp_path / "fake" / "ccache", FAKE_CCACHE)
+    launcher = write_script(tmp_path / "fake" / "ccache", FAKE_CCACHE)
     masquerade = tmp_path / "ccache-bin" / "g++"
     masquerade.parent.mkdir()
     masquerade.symlink_to(launcher)
@@ -180,7 +168,7 @@ def test_a_ccache_masquerade_is_keyed_by_the_compiler_it_runs(fake_ccache, monke
 
 
 def test_a_wrapper_running_ccache_with_the_compiler_is_keyed_by_it(fake_ccache, tmp_path):
-    wrapper = _script(tmp_path / "wrap", '#!/bin/sh\nexec ccache g++ -O2 "$@"\n')
+    wrapper = write_script(tmp_path / "wrap", '#!/bin/sh\nexec ccache g++ -O2 "$@"\n')
     tool = toolchain.Tool(wrapper, toolchain.follow_wrapper(wrapper))
     assert tool.real_path == fake_ccache["launcher"]
     # ccache skips its own masquerade link on PATH, as the real one does.
@@ -191,7 +179,7 @@ def test_a_wrapper_running_ccache_with_the_compiler_is_keyed_by_it(fake_ccache, 
 @pytest.mark.skipif(GXX is None, reason="needs g++")
 def test_the_fake_ccache_really_runs_the_compiler_it_is_keyed_by(fake_ccache):
     # The identity above is where the masquerade leads: the script runs that g++.
-    _script(fake_ccache["gxx"], f'#!/bin/sh\nexec {GXX} "$@"\n')
+    write_script(fake_ccache["gxx"], f'#!/bin/sh\nexec {GXX} "$@"\n')
     run = subprocess.run(
         [str(fake_ccache["masquerade"]), "--version"], capture_output=True, text=True, timeout=60
     )
@@ -221,7 +209,7 @@ def _no_processes(monkeypatch) -> None:
 def cxx_called(request, fake_ccache, tmp_path, monkeypatch) -> str:
     """CXX as a plain compiler, a wrapper script, and a ccache masquerade."""
     gxx = fake_ccache["gxx"]
-    wrapper = _script(tmp_path / "wrap", f'#!/bin/sh\nexec {gxx} -O2 "$@"\n')
+    wrapper = write_script(tmp_path / "wrap", f'#!/bin/sh\nexec {gxx} -O2 "$@"\n')
     cxx = {"plain": str(gxx), "wrapper": str(wrapper), "masquerade": "g++"}[request.param]
     monkeypatch.setenv("CXX", cxx)
     return cxx

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import types
 from pathlib import Path
 
 import pytest
+from conftest import write_script
 
 from mllm_kernel import env_info
 from mllm_kernel.cli import output
@@ -17,10 +17,7 @@ from mllm_kernel.jit_utils import toolchain
 
 
 def _script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return path
+    return write_script(path, "#!/bin/sh\n" + body + "\n")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_script
 
 from mllm_kernel.jit_utils import (
     CudaArchError,
@@ -224,24 +225,13 @@ def test_bad_arch_env_names_the_variable(no_arch_env, monkeypatch):
 
 
 # --------------------------------------------------------------------------- toolchain
-@pytest.fixture
-def reset_toolchain():
-    toolchain.reset()
-    yield
-    toolchain.reset()
-
-
-def _script(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
 
 
 def test_follow_wrapper_reaches_the_real_executable(tmp_path):
-    real = _script(tmp_path / "real-nvcc", "#!/bin/sh\necho real\n")
+    real = write_script(tmp_path / "real-nvcc", "#!/bin/sh\necho real\n")
     (tmp_path / "bin").mkdir()
-    inner = _script(tmp_path / "bin" / "inner", f'#!/bin/sh\nexec "{real}" "$@"\n')
-    outer = _script(tmp_path / "outer", f'#!/bin/sh\n# wrapper\nexec {inner} "$@"\n')
+    inner = write_script(tmp_path / "bin" / "inner", f'#!/bin/sh\nexec "{real}" "$@"\n')
+    outer = write_script(tmp_path / "outer", f'#!/bin/sh\n# wrapper\nexec {inner} "$@"\n')
     link = tmp_path / "link"
     link.symlink_to(outer)
     # real-nvcc is itself a script without an exec line: the chain stops there.
@@ -250,7 +240,7 @@ def test_follow_wrapper_reaches_the_real_executable(tmp_path):
 
 def _fake_toolkit(root: Path, lib: str) -> Path:
     (root / "bin").mkdir(parents=True)
-    _script(root / "bin" / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 99.9'\n")
+    write_script(root / "bin" / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 99.9'\n")
     (root / lib).mkdir()
     (root / lib / "libcudart.so").write_bytes(b"")
     return root
@@ -269,7 +259,7 @@ def test_nvcc_on_path_through_a_wrapper(tmp_path, monkeypatch, reset_toolchain):
     home = _fake_toolkit(tmp_path / "cuda-99", "lib")
     wrappers = tmp_path / "wrappers"
     wrappers.mkdir()
-    _script(wrappers / "nvcc", f'#!/bin/sh\nexec {home}/bin/nvcc "$@"\n')
+    write_script(wrappers / "nvcc", f'#!/bin/sh\nexec {home}/bin/nvcc "$@"\n')
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", f"{wrappers}:/usr/bin:/bin")
