@@ -140,3 +140,68 @@ def test_declaration_mistakes_are_errors_at_import():
         Op(scale_op, out="output")
     with pytest.raises(ValueError, match=r"already has a cpu kernel"):
         SHIFT.kernel("cpu")(lambda x, by: x)
+
+
+def pick_op(
+    x: torch.Tensor,
+    rows: int,
+    limit: int | None = None,
+    flip: bool = False,
+    dtype: torch.dtype = torch.float32,
+    *,
+    pad: int = 0,
+) -> torch.Tensor:
+    """``x`` in ``dtype``, negated when ``flip``, its first ``rows`` rows (``limit`` of
+    them when given) padded by ``pad`` (0 or a multiple of ``rows``)."""
+
+
+def _check_pad(x: torch.Tensor, rows: int, pad: int) -> None:
+    if pad % max(rows, 1):
+        raise ValueError(f"argument 'pad': {pad} is not a multiple of rows={rows} ({x.dim()}-D x)")
+
+
+PICK = Op(pick_op, fake=like("x"), symbolic=("rows",), check=_check_pad)
+pick_calls: list[tuple] = []
+
+
+@PICK.kernel("cpu")
+def pick_op_cpu(x, rows, limit, flip, dtype, pad):
+    pick_calls.append((rows, limit, flip, dtype, pad))
+    y = x[: rows if limit is None else limit].to(dtype)
+    return -y if flip else y
+
+
+def test_bools_dtypes_optional_ints_and_symbolic_sizes():
+    schema = str(torch.ops.mllm_kernel.pick_op.default._schema)
+    assert schema.endswith(
+        "(Tensor x, SymInt rows, int? limit=None, bool flip=False, "
+        "ScalarType dtype=6, *, int pad=0) -> Tensor"  # 6: float32
+    )
+    pick_calls.clear()
+    x = torch.arange(6.0).reshape(3, 2)
+    got = pick_op_cpu(x, np.int32(2), np.int64(1), np.bool_(True), torch.float64, pad=4)
+    assert torch.equal(got, -torch.tensor([[0.0, 1.0]], dtype=torch.float64))
+    assert pick_calls == [(2, 1, True, torch.float64, 4)]
+    assert [type(v) for v in pick_calls[0]] == [int, int, bool, torch.dtype, int]
+    with pytest.raises(TypeError, match=r"argument 'flip': expected a bool but got int"):
+        pick_op_cpu(x, 2, flip=1)  # 0/1 are counts elsewhere: not taken for a bool
+    with pytest.raises(TypeError, match=r"argument 'dtype': expected a torch.dtype but got str"):
+        pick_op_cpu(x, 2, dtype="float64")
+    with pytest.raises(TypeError, match=r"argument 'limit': expected an int but got float"):
+        pick_op_cpu(x, 2, limit=1.0)
+
+
+def test_the_ops_check_runs_before_the_kernel_with_the_arguments_it_names():
+    pick_calls.clear()
+    with pytest.raises(ValueError, match=r"'pad': 3 is not a multiple of rows=2 \(2-D x\)"):
+        pick_op_cpu(torch.ones(3, 2), 2, pad=3)
+    assert pick_calls == []
+    # A check's error is the caller's on any device: not replaced by the device error.
+    with pytest.raises(ValueError, match=r"argument 'pad'"):
+        pick_op_cpu(torch.ones(3, 2, device="meta"), 2, pad=3)
+
+    def strict(x: torch.Tensor, rows: int) -> None:
+        """."""
+
+    with pytest.raises(ValueError, match=r"no parameter named \['nothing'\]"):
+        Op(strict, check=lambda nothing: None)

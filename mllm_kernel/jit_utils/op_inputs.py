@@ -160,6 +160,36 @@ def integer(value: Any, arg: str) -> int:
     raise TypeError(f"argument '{arg}': expected an int but got {_type_name(value)}")
 
 
+def optional_integer(value: Any, arg: str) -> int | None:
+    """Like :func:`integer`, with ``None`` passed through."""
+    return None if value is None else integer(value, arg)
+
+
+def boolean(value: Any, arg: str) -> bool:
+    """``value`` as a bool: a bool or a numpy bool, not an int (``0``/``1`` mean a
+    count elsewhere) or anything else that merely has a truth value.
+
+    >>> boolean(True, "is_neox")
+    True
+    """
+    if type(value) is bool:
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"argument '{arg}': expected a bool but got {_type_name(value)}")
+
+
+def dtype(value: Any, arg: str) -> torch.dtype:
+    """``value`` as a torch dtype: TypeError for anything else (a string, a numpy dtype).
+
+    >>> dtype(torch.float32, "scale_dtype")
+    torch.float32
+    """
+    if isinstance(value, torch.dtype):
+        return value
+    raise TypeError(f"argument '{arg}': expected a torch.dtype but got {_type_name(value)}")
+
+
 def dim(value: Any, ndim: int, arg: str = "dim") -> int:
     """``value`` as a dim of a tensor of rank ``ndim``, in ``[0, ndim)``; IndexError when
     out of range (torch's own type for it), TypeError when not an int.

@@ -32,7 +32,8 @@ would. In order, it
 2. converts each argument by its annotation (:mod:`.op_inputs`: a ``Tensor`` may be
    any DLPack tensor, a written one or the ``out`` buffer is checked as an output, a
    ``float`` any real number, an ``int`` any integer), or by the op's ``convert``
-   function for that argument; an exact ``torch.Tensor`` / ``float`` / ``int`` takes
+   function for that argument; a ``bool`` is a bool (numpy's too), a ``torch.dtype`` a
+   dtype, ``X | None`` also None; an exact ``torch.Tensor`` / ``float`` / ``int`` takes
    the fast path of one ``type()`` test (an ``int`` or ``float`` argument's converter
    too: it runs for other types only, so a value it would refuse must also be refused
    by the kernel module's variant check, as ``add_constant``'s is);
@@ -40,7 +41,10 @@ would. In order, it
    goes through the torch op, whose autograd records it; any other op raises the
    no-backward RuntimeError (:func:`.torch_op.no_backward_error`): no result silently
    drops a gradient;
-4. calls the kernel with the converted arguments, in the declared order; a failure is
+4. runs the op's ``check`` (a rule of the op's contract over arguments the kernel never
+   sees, such as ``store_cache``'s ``row_bytes``), called by keyword with the arguments
+   it names: its errors are the caller's on any device, so they come before the kernel;
+5. calls the kernel with the converted arguments, in the declared order; a failure is
    explained by :func:`.op_inputs.explain` (an argument of the wrong kind of tensor is
    named) before it propagates.
 
@@ -52,6 +56,7 @@ twice.
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import types
 import typing
@@ -102,6 +107,8 @@ class Op:
         writes: tuple[str, ...] = (),
         autograd: Autograd | None = None,
         convert: dict[str, Callable[[Any], Any]] | None = None,
+        symbolic: tuple[str, ...] = (),
+        check: Callable[..., None] | None = None,
     ) -> None:
         self.name = signature.__name__
         self.signature = inspect.signature(signature, eval_str=True)
@@ -110,7 +117,11 @@ class Op:
         self.writes = writes
         self.autograd = autograd
         self.convert = dict(convert or {})
-        unknown = set(self.convert) | set(writes) | ({out} if out else set())
+        self.symbolic = symbolic
+        self.check = check
+        unknown = set(self.convert) | set(writes) | set(symbolic) | ({out} if out else set())
+        if check is not None:
+            unknown |= set(inspect.signature(check).parameters)
         unknown -= set(self.signature.parameters)
         if unknown:
             raise ValueError(f"op {self.name}: no parameter named {sorted(unknown)}")
@@ -124,11 +135,17 @@ class Op:
     def schema(self) -> str:
         """The torch schema, inferred from the signature without the ``out`` buffer
         (it is the ``.out`` overload's); ``int`` stays ``int`` (torch infers
-        ``SymInt``): an int argument of ours picks a kernel, it is never symbolic."""
+        ``SymInt``): an int argument of ours picks a kernel, it is never symbolic, but
+        for the ``symbolic`` ones (sizes a traced graph passes on, as
+        ``gptq_marlin_gemm``'s ``size_m`` is ``x.shape[0]``)."""
         params = [p for name, p in self.signature.parameters.items() if name != self.out]
         prototype = _prototype(self.signature.replace(parameters=params))
         schema = torch.library.infer_schema(prototype, mutates_args=self.writes)
-        return schema.replace("SymInt", "int")
+        return re.sub(
+            r"SymInt(\?)? (\w+)",
+            lambda m: m[0] if m[2] in self.symbolic else f"int{m[1] or ''} {m[2]}",
+            schema,
+        )
 
     def kernel(self, device: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: ``fn`` is the op's kernel on ``device`` (``"cpu"`` or ``"cuda"``),
@@ -177,6 +194,12 @@ def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]
         return f"if {name} is not None: {name} = _number({name}, {name!r})", {}
     if annotation is int:
         return f"if type({name}) is not int: {name} = _integer({name}, {name!r})", {}
+    if _is_optional(annotation, int):
+        return f"if {name} is not None: {name} = _integer({name}, {name!r})", {}
+    if annotation is bool:
+        return f"if type({name}) is not bool: {name} = _boolean({name}, {name!r})", {}
+    if annotation is torch.dtype:
+        return f"if type({name}) is not _dtype_type: {name} = _dtype({name}, {name!r})", {}
     raise TypeError(
         f"op {op.name}: argument {name!r} is annotated {annotation!r}; give it a converter "
         "(Op(convert={...}))"
@@ -209,6 +232,9 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
             "_output": op_inputs.output,
             "_number": op_inputs.number,
             "_integer": op_inputs.integer,
+            "_boolean": op_inputs.boolean,
+            "_dtype": op_inputs.dtype,
+            "_dtype_type": torch.dtype,
             "_explain": op_inputs.explain,
             "_no_backward": no_backward_error,
         }
@@ -242,6 +268,10 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
         )
         route = f"return _op({traced_args})" if op.autograd else f"raise _no_backward({op.name!r})"
         lines.append(f"    if _grad_enabled() and ({required}): {route}")
+    if op.check is not None:
+        namespace["_check"] = op.check
+        checked = ", ".join(f"{n}={n}" for n in inspect.signature(op.check).parameters)
+        lines.append(f"    _check({checked})")
     named = ", ".join(f"{n}={n}" for n in tensors)
     lines += [
         "    try:",
