@@ -2,8 +2,10 @@
 (on a GPU when there is one, else on a memo entry pre-filled for a CPU tensor's index).
 On a GPU, also each CUDA op's eager call at one token against its bare kernel function
 (the same tvm-ffi call without the op layer), the launch floor (a tvm-ffi call of an
-empty kernel with three tensors and two scalars) and torch.compile's call of the op,
-timed interleaved (medians of rotating samples, as bench_runtime does).
+empty kernel with three tensors and two scalars) and what a user would otherwise call:
+``torch.compile`` of the op written in torch (one generated Triton kernel a call, its
+guards and launcher on the host), timed interleaved (medians of rotating samples, as
+bench_runtime does).
 
     python benchmarks/bench_host.py [--no-grad]
 
@@ -85,34 +87,50 @@ def cuda_rows() -> None:
         for name in ("rmsnorm", "activation", "softmax", "add_constant")
     }
     index = x.get_device()
+    d = gate.shape[-1] // 2
+
+    def torch_rmsnorm(t: torch.Tensor) -> torch.Tensor:
+        t32 = t.float()
+        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf16) * w
+
+    def torch_fused_add_rmsnorm() -> None:
+        residual.add_(x)
+        x.copy_(torch_rmsnorm(residual))
+
+    # name: (our eager call, its bare kernel function, the torch function compiled)
     ops = {
         "rmsnorm out=": (
             lambda: cuda.rmsnorm(x, w, 1e-6, out=y),
             lambda: modules["rmsnorm"]._RMSNORM[index].rmsnorm(y, x, w, 1e-6),
+            lambda: y.copy_(torch_rmsnorm(x)),
         ),
         "fused_add_rmsnorm": (
             lambda: cuda.fused_add_rmsnorm(x, residual, w),
             lambda: modules["rmsnorm"]._RMSNORM[index].fused_add_rmsnorm(x, residual, w, 1e-6),
+            torch_fused_add_rmsnorm,
         ),
         "silu_and_mul out=": (
             lambda: cuda.silu_and_mul(gate, out=gate_out),
             lambda: modules["activation"]._ACTIVATION[index].silu_and_mul(gate_out, gate),
+            lambda: gate_out.copy_(torch.nn.functional.silu(gate[:, :d]) * gate[:, d:]),
         ),
         "softmax": (
             lambda: cuda.softmax(x),
             lambda: modules["softmax"]._SOFTMAX[index].softmax_forward(torch.empty_like(x), x, 1.0),
+            lambda: torch.softmax(x.float(), -1).to(bf16),
         ),
         "add_constant c=8 out=": (
             lambda: cuda.add_constant(small, 8, out=small_out),
             lambda: modules["add_constant"]._ADD_CONSTANT[index, 8].add_constant(small_out, small),
+            lambda: small_out.copy_(small + 8),
         ),
     }
     print(
         f"\n{'CUDA op, 1 token (us/call)':28s} {'eager':>7s} {'bare':>7s} {'floor':>7s} "
         f"{'compile':>8s} {'eager/floor':>12s} {'eager/compile':>14s}"
     )
-    for name, (eager, bare) in ops.items():
-        compiled = torch.compile(eager)
+    for name, (eager, bare, in_torch) in ops.items():
+        compiled = torch.compile(in_torch)
         times = time_interleaved(
             {"eager": eager, "bare": bare, "floor": floor, "compile": compiled}, inner=200, outer=21
         )

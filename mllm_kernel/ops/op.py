@@ -181,13 +181,14 @@ def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]
         if exact:  # the converter's fast path, inline
             line = f"if type({name}) is not {exact}: {line}"
         return line, {f"_convert_{name}": custom}
+    # The fast path of op_inputs.tensor / output, inline: an exact torch tensor without
+    # the negative bit (a negative view would hand the kernel negated values).
+    check = "_output" if written else "_tensor"
+    fast = f"type({name}) is _Tensor and not _is_neg({name})"
     if annotation is _Tensor:
-        check = "_output" if written else "_tensor"
-        fast = f"type({name}) is _Tensor and not {name}.is_neg()"
         return f"if not ({fast}): {name} = {check}({name}, {name!r})", {}
     if _is_optional(annotation, _Tensor):
-        check = "_output" if written else "_tensor"
-        return f"if {name} is not None: {name} = {check}({name}, {name!r})", {}
+        return f"if {name} is not None and not ({fast}): {name} = {check}({name}, {name!r})", {}
     if annotation is float:
         return f"if type({name}) is not float: {name} = _number({name}, {name!r})", {}
     if _is_optional(annotation, float):
@@ -228,6 +229,7 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
             "_op": op.torch_op,
             "_kernel": kernel,
             "_Tensor": _Tensor,
+            "_is_neg": _Tensor.is_neg,
             "_tensor": op_inputs.tensor,
             "_output": op_inputs.output,
             "_number": op_inputs.number,
