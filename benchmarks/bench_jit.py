@@ -116,7 +116,7 @@ def _warm_lookup_us() -> float:
     from mllm_kernel.jit_utils.status import CacheState
 
     (entry,) = [e for e in registry.kernels("cpu") if e.name == "add_constant"]
-    spec = entry.plan((8,))
+    spec = entry.spec((8,))
     assert cache.lookup(module_key(spec)).status is CacheState.HIT
     return _per_call_us(lambda: cache.lookup(module_key(spec)), number=200)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mllm_kernel import clangd
 from mllm_kernel.__main__ import main
+from mllm_kernel.cli import clangd
 from mllm_kernel.jit_utils import paths, toolchain
 
 

@@ -332,12 +332,12 @@ def test_a_registered_user_kernel_says_its_sources_and_its_namesakes_are_listed(
     other = tmp_path / "project" / "twin.cpp"
     other_build = _user_module(fresh_cache, "twin", other, "c")
 
-    def plan(scale: int):
+    def spec(scale: int):
         return cpu_spec("twin", str(scale), cpp_files=[example], cpp_wrappers=[("twin", "f")])
 
-    registry.register_kernel("twin", device="cpu", variants=[(3,)], builtin=False, planner=plan)(
-        plan
-    )
+    registry.register_kernel(
+        "twin", device="cpu", variants=[(3,)], builtin=False, spec_function=spec
+    )(spec)
     try:
         report = cache_admin.config_report(device="cpu")
         assert main(["show-config", "--device", "cpu"]) == 0

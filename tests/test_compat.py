@@ -284,7 +284,7 @@ def test_use_highway_has_no_effect(sources, clean_jit_registry):
         def add_k_5(compiled_module, dst, src):
             compiled_module.add_k(dst, src)
 
-        specs.append(_user_kernels("add_k")["cpu"].plan(("5",)))
+        specs.append(_user_kernels("add_k")["cpu"].spec(("5",)))
     assert specs[0] == specs[1]
     assert registry.get_jit_kernel_registry()  # both recorded (same key: the last wins)
 

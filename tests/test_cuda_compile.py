@@ -67,7 +67,7 @@ def _every_variant(entry: Any) -> BuildSpec:
     per variant and arch keeps this file within CI's time on 2 cores; every variant's
     device code is still compiled and assembled for both archs."""
     with cuda_arch_override("9.0a,8.0"):
-        specs = [entry.plan(variant) for variant in entry.variants]
+        specs = [entry.spec(variant) for variant in entry.variants]
     first = specs[0]
     for spec in specs[1:]:  # what may differ between variants: their template arguments
         same_args = {"template_args": (), "cuda_wrappers": first.cuda_wrappers}

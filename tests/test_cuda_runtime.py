@@ -337,8 +337,7 @@ def test_device_info_against_torch():
 
 
 def test_show_env_lists_every_gpu():
-    from mllm_kernel import env_info
-    from mllm_kernel.cli import output
+    from mllm_kernel.cli import env_info, output
 
     info = env_info.collect()
     rows = {(s, f): v for s, f, v in output.env_rows(info)}

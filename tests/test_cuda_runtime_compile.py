@@ -1,5 +1,5 @@
 """The raw runtime without a GPU (CI): CUBIN/PTX for sm_90a through the package cache,
-compile errors, argument conversion in the launcher module, and the errors that need
+compile errors, argument conversion in the native module, and the errors that need
 no device."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mllm_kernel.cuda import Kernel, compile_to_cubin, compile_to_ptx, load_cubin, load_ptx
-from mllm_kernel.cuda.runtime.launcher import launcher
+from mllm_kernel.cuda.runtime.native import native_module
 from mllm_kernel.cuda.runtime.signature import parse_signature
 from mllm_kernel.jit_utils import KernelBuildError, toolchain
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
@@ -277,14 +277,14 @@ def test_kernel_object_steps_in_order():
 
 
 # ---------------------------------------------------------------------------
-# Argument conversion: the launcher's own packing code, run without a GPU.
+# Argument conversion: the native module's own packing code, run without a GPU.
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pack():
-    # Module-scoped, so set up before the autouse arch fixture: the launcher holds no
+    # Module-scoped, so set up before the autouse arch fixture: the native module holds no
     # device code, and any arch builds it on a machine without a GPU.
     with cuda_arch_override("9.0a"):
-        module = launcher()
+        module = native_module()
 
     def pack_as(signature: str, *args):
         params = parse_signature(signature)

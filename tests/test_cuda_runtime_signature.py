@@ -169,7 +169,7 @@ def test_kernels_the_runtime_cannot_launch(name, message):
         kernel_params(SOURCE, name, "k.cu")
 
 
-def test_host_values_become_launcher_values():
+def test_host_values_become_native_module_values():
     params = parse_signature("float a, bool b, int n, int8_t c")
     staged = host_arrays.stage(
         (np.float32(1.5), np.bool_(True), np.int64(7), np.array(3)), params, None

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import write_script
 
-from mllm_kernel import env_info
-from mllm_kernel.cli import output
+from mllm_kernel.cli import env_info, output
 from mllm_kernel.jit_utils import toolchain
 
 

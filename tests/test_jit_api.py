@@ -325,14 +325,20 @@ def test_builtin_kernels_are_registered_before_any_call():
     assert ("add_constant", "cpu") in names
 
 
-def test_planning_returns_the_spec_without_building(fresh_cache):
+def test_entry_spec_returns_the_spec_without_building(fresh_cache):
     (entry,) = [e for e in registry.kernels("cpu") if e.name == "add_constant"]
-    spec = entry.plan((4,))
+    spec = entry.spec((4,))
     assert spec.template_args == ("4",) and spec.device == "cpu"
     status = registry.variant_status(entry, (4,))
     assert status.status == "not built"
     assert status.path is not None and status.path.parent == fresh_cache
     assert not fresh_cache.exists() or not any(fresh_cache.iterdir())
+
+
+def test_register_kernel_refuses_a_device_it_cannot_build_for():
+    with pytest.raises(ValueError, match=r"device must be one of \('cpu', 'cuda'\), got 'gpu'"):
+        registry.register_kernel("on_gpu", device="gpu")
+    assert registry.find("on_gpu", "gpu") is None
 
 
 def test_logging_set_up_lives_in_jit_utils_not_at_the_package_top():

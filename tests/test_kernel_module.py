@@ -1,5 +1,5 @@
 """KernelModule (issue 16 first bullet, issue 17 point 2): one declaration per jit module
-that plans without building, registers itself, and loads each (device index, variant)
+that gives its spec without building, registers itself, and loads each (device index, variant)
 once through one memo; the device index is an explicit input of a CUDA build."""
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ def test_spec_is_a_plain_function_that_builds_nothing(fresh_cache, probe):
     assert not list(fresh_cache.glob("km_probe*"))
 
 
-def test_it_registers_itself_with_its_spec_as_the_planner(fresh_cache, probe):
+def test_it_registers_itself_with_its_spec_as_the_spec_function(fresh_cache, probe):
     module = probe()
     entry = registry.find("km_probe", "cpu")
     assert entry is not None and entry.variants == [(2,), (3,)]
-    assert entry.plan((2,)) == module.spec(2)
+    assert entry.spec((2,)) == module.spec(2)
     (status,) = [registry.variant_status(entry, (2,)).status]
     assert status == "not built"
     assert not list(fresh_cache.glob("km_probe*"))
@@ -167,7 +167,7 @@ def test_cuda_spec_resolves_the_arch_of_the_given_device(monkeypatch):
         registry.unregister("km_probe_cuda", "cuda")
 
 
-def test_a_hand_written_builder_is_planned_without_building(fresh_cache, tmp_path):
+def test_a_hand_written_builder_gives_its_spec_without_building(fresh_cache, tmp_path):
     source = tmp_path / "km_hand.cpp"
     source.write_text(SOURCE)
 
@@ -178,9 +178,9 @@ def test_a_hand_written_builder_is_planned_without_building(fresh_cache, tmp_pat
             cpp_files=[str(source)],
             cpp_wrappers=[("scale", f"mllm_kernel::cpu::scale<{k}>")],
         )
-        return module.scale  # uses what the loader returned: planning must still answer
+        return module.scale  # uses what the loader returned: builder_spec must still answer
 
-    spec = registry.plan(builder, 5)
+    spec = registry.builder_spec(builder, 5)
     assert spec.name == "km_hand" and spec.template_args == ("5",)
     assert cache.lookup(module_key(spec)).status == "missing"
-    assert builder(5)(2) == 10  # outside planning the same builder loads
+    assert builder(5)(2) == 10  # outside builder_spec the same builder loads

@@ -91,7 +91,7 @@ NO_TOOLCHAIN_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
     for entry in registry.kernels("cpu"):
         for variant in entry.variants:
             module = entry.builder(*variant)
-            for export in entry.plan(variant).exports:
+            for export in entry.spec(variant).exports:
                 module.get_function(export)
             loaded += 1
 
@@ -352,7 +352,7 @@ NO_TOOLCHAIN_CUDA_PROBE = REFUSE_PROCESSES + textwrap.dedent("""
     for entry in registry.kernels("cuda"):
         for variant in entry.variants:
             module = entry.builder(*variant)
-            for export in entry.plan(variant).exports:
+            for export in entry.spec(variant).exports:
                 module.get_function(export)
             loaded += 1
     x = torch.randn(4, 256, device="cuda", dtype=torch.float16)
@@ -407,7 +407,7 @@ FIND_CUDA_PROBE = textwrap.dedent("""
     from mllm_kernel.jit_utils import prebuilt, registry
 
     (entry,) = [e for e in registry.kernels("cuda") if e.name == "add_constant_runtime"]
-    found = [prebuilt.find(entry.plan(variant)) for variant in entry.variants]
+    found = [prebuilt.find(entry.spec(variant)) for variant in entry.variants]
     assert all(f is not None and f.status == "hit" for f in found), found
     print(len(found))
 """)

@@ -118,7 +118,7 @@ def test_build_into_cache_without_loading(fresh_cache, temp_kernels, tmp_path):
     builder = _cpu_kernel(
         temp_kernels, tmp_path, "pc_noload", GOOD_CPP.format(name="pc_noload"), [(4,)]
     )
-    spec = registry.plan(builder, 4)
+    spec = registry.builder_spec(builder, 4)
     assert loader.build_into_cache(spec) == "built"
     assert cache.lookup(module_key(spec)).status == "hit"
     assert loader.build_into_cache(spec) == "cached"

@@ -4,9 +4,9 @@ Each command is a thin layer over a library function, so scripts and tests
 call the same code:
 
 ======================================  ==============================================
-``show-env``                            :func:`mllm_kernel.env_info.collect`
+``show-env``                            :func:`mllm_kernel.cli.env_info.collect`
 ``show-config``                         :func:`mllm_kernel.jit_utils.cache_admin.config_report`
-``show-clangd-recommend-config``        :func:`mllm_kernel.clangd.recommend`
+``show-clangd-recommend-config``        :func:`mllm_kernel.cli.clangd.recommend`
 ``clear-cache``                         :func:`mllm_kernel.jit_utils.cache_admin.clear_cache`
 ``precompile``                          :func:`mllm_kernel.jit_utils.precompile.precompile`
 ======================================  ==============================================

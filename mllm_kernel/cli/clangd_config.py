@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mllm_kernel import clangd
+from mllm_kernel.cli import clangd
 from mllm_kernel.cli.output import paint
 from mllm_kernel.jit_utils.errors import CudaArchError
 
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Writes :func:`mllm_kernel.clangd.recommend`'s config unless the file exists.
+    """Writes :func:`mllm_kernel.cli.clangd.recommend`'s config unless the file exists.
 
     The first line of output says what happened to the file (wrote it, or kept it).
     """

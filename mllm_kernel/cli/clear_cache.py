@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mllm_kernel import env_info
+from mllm_kernel.cli import env_info
 from mllm_kernel.cli.arguments import number_at_least
 from mllm_kernel.cli.output import format_bytes, format_cache_root, paint
 from mllm_kernel.jit_utils import cache_admin

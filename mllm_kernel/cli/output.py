@@ -1,5 +1,5 @@
 """Terminal output for the CLI: aligned tables, colour only on a terminal, sizes, and
-show-env's text (:func:`format_env` of :func:`mllm_kernel.env_info.collect`'s facts)."""
+show-env's text (:func:`format_env` of :func:`.env_info.collect`'s facts)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ NO_GPU_ARCH = (
 
 
 def format_jit_arch(arch: dict[str, Any]) -> str:
-    """:func:`mllm_kernel.env_info.jit_cuda_arch` as ``9.0a (from $MLLM_KERNEL_CUDA_ARCH_LIST)``,
+    """:func:`.env_info.jit_cuda_arch` as ``9.0a (from $MLLM_KERNEL_CUDA_ARCH_LIST)``,
     :data:`NO_GPU_ARCH` on a machine without a GPU, or ``unknown: <what to set>``."""
     if arch["archs"]:
         return f"{';'.join(arch['archs'])} (from {arch['source']})"
@@ -83,7 +83,7 @@ def format_jit_arch(arch: dict[str, Any]) -> str:
 
 
 def format_cache_root(info: dict[str, Any]) -> str:
-    """:func:`mllm_kernel.env_info.cache_root_info` as one line: the root builds go to and,
+    """:func:`.env_info.cache_root_info` as one line: the root builds go to and,
     when it is not the one ``MLLM_KERNEL_CACHE_DIR`` sets, why that one is not used."""
     problem = info["cache_root_problem"]
     if not problem:
@@ -97,7 +97,7 @@ def format_cache_root(info: dict[str, Any]) -> str:
 
 
 def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """``(section, field, value)`` rows of :func:`mllm_kernel.env_info.collect`'s dict,
+    """``(section, field, value)`` rows of :func:`.env_info.collect`'s dict,
     missing values spelled out."""
     rows: list[tuple[str, str, str]] = []
     os_, py, cpu, cuda, torch_, ver = (
@@ -180,7 +180,7 @@ def env_rows(info: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def format_env(info: dict[str, Any]) -> str:
-    """:func:`mllm_kernel.env_info.collect`'s dict as aligned ``Section  field  value`` text."""
+    """:func:`.env_info.collect`'s dict as aligned ``Section  field  value`` text."""
     rows = env_rows(info)
     field_width = max(len(field) for _, field, _ in rows)
     lines, section = [], None
@@ -193,7 +193,7 @@ def format_env(info: dict[str, Any]) -> str:
 
 
 def gpu_detail_rows(gpu: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """show-env rows of one GPU's :func:`mllm_kernel.env_info.gpu_details`."""
+    """show-env rows of one GPU's :func:`.env_info.gpu_details`."""
     name, details = f"GPU {gpu['index']}", gpu.get("details") or {}
     if "error" in details or not details:
         return [("PyTorch", f"{name} details", f"unavailable ({details.get('error', '?')})")]

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from mllm_kernel import env_info
+from mllm_kernel.cli import env_info
 from mllm_kernel.cli.arguments import number_at_least
 from mllm_kernel.cli.output import format_cache_root, paint
 from mllm_kernel.jit_utils import cache_wheel, precompile

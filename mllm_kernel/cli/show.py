@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from mllm_kernel import env_info
+from mllm_kernel.cli import env_info
 from mllm_kernel.cli.output import (
     NOT_FOUND,
     format_bytes,
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_show_env(args: argparse.Namespace) -> int:
-    """Prints :func:`mllm_kernel.env_info.collect`."""
+    """Prints :func:`.env_info.collect`."""
     info = env_info.collect()
     if args.json:
         print_json(info)

@@ -16,7 +16,6 @@ registry functions :func:`register_jit_kernel`, :func:`get_jit_kernel_registry`,
 (:mod:`mllm_kernel.jit_utils.path_constants`).
 """
 
-from mllm_kernel.jit_utils.cache_once import cache_once
 from mllm_kernel.jit_utils.cpp_args import CppArgs, make_cpp_args
 from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
 from mllm_kernel.jit_utils.errors import (
@@ -29,6 +28,7 @@ from mllm_kernel.jit_utils.jit_decorator import jit
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.jit_utils.loader import load_cpu_jit, load_cuda_jit
 from mllm_kernel.jit_utils.logging_setup import use_application_logging
+from mllm_kernel.jit_utils.memo import cache_once
 from mllm_kernel.jit_utils.path_constants import (
     MLLM_KERNEL_ASCEND_CSRC_DIR,
     MLLM_KERNEL_ASCEND_INCLUDE_DIR,

@@ -31,7 +31,7 @@ from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
 from mllm_kernel.jit_utils.status import CacheState, VariantState
 
 _DAY = 86400.0
-# Any arch would do: it only lets a kernel be planned (to list its exports) without a GPU.
+# Any arch would do: it only lets a kernel's spec be read (to list its exports) without a GPU.
 _STAND_IN_ARCH = "9.0a"
 
 
@@ -173,8 +173,8 @@ def _cached_without_toolchain(entry: KernelEntry, variant: tuple[Any, ...]) -> V
     where a build made before is valid (the loader loads it:
     :func:`.cache.lookup_without_toolchain`), else None."""
     try:
-        spec = entry.plan(variant)
-    except Exception:  # the plan fails: variant_status says why
+        spec = entry.spec(variant)
+    except Exception:  # no spec: variant_status says why
         return None
     found = cache.lookup_without_toolchain(spec)
     if found.status is not CacheState.HIT:
@@ -206,9 +206,9 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
     if not origins:
         return None
     try:
-        spec = entry.plan(variant)
+        spec = entry.spec(variant)
         found = prebuilt.find(spec)
-    except Exception:  # the plan fails: variant_status says why
+    except Exception:  # no spec: variant_status says why
         return None
     if found is None:
         return None
@@ -216,20 +216,20 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
     return _found(entry, spec, VariantState.PREBUILT, found.artifact, origin)
 
 
-def _planned(entry: KernelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(exports, sources)`` of ``entry``'s module, from its first variant's plan: the
+def _module_facts(entry: KernelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(exports, sources)`` of ``entry``'s module, from its first variant's spec: the
     functions it exports and, for a user kernel, its source files. Empty where it cannot
-    be planned (a user kernel with no builder, sources not installed)."""
+    be described (a user kernel with no builder, sources not installed)."""
     if entry.builder is None or not entry.variants:
         return (), ()
     try:
         try:
-            spec = entry.plan(entry.variants[0])
+            spec = entry.spec(entry.variants[0])
         except CudaArchError:
-            # Neither depends on the arch; planning only needs one to proceed.
+            # Neither depends on the arch; a spec only needs one to proceed.
             with cuda_arch_override(_STAND_IN_ARCH):
-                spec = entry.plan(entry.variants[0])
-    except Exception:  # whatever stops the plan, variant_status reports it per variant
+                spec = entry.spec(entry.variants[0])
+    except Exception:  # whatever stops the spec, variant_status reports it per variant
         return (), ()
     sources = () if entry.builtin else tuple(map(str, (*spec.cpp_files, *spec.cuda_files)))
     return spec.exports, sources
@@ -263,7 +263,7 @@ def config_report(
                 e.device,
                 e.builtin,
                 [_status(e, v) for v in _variant_list(e)],
-                *_planned(e),
+                *_module_facts(e),
                 archs=e.archs.describe() if e.device == "cuda" else "",
             )
             for e in registry.kernels(device)

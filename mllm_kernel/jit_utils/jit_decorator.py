@@ -19,14 +19,14 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from mllm_kernel.jit_utils import loader, registry
-from mllm_kernel.jit_utils.cache_once import cache_once
 from mllm_kernel.jit_utils.cpp_args import make_cpp_args
 from mllm_kernel.jit_utils.kernel_module import ModuleMemo
-from mllm_kernel.jit_utils.spec import check_module_name
+from mllm_kernel.jit_utils.memo import cache_once
+from mllm_kernel.jit_utils.spec import DEVICES, check_module_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 Device = Literal["auto", "cpu", "cuda"]
-_DEVICES = ("auto", "cpu", "cuda")
+_DEVICES = ("auto", *DEVICES)
 
 # Registering a variant reads the registry's entry and adds to it: one lock for both.
 _register_lock = threading.Lock()
@@ -240,7 +240,7 @@ def jit(
         else:
             targets = [device]
         for target in targets:
-            # The plain loaders: planning (show-config, precompile) reaches the loader.
+            # The plain loaders: reading a spec (show-config, precompile) reaches the loader.
             _register_variant(
                 export_name, target, cpp_args, {"cpu": load_cpu, "cuda": load_cuda}[target]
             )

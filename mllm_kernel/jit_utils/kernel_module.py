@@ -42,8 +42,8 @@ The declaration holds the facts each op file used to spell out in its own
 
 From these the object is three things:
 
-1. **A plan**: :meth:`spec` returns a variant's :class:`BuildSpec` and builds nothing:
-   a plain function, registered as the kernel's planner, so show-config and
+1. **A description**: :meth:`spec` returns a variant's :class:`BuildSpec` and builds
+   nothing: a plain function, registered as the kernel's spec function, so show-config and
    precompile read the same spec the loader builds.
 2. **A registration**: created once at import, it registers itself
    (:func:`~mllm_kernel.jit_utils.registry.register_kernel`) under its name.
@@ -178,7 +178,7 @@ class KernelModule(ModuleMemo):
             device=device,
             variants=self.variants,
             builtin=builtin,
-            planner=self.spec,
+            spec_function=self.spec,
             op=op,
             archs=archs,
         )(self.load)

@@ -324,7 +324,7 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm
     no toolchain needed) or the writable cache if valid there, else builds it first.
     With ``build_directory``, that directory is the module's cache (no prebuilt lookup).
     Without a toolchain, a writable-cache entry built before it went away is loaded."""
-    if registry.capture(spec):  # registry.plan reads a hand-written builder's spec
+    if registry.capture(spec):  # registry.builder_spec reads a hand-written builder's spec
         return spec
     if build_directory is not None:
         root = Path(build_directory).expanduser().absolute()

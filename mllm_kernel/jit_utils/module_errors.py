@@ -150,7 +150,7 @@ def name_arguments(module: Any, spec: BuildSpec) -> Any:
     """``module`` with each export, read as an attribute (``module.my_kernel``), raising
     argument errors that name the C++ parameter (:func:`explain`); ``module.get_function``
     still gives the bare tvm-ffi function. Anything but a tvm-ffi module (the spec the
-    loader hands back while a builder is planned) is returned as it is."""
+    loader hands back while a builder's spec is read) is returned as it is."""
     if not isinstance(module, tvm_ffi.Module):
         return module
     for wrapper in (*spec.cpp_wrappers, *spec.cuda_wrappers):

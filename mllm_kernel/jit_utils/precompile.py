@@ -162,7 +162,7 @@ def run_job(job: Job, load: bool | None = None, output: Path | None = None) -> J
     started = time.monotonic()
     load = can_load(job.entry.device) if load is None else load
     try:
-        spec = job.entry.plan(job.variant)
+        spec = job.entry.spec(job.variant)
         key = module_key(spec)
         if cache.lookup(key).status is CacheState.HIT:
             status = BuildOutcome.CACHED
@@ -212,7 +212,7 @@ def precompile(
     selected = select_jobs(device, kernels)
     targets = [a.strip() for a in arch.split(",")] if arch and output is not None else [arch]
     report = PrecompileReport()
-    planned: list[tuple[contextvars.Context, Job]] = []
+    queued: list[tuple[contextvars.Context, Job]] = []
     for index, target in enumerate(targets):
         chosen = [j for j in selected if index == 0 or j.entry.device == "cuda"]
         override = cuda_arch_override(target) if target else contextlib.nullcontext()
@@ -232,7 +232,7 @@ def precompile(
             per_arch = len(targets) > 1
             # Each task runs in its own copy of this context, so the arch override
             # (a context variable) reaches the worker threads.
-            planned += [
+            queued += [
                 (
                     contextvars.copy_context(),
                     Job(job.entry, job.variant, target)
@@ -242,15 +242,15 @@ def precompile(
                 for job in chosen
             ]
     if on_start is not None:
-        on_start(len(planned))
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(planned) or 1))
+        on_start(len(queued))
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(queued) or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precompile") as pool:
-        futures = [pool.submit(ctx.run, run_job, job, load, output) for ctx, job in planned]
+        futures = [pool.submit(ctx.run, run_job, job, load, output) for ctx, job in queued]
         for future in as_completed(futures):
             result = future.result()
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
-    order = {id(job): i for i, (_, job) in enumerate(planned)}
+    order = {id(job): i for i, (_, job) in enumerate(queued)}
     report.results.sort(key=lambda r: order[id(r.job)])
     return report

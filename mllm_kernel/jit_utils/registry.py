@@ -1,13 +1,14 @@
 """Which kernels exist: the package's own (registered at import, before any call)
 and users' (recorded when loaded), with their variants and cache status.
 
-A kernel is registered with a *planner*: a plain function from a variant to its
-BuildSpec, which builds nothing. show-config and precompile call it, so they name
+A kernel is registered with a *spec function*: a plain function from a variant to
+its BuildSpec, which builds nothing. show-config and precompile call it, so they name
 cache directories exactly as the loader does. Modules declared with
 :class:`~mllm_kernel.jit_utils.kernel_module.KernelModule` register their own
 ``spec`` method; a hand-written builder (a ``cache_once`` function that calls
-load_cpu_jit / load_cuda_jit, registered with :func:`register_kernel`) is planned by
-:func:`plan`, which runs it while the loader hands back specs instead of modules.
+load_cpu_jit / load_cuda_jit, registered with :func:`register_kernel`) is read by
+:func:`builder_spec`, which runs it while the loader hands back specs instead of
+modules.
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ from pathlib import Path
 from typing import Any
 
 from mllm_kernel.jit_utils.cuda_arch import EVERY_ARCH, ArchSupport
-from mllm_kernel.jit_utils.spec import BuildSpec
+from mllm_kernel.jit_utils.spec import DEVICES, BuildSpec
 
 BUILTIN_OP_MODULES = ("mllm_kernel.cpu.jit", "mllm_kernel.cuda.jit")
 
-# While registry.plan runs a hand-written builder: the specs the loader was asked for.
+# While builder_spec runs a hand-written builder: the specs the loader was asked for.
 _captured: contextvars.ContextVar[list[BuildSpec] | None] = contextvars.ContextVar(
     "mllm_kernel_captured_specs", default=None
 )
 
-Planner = Callable[..., BuildSpec]
+SpecFunction = Callable[..., BuildSpec]
 
 
 @dataclass
 class KernelEntry:
-    """A kernel: how to plan (and build) it, and the argument tuples (variants) it is
+    """A kernel: how to describe (and build) it, and the argument tuples (variants) it is
     built with. ``builder`` is None for a user module only seen loaded. ``op``: the
     public op a helper module serves, when its name is not the op's (precompile's
     ``--kernel OP`` builds it with the op's own). ``archs``: the CUDA archs its kernels
@@ -48,17 +49,17 @@ class KernelEntry:
     variants: list[tuple[Any, ...]] = field(default_factory=list)
     builtin: bool = True
     loaded: set[tuple[str, ...]] = field(default_factory=set)
-    planner: Planner | None = None
+    spec_function: SpecFunction | None = None
     op: str | None = None
     archs: ArchSupport = EVERY_ARCH
 
-    def plan(self, variant: tuple[Any, ...]) -> BuildSpec:
+    def spec(self, variant: tuple[Any, ...]) -> BuildSpec:
         """The BuildSpec of ``variant`` (no compiler runs)."""
-        if self.planner is not None:
-            return self.planner(*variant)
+        if self.spec_function is not None:
+            return self.spec_function(*variant)
         if self.builder is None:
             raise ValueError(f"kernel {self.name!r} has no registered builder")
-        return plan(self.builder, *variant)
+        return builder_spec(self.builder, *variant)
 
 
 _entries: dict[tuple[str, str], KernelEntry] = {}
@@ -71,7 +72,7 @@ def register_kernel(
     device: str,
     variants: Iterable[tuple[Any, ...]] = (),
     builtin: bool = True,
-    planner: Planner | None = None,
+    spec_function: SpecFunction | None = None,
     op: str | None = None,
     archs: ArchSupport = EVERY_ARCH,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -79,8 +80,8 @@ def register_kernel(
 
     ``variants`` are the argument tuples the builder is called with (all of
     them, where the set is finite); ``builtin=False`` marks a user's kernel
-    (show-config labels it so); ``planner(*variant)`` returns a variant's BuildSpec
-    without building (default: :func:`plan` over the builder); ``op`` names the public
+    (show-config labels it so); ``spec_function(*variant)`` returns a variant's
+    BuildSpec without building (default: :func:`builder_spec`); ``op`` names the public
     op a helper module (another name) serves; ``archs`` the CUDA archs its kernels run
     on (:class:`~mllm_kernel.jit_utils.cuda_arch.ArchSupport`). A module declared as a
     :class:`~mllm_kernel.jit_utils.kernel_module.KernelModule` registers itself; this
@@ -91,20 +92,20 @@ def register_kernel(
         def _add_constant_module(c: int):
             ...
     """
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
 
     def decorate(builder: Callable[..., Any]) -> Callable[..., Any]:
         with _lock:
             entry = _entries.get((name, device))
             if entry is None:
                 _entries[(name, device)] = KernelEntry(
-                    name, device, builder, list(variants), builtin, planner=planner, op=op,
-                    archs=archs,
+                    name, device, builder, list(variants), builtin,
+                    spec_function=spec_function, op=op, archs=archs,
                 )  # fmt: skip
             else:  # a user kernel first seen at load time, registered afterwards
                 entry.builder, entry.variants, entry.builtin = builder, list(variants), builtin
-                entry.planner, entry.op, entry.archs = planner, op, archs
+                entry.spec_function, entry.op, entry.archs = spec_function, op, archs
         return builder
 
     return decorate
@@ -186,7 +187,7 @@ def clear_jit_kernel_registry() -> None:
         _jit_entries.clear()
 
 
-def plan(builder: Callable[..., Any], *args: Any) -> BuildSpec:
+def builder_spec(builder: Callable[..., Any], *args: Any) -> BuildSpec:
     """The BuildSpec that ``builder(*args)`` (a hand-written builder calling
     load_cpu_jit / load_cuda_jit) would load; nothing is built or loaded.
 
@@ -210,7 +211,7 @@ def plan(builder: Callable[..., Any], *args: Any) -> BuildSpec:
 
 def capture(spec: BuildSpec) -> bool:
     """Called by the loader with each finished spec: True (the loader then returns the
-    spec, building nothing) while :func:`plan` runs a builder."""
+    spec, building nothing) while :func:`builder_spec` runs a builder."""
     specs = _captured.get()
     if specs is None:
         return False
@@ -264,7 +265,7 @@ def variant_status(entry: KernelEntry, variant: tuple[Any, ...]) -> VariantStatu
     from mllm_kernel.jit_utils.status import variant_state
 
     try:
-        spec = entry.plan(variant)
+        spec = entry.spec(variant)
         key = module_key(spec)
     except Exception as exc:  # no toolchain, no arch, sources not installed: say so
         return VariantStatus(

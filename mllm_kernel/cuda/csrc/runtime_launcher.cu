@@ -4,7 +4,7 @@
 // arguments straight through (tvm-ffi converts tensors through DLPack), so a launch costs
 // one tvm-ffi call: no Python loop over the arguments or their bytes.
 //
-// Exports (see mllm_kernel/cuda/runtime/launcher.py):
+// Exports (see mllm_kernel/cuda/runtime/native.py):
 //   load_image(image)                    -> a CudaLibrary object (the loaded image)
 //   get_kernel(library, name, kinds, labels, grid, block, shared_mem) -> launch function
 //   launch(grid, block, shared_mem, stream, *args) -> the device index it launched on

@@ -4,9 +4,9 @@ launched from Python with an explicit grid, block, shared memory and stream.
 
 Modules: :mod:`.signature` (parameter types from the declaration or a ``signature=``
 string), :mod:`.compiler` and :mod:`.nvrtc` (the backends), :mod:`.binary_cache`
-(the package cache: key, lock, staging, atomic install), :mod:`.launcher` (the C++
-launcher module, ``cuda/csrc/runtime_launcher.cu``, where arguments are checked and
-packed), :mod:`.kernel` (modules and launchable kernels), :mod:`.host_arrays` (NumPy
+(the package cache: key, lock, staging, atomic install), :mod:`.native` (the C++
+module, ``cuda/csrc/runtime_launcher.cu``, where images are loaded and arguments are
+checked and packed), :mod:`.kernel` (modules and launchable kernels), :mod:`.host_arrays` (NumPy
 values, the slow path), :mod:`.low_level` (``Kernel()``) and :mod:`.device_info`.
 
 Importing this package neither needs a GPU nor initialises CUDA.

@@ -22,12 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from mllm_kernel.cuda.runtime.compiler import (
-    CompileOutput,
-    CompileRequest,
-    compile_in,
-    compiler_identity,
-)
+from mllm_kernel.cuda.runtime.compile_request import CompileOutput, CompileRequest
+from mllm_kernel.cuda.runtime.compiler import compile_in, compiler_identity
 from mllm_kernel.jit_utils import build_inputs, cache, env, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cache_names import binary_dirname

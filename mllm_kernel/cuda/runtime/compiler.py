@@ -1,8 +1,9 @@
-"""Compiling CUDA source to one CUBIN or PTX file, with nvcc or NVRTC (see :mod:`.nvrtc`).
+"""Compiling CUDA source to one CUBIN or PTX file, with nvcc (here) or NVRTC (:mod:`.nvrtc`).
 
-A :class:`CompileRequest` describes the compilation as data; :func:`compile_in` runs it
-in a directory and returns the artifact, or raises KernelBuildError leading with the
-compiler's first ``file:line: message``. Caching is :mod:`.binary_cache`'s job.
+A :class:`~.compile_request.CompileRequest` describes the compilation as data;
+:func:`compile_in` runs it in a directory with its backend and returns the artifact, or
+raises KernelBuildError leading with the compiler's first ``file:line: message``. Caching
+is :mod:`.binary_cache`'s job.
 """
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from mllm_kernel.jit_utils import build, build_inputs, include_search, toolchain
+from mllm_kernel.cuda.runtime.compile_request import (
+    CompileFailed,
+    CompileOutput,
+    CompileRequest,
+    record_inputs,
+    search_path,
+)
+from mllm_kernel.jit_utils import build, toolchain
 from mllm_kernel.jit_utils.cuda_arch import (
     CudaArch,
     arch_for_capability,
@@ -22,64 +28,6 @@ from mllm_kernel.jit_utils.cuda_arch import (
     resolve_cuda_archs,
 )
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError
-
-KINDS = ("cubin", "ptx")
-BACKENDS = ("nvcc", "nvrtc")
-
-
-@dataclass(frozen=True)
-class CompileRequest:
-    """One source compiled to one ``kind`` (``cubin`` or ``ptx``) for one ``arch``.
-
-    ``label`` names the source in compiler messages and in the cache: the file's stem,
-    or for source text the kernel's name (``vector_add.cu(3): error: ...``).
-    """
-
-    source: str
-    source_path: Path | None
-    label: str
-    kind: str
-    arch: CudaArch
-    options: tuple[str, ...] = ()
-    backend: str = "nvcc"
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be 'nvcc' or 'nvrtc', got {self.backend!r}")
-
-    @property
-    def target(self) -> str:
-        """``sm_90a`` for a CUBIN, ``compute_90a`` for PTX."""
-        return f"{'sm' if self.kind == 'cubin' else 'compute'}_{self.arch.number}"
-
-    @property
-    def source_name(self) -> str:
-        return self.source_path.name if self.source_path else f"{self.label}.cu"
-
-    def describe(self) -> str:
-        return f"{self.source_name} -> {self.kind} for {self.target} ({self.backend})"
-
-
-@dataclass
-class CompileOutput:
-    """A finished compilation: the artifact, what to record and what to report."""
-
-    artifact: Path
-    log: str
-    seconds: float
-    inputs: build_inputs.BuildInputs = field(default_factory=build_inputs.BuildInputs)
-    toolchain: dict[str, str] = field(default_factory=dict)
-
-
-class CompileFailed(Exception):
-    """A backend's compiler failed; carries its full log (turned into KernelBuildError)."""
-
-    def __init__(self, log: str) -> None:
-        super().__init__(log)
-        self.log = log
-
 
 # A str naming a source file ends in one of these; any other str is source text.
 SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
@@ -142,30 +90,6 @@ def resolve_arch(arch: str | None = None) -> CudaArch:
         f"a CUBIN or PTX holds one architecture, and the arch list is {listed}: pass arch= "
         "(for example arch='sm_90a')"
     )
-
-
-def search_path(request: CompileRequest, options: Sequence[str]) -> list[str]:
-    """Where ``request``'s ``#include`` directives are looked up (``options``: the
-    compiler's, ``-I`` and ``-isystem`` included), as the JIT core models it."""
-    return include_search.search_path_of(
-        source_dirs=[request.source_path.parent] if request.source_path else [],
-        flags=options,
-        include_paths=[],
-        is_cuda=True,
-        tvm_ffi=False,
-    )
-
-
-def record_inputs(
-    request: CompileRequest, opened: list[str], dirs: Sequence[str]
-) -> build_inputs.BuildInputs:
-    """The manifest's records of what compiling ``request`` read (see
-    :mod:`mllm_kernel.jit_utils.build_inputs`): the headers ``opened``, the toolkit's
-    and the C++ compiler's fingerprinted, and how each name resolved in ``dirs``. Source
-    text counts by its directives (the key holds the text itself)."""
-    text = request.source.encode() if request.source_path is None else b""
-    unit = build_inputs.CompiledUnit(opened, dirs, text)
-    return build_inputs.record([unit], include_search.toolchain_dirs_of(cuda=True))
 
 
 def _opened(depfile: Path, staging: Path) -> list[str]:
@@ -239,6 +163,7 @@ def compile_in(request: CompileRequest, staging: Path, log_path: Path) -> Compil
     and raises KernelBuildError."""
     try:
         if request.backend == "nvrtc":
+            # The optional backend is imported on use, not by `import mllm_kernel.cuda`.
             from mllm_kernel.cuda.runtime import nvrtc
 
             return nvrtc.compile_with_nvrtc(request, staging)

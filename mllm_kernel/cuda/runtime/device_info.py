@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mllm_kernel.cuda.runtime.launcher import launcher
+from mllm_kernel.cuda.runtime.native import native_module
 from mllm_kernel.jit_utils.cuda_arch import resolve_cuda_archs
 from mllm_kernel.jit_utils.cuda_driver import require_gpu
 
@@ -33,7 +33,7 @@ def device_info(device: int = 0) -> dict[str, Any]:
     if isinstance(device, bool) or not isinstance(device, int):
         raise TypeError(f"device must be a GPU index (int), got {device!r}")
     require_gpu("device_info")
-    props = dict(launcher().device_properties(device))
+    props = dict(native_module().device_properties(device))
     info: dict[str, Any] = {"index": device, "name": str(props.pop("name"))}
     major, minor = int(props.pop("major")), int(props.pop("minor"))
     info["compute_capability"] = f"{major}.{minor}"

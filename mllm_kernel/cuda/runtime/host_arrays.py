@@ -1,4 +1,4 @@
-"""The slow path of a launch: NumPy arrays and scalars, and stream objects the launcher
+"""The slow path of a launch: NumPy arrays and scalars, and stream objects the native module
 does not take directly, turned into what it does take.
 
 A NumPy array for a pointer parameter is copied to the GPU before the launch and, for
@@ -23,7 +23,7 @@ _KDLCUDA = 2  # DLPack's device type of CUDA memory
 
 @dataclass
 class Staged:
-    """Arguments ready for the launcher, and the NumPy arrays to fill after the kernel."""
+    """Arguments ready for the native module, and the NumPy arrays to fill after the kernel."""
 
     args: tuple[Any, ...]
     stream: Any

@@ -16,8 +16,9 @@ import torch
 
 from mllm_kernel.cuda.runtime import host_arrays
 from mllm_kernel.cuda.runtime.binary_cache import compile_cached
-from mllm_kernel.cuda.runtime.compiler import CompileRequest, read_source, resolve_arch
-from mllm_kernel.cuda.runtime.launcher import launcher
+from mllm_kernel.cuda.runtime.compile_request import CompileRequest
+from mllm_kernel.cuda.runtime.compiler import read_source, resolve_arch
+from mllm_kernel.cuda.runtime.native import native_module
 from mllm_kernel.cuda.runtime.signature import Param, kernel_params, parse_signature
 from mllm_kernel.jit_utils.cuda_driver import require_gpu
 
@@ -70,7 +71,7 @@ class CompiledKernel:
         self.name = name
         self.params = tuple(params)
         self.module = module
-        self._launch = launcher().get_kernel(
+        self._launch = native_module().get_kernel(
             module.library,
             name,
             [p.kind for p in self.params],
@@ -80,7 +81,7 @@ class CompiledKernel:
             shared_mem,
         )
         self._device: int | None = None
-        # The launcher takes stream=None from the call's torch tensors; a kernel that takes
+        # The native module takes stream=None from the call's torch tensors; a kernel that takes
         # none is given torch's current stream here.
         self._tensorless = not any(p.is_pointer for p in self.params)
 
@@ -97,7 +98,7 @@ class CompiledKernel:
         try:
             self._device = self._launch(grid, block, shared_mem, stream, *args)
         except (TypeError, ValueError, BufferError):
-            # NumPy values or a stream object the launcher does not take: convert, retry.
+            # NumPy values or a stream object the native module does not take: convert, retry.
             staged = host_arrays.stage(args, self.params, stream)
             if staged is None:
                 raise
@@ -111,7 +112,7 @@ class CompiledKernel:
         all work on the GPU this kernel last ran on; a fault in the kernel raises here."""
         device = self._device if self._device is not None else torch.cuda.current_device()
         handle = host_arrays.stream_handle(stream)
-        launcher().synchronize(device, handle or 0, handle is None)
+        native_module().synchronize(device, handle or 0, handle is None)
 
     def __repr__(self) -> str:
         params = ", ".join(p.ctype + (f" {p.name}" if p.name else "") for p in self.params)
@@ -132,7 +133,7 @@ class CudaModule:
         self._source = source
         self._where = where or "<module>"
         # The driver reads PTX as a NUL-terminated string.
-        self.library = launcher().load_image(image + b"\0" if kind == "ptx" else image)
+        self.library = native_module().load_image(image + b"\0" if kind == "ptx" else image)
 
     def get_function(
         self,

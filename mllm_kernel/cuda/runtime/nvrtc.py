@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mllm_kernel.cuda.runtime.compiler import (
+from mllm_kernel.cuda.runtime.compile_request import (
     CompileFailed,
     CompileOutput,
     CompileRequest,

@@ -1,7 +1,7 @@
 """Kernel parameter types: read from an ``extern "C" __global__`` declaration, or from a
 ``signature=`` string such as ``"const float*, float*, int"``.
 
-Each parameter becomes a :class:`Param` whose ``kind`` is what the launcher converts
+Each parameter becomes a :class:`Param` whose ``kind`` is what the native module converts
 arguments to: ``"pointer"`` (a tensor of any dtype), ``"pointer:float32"`` (a tensor
 that must be float32), or a scalar (``"int32"``, ``"float16"``, ...).
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mllm_kernel.jit_utils.cpp_text import code_only, matching_paren, split_top_level
 
-# C spellings of the scalar types the launcher passes by value (typedef names; the
+# C spellings of the scalar types the native module passes by value (typedef names; the
 # builtin integer spellings such as "unsigned long" are handled by _builtin_integer).
 _NAMED_SCALARS = {
     "bool": "bool",
@@ -74,7 +74,7 @@ class Param:
 
     ``name`` is empty where a ``signature=`` string gives none; ``ctype`` is the type as
     written, qualifiers other than const dropped (``"const float*"``); ``kind`` is what
-    the launcher converts an argument to; ``const`` says a pointer's data is read-only
+    the native module converts an argument to; ``const`` says a pointer's data is read-only
     (NumPy arrays passed for it are not copied back).
     """
 
@@ -114,7 +114,7 @@ def _builtin_integer(words: list[str]) -> str | None:
 
 
 def scalar_kind(base: str) -> str | None:
-    """The launcher's name for C type ``base`` (``"unsigned int"`` -> ``"uint32"``)."""
+    """The native module's name for C type ``base`` (``"unsigned int"`` -> ``"uint32"``)."""
     base = base.removeprefix("std::")
     return _NAMED_SCALARS.get(base) or _builtin_integer(base.split())
 

@@ -1,8 +1,10 @@
-"""The launcher module: ``csrc/runtime_launcher.cu``, built by the JIT like every module.
+"""The raw runtime's native (C++) module, ``csrc/runtime_launcher.cu``, built by the JIT
+like every module.
 
-It loads CUBIN/PTX images through tvm-ffi's CubinModule and launches their kernels;
-see that file for its exports. It holds no device code, so one build serves every GPU.
-Registered with the JIT registry so ``show-config`` and ``precompile`` list it.
+It loads CUBIN/PTX images through tvm-ffi's CubinModule, packs arguments and launches
+their kernels, and reports device properties; see that file for its exports. It holds
+no device code, so one build serves every GPU. Registered with the JIT registry (under
+its source file's name) so ``show-config`` and ``precompile`` list it.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ _EXPORTS = (
     "device_properties",
 )
 
-# The launcher raises OverflowError for an int that does not fit its parameter;
+# The module raises OverflowError for an int that does not fit its parameter;
 # tvm-ffi maps only the error kinds it was told about to Python classes.
 tvm_ffi.register_error("OverflowError", OverflowError)
 
 
 @register_kernel("cuda_runtime_launcher", device="cuda", variants=[()])
 @cache_once
-def launcher() -> Any:
-    """The loaded launcher module (built on first use, then from the cache)."""
+def native_module() -> Any:
+    """The loaded native module (built on first use, then from the cache)."""
     namespace = "mllm_kernel::cuda::runtime"
     return load_cuda_jit(
         "cuda_runtime_launcher",

@@ -1,4 +1,5 @@
-"""A thread-safe memo for module builders (functools.lru_cache breaks torch.compile)."""
+"""``cache_once``: a thread-safe in-process memo for module builders (functools.lru_cache
+breaks torch.compile). The disk cache of built modules is :mod:`.cache`."""
 
 from __future__ import annotations
 

@@ -201,7 +201,7 @@ def torch_info() -> dict[str, Any]:
 
 
 def gpu_details(index: int) -> dict[str, Any]:
-    """:func:`mllm_kernel.cuda.device_info` of GPU ``index`` (builds the runtime's launcher
+    """:func:`mllm_kernel.cuda.device_info` of GPU ``index`` (builds the runtime's native
     module on first use), or ``{"error": why}`` where it cannot be had (no nvcc, say)."""
     try:
         from mllm_kernel.cuda.runtime import device_info
