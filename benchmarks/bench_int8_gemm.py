@@ -100,7 +100,7 @@ def _sweep_times(m: int, n: int, k: int) -> dict[str, float]:
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     contenders = {
         f"{c}, rows {c.group_rows}": [
-            lambda w=w, c=c: _launch(out, a, w, sa, sb, None, c) for w in ws
+            lambda w=w, c=c: _launch(out, a, w.t(), sa, sb, None, c) for w in ws
         ]
         for c in _candidates(m)
     }

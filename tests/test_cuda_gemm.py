@@ -1,4 +1,8 @@
-"""The Hopper GEMM against a float64 product, with cuBLAS's own error as the yardstick."""
+"""The Hopper GEMM against a float64 product, with cuBLAS's own error as the yardstick.
+
+The first tests need no GPU: what is refused in Python before the kernel runs
+(out_dtype, Gemm's construction arguments) is refused before any device or build.
+The rest (``cuda`` marker) runs the kernels, and the C++ checks of every tensor."""
 
 from __future__ import annotations
 
@@ -13,8 +17,6 @@ import torch
 gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
 facts_module = importlib.import_module("mllm_kernel.cuda.device_facts")
 
-pytestmark = pytest.mark.cuda
-
 DTYPES = [torch.bfloat16, torch.float16]
 # Not tile multiples: every M, N and K tail of every tile (M 1 and 7 are decode shapes).
 SMALL_M = [1, 7, 64, 129, 1000]
@@ -25,7 +27,56 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H100/H200)")
+_skip_unless_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H100/H200)")
+
+
+def needs_hopper(test):
+    """A GPU test (``cuda`` marker) that runs only on an sm_90 GPU."""
+    return pytest.mark.cuda(_skip_unless_hopper(test))
+
+
+# --------------------------------------------------------------------------- no GPU
+@pytest.mark.parametrize(
+    ("out_dtype", "error", "message"),
+    [
+        ("float64", ValueError, r"^argument 'out_dtype': unknown dtype 'float64'; use one of"),
+        (3, ValueError, r"^argument 'out_dtype': unknown dtype 3"),
+    ],
+)
+def test_out_dtype_names_are_refused_before_the_device(out_dtype, error, message):
+    from mllm_kernel.cuda.jit import gemm
+
+    a = torch.ones(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(error, match=message):
+        gemm(a, a, out_dtype=out_dtype)
+
+
+def test_out_dtype_names_are_dtypes():
+    from mllm_kernel.ops.gemm import named_dtype
+
+    assert named_dtype("FP32", "out_dtype") is torch.float32
+    assert named_dtype(np.dtype("float16"), "dtype") is torch.float16
+    assert named_dtype(torch.bfloat16, "dtype") is torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        ((4, 12, 16), {}, ValueError, r"^N \(12\) and K \(16\) must be multiples of 8"),
+        ((4, -8, 16), {}, ValueError, r"^argument 'N': expected a non-negative int, got -8"),
+        ((4, 8, 16), {"dtype": "fp32"}, ValueError, r"^argument 'dtype': expected bfloat16 or"),
+        ((4, 8, 16), {"out_dtype": "fp16"}, ValueError, r"^argument 'out_dtype': expected"),
+        ((4, 8, 16), {"arch": "sm80"}, NotImplementedError, r"^Gemm is built for Hopper only"),
+    ],
+)
+def test_gemm_object_refuses_bad_construction_arguments(args, kwargs, error, message):
+    from mllm_kernel.cuda import Gemm
+
+    with pytest.raises(error, match=message):
+        Gemm(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- on a GPU
 
 
 def _operands(m, n, k, dtype, device="cuda"):
@@ -123,6 +174,27 @@ def test_gemm_fp32_out_and_bias(dtype, m):
     poisoned = torch.full((m, n), float("nan"), device="cuda")
     assert gemm(a, b, poisoned, out_dtype=torch.float32) is poisoned
     _check(poisoned, a, b)
+    named = gemm(a, b, bias=bias32, out_dtype="float32")  # a name, as Gemm takes it
+    assert named.dtype == torch.float32
+    _check(named, a, b, bias32)
+
+
+@needs_hopper
+def test_run_gemm_is_the_kernel_with_the_chosen_tile():
+    """run_gemm (for ops built on the GEMM) writes out in out's dtype, or in out_dtype;
+    its tensors are checked in C++ as gemm's are."""
+    from mllm_kernel.cuda.jit.gemm import run_gemm
+
+    a, b = _operands(7, 136, 1000, torch.bfloat16)
+    out = torch.full((7, 136), float("nan"), device="cuda")
+    assert run_gemm(a, b, out) is out
+    _check(out, a, b)
+    bias = torch.randn(136, device="cuda").to(torch.bfloat16)
+    out16 = torch.full((7, 136), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert run_gemm(a, b, out16, bias, torch.bfloat16) is out16
+    _check(out16, a, b, bias)
+    with pytest.raises(TypeError, match=r"^argument 'out': expected dtype in \{bfloat16\}"):
+        run_gemm(a, b, out, out_dtype=torch.bfloat16)
 
 
 @needs_hopper
@@ -239,7 +311,9 @@ def test_gemm_bad_inputs():
         ((a, b[:70]), {}, ValueError, "argument 'b': N \\(70\\) must be a multiple"),
         ((a.cpu(), b), {}, ValueError, "argument 'a': expected a tensor on cuda"),
         ((a, b.cpu()), {}, ValueError, "argument 'b'.*cuda"),
-        ((a[0], b), {}, ValueError, "argument 'a': expected a 2-D"),
+        # M, N and K pick the tile: the ranks are checked (in Python) before it is chosen
+        ((a[0], b), {}, ValueError, r"^argument 'a': expected a 2-D tensor \[M, K\] but got"),
+        ((a, b[None]), {}, ValueError, r"^argument 'b': expected a 2-D tensor \[N, K\] but got"),
         ((a, None), {}, TypeError, "argument 'b': expected a torch.Tensor"),
         (
             (a, b),
@@ -273,6 +347,7 @@ def test_gemm_bad_inputs():
             gemm(*args, **kwargs)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gemm_refuses_other_gpus(monkeypatch):
     monkeypatch.setattr(gemm_module, "_choices", {})

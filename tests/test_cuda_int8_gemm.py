@@ -1,8 +1,9 @@
 """W8A8: int8_scaled_mm against a float64 product of the int8 operands times their
 scales, and per_token_quant_int8 against the quantisation rule computed by torch.
 
-The first part needs no GPU: bad arguments are refused, naming them, before any
-device or build is involved. The rest (``cuda`` marker) runs the kernels.
+The first part needs no GPU: what Python refuses before the kernel runs (out_dtype,
+scale_dtype) is refused, naming the argument, before any device or build is involved.
+The rest (``cuda`` marker) runs the kernels and their C++ checks of every tensor.
 """
 
 from __future__ import annotations
@@ -66,43 +67,6 @@ def test_out_dtype_must_be_bf16_or_fp16(bad):
     a, b = _int8(4, 16, device="cpu"), _int8(8, 16, device="cpu").t()
     with pytest.raises(ValueError, match=r"^argument 'out_dtype': expected torch.bfloat16 or"):
         int8_scaled_mm(a, b, _scales(4, "cpu"), _scales(8, "cpu"), bad)
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"mat_a": _int8(4, 16, 1, device="cpu")}, r"^argument 'mat_a': expected a 2-D tensor"),
-        ({"mat_b": _int8(16, device="cpu")}, r"^argument 'mat_b': expected a 2-D tensor \[K, N\]"),
-        (
-            {"mat_b": _int8(8, 32, device="cpu").t()},
-            r"^argument 'mat_b': expected K = 16 rows \(mat_a's columns\) but got shape \[32, 8\]",
-        ),
-        (
-            {"mat_b": _int8(16, 8, device="cpu")},
-            r"^argument 'mat_b': expected a column-major \[K, N\] tensor \(stride\(0\) == 1\) "
-            r"but got strides \[8, 1\]; pass weight.t\(\)",
-        ),
-        (
-            {"scales_a": _scales(8, "cpu").reshape(2, 4)},
-            r"^argument 'scales_a': expected \[M\], \[M, 1\] or \[1\] but got shape \[2, 4\]",
-        ),
-        (
-            {"scales_b": _scales(8, "cpu").reshape(1, 2, 4)},
-            r"^argument 'scales_b': expected \[N\], \[N, 1\] or \[1\] but got shape \[1, 2, 4\]",
-        ),
-    ],
-    ids=["a-3d", "b-1d", "k-mismatch", "b-row-major", "scales-a-2d", "scales-b-3d"],
-)
-def test_int8_scaled_mm_bad_shapes_need_no_gpu(change, message):
-    args = {
-        "mat_a": _int8(4, 16, device="cpu"),
-        "mat_b": _int8(8, 16, device="cpu").t(),
-        "scales_a": _scales(4, "cpu"),
-        "scales_b": _scales(8, "cpu"),
-    }
-    args.update(change)
-    with pytest.raises(ValueError, match=message):
-        int8_scaled_mm(**args, out_dtype=torch.bfloat16)
 
 
 def test_original_module_path_and_signature():
@@ -177,7 +141,8 @@ def test_int8_every_tile_and_split(config):
         for out_dtype in OUT_DTYPES:
             bias = torch.randn(n, device="cuda").to(out_dtype)
             out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-            int8_module._launch(out, a, w, scales_a, scales_b, bias, TileChoice(config, split))
+            choice = TileChoice(config, split)
+            int8_module._launch(out, a, w.t(), scales_a, scales_b, bias, choice)
             _check(out, _reference(a, w.t(), scales_a, scales_b, bias), out_dtype)
 
 
@@ -305,6 +270,13 @@ def test_int8_scaled_mm_bad_inputs():
     sa, sb = _scales(m), _scales(n)
     bf16 = torch.bfloat16
     cases = [
+        # M, N and K pick the tile: the ranks are checked (in Python) before it is chosen
+        (
+            (a[None], w.t(), sa, sb),
+            ValueError,
+            r"^argument 'mat_a': expected a 2-D tensor \[M, K\]",
+        ),
+        ((a, w[0], sa, sb), ValueError, r"^argument 'mat_b': expected a 2-D tensor \[K, N\]"),
         ((a.float(), w.t(), sa, sb), TypeError, r"^argument 'mat_a': expected dtype in \{int8\}"),
         ((a, w.t().to(torch.uint8), sa, sb), TypeError, r"^argument 'mat_b': expected dtype"),
         ((a, w.t(), sa.double(), sb), TypeError, r"^argument 'scales_a': expected dtype"),
@@ -335,6 +307,33 @@ def test_int8_scaled_mm_bad_inputs():
             (_int8(m, k + 8)[:, :k], w.t(), sa, sb),
             ValueError,
             r"^argument 'mat_a': the row stride must be a multiple of 16 elements",
+        ),
+        (
+            (a, _int8(n, 2 * k).t(), sa, sb),
+            ValueError,
+            r"^argument 'mat_b': expected dim 0 \(K\) to be 144 as in 'mat_a' but got 288",
+        ),
+        (
+            (a, _int8(k, n), sa, sb),
+            ValueError,
+            r"^argument 'mat_b': expected a column-major \[K, N\] tensor \(stride\(0\) == 1\) "
+            r"but got strides \[72, 1\]; pass weight.t\(\)",
+        ),
+        (
+            (a, _int8(n, k + 8)[:, :k].t(), sa, sb),
+            ValueError,
+            r"^argument 'mat_b': stride\(1\) \(the weight's row stride\) must be a multiple of "
+            r"16 elements",
+        ),
+        (
+            (a, w.t(), _scales(m).reshape(2, 8), sb),
+            ValueError,
+            r"^argument 'scales_a': expected \[M\], \[M, 1\] or \[1\] but got shape \[2, 8\]",
+        ),
+        (
+            (a, w.t(), sa, _scales(n).reshape(1, 8, 9)),
+            ValueError,
+            r"^argument 'scales_b': expected \[N\], \[N, 1\] or \[1\] but got shape \[1, 8, 9\]",
         ),
         ((a.cpu(), w.t(), sa, sb), ValueError, r"^argument 'mat_a': expected a tensor on cuda"),
         ((a, w.t(), sa.cpu(), sb), ValueError, r"^argument 'scales_a'.*cuda"),

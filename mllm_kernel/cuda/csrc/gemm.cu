@@ -22,6 +22,7 @@
 // cluster, so that enough SMs stream the weights; the partial sums meet in the first
 // CTA's shared memory (distributed shared memory).
 #include "mllm_kernel/cuda/cluster.cuh"
+#include "mllm_kernel/cuda/gemm_config.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
 #include "mllm_kernel/cuda/tile_scheduler.cuh"
 #include "mllm_kernel/cuda/tma.cuh"
@@ -37,63 +38,6 @@
 
 namespace mllm_kernel::cuda {
 namespace hopper_gemm {
-
-/// A kernel's element type, tile shape and pipeline, fixed at compile time (the
-/// Python side picks one per problem shape: mllm_kernel/cuda/jit/gemm.py, choose_tile).
-template <typename T, int kConsumers_, int kTileQ_, int kStages_, bool kSwapAB_, int kMulticast_>
-struct TileConfig {
-  using Element = T;
-  // int8 operands accumulate exactly in int32 and are scaled in the epilogue.
-  static constexpr bool kInt8 = std::is_same_v<T, int8_t>;
-  using Acc = std::conditional_t<kInt8, int32_t, float>;
-  using Acc4 = std::conditional_t<kInt8, int4, float4>;  // split-K partial sums
-  static constexpr int kConsumers = kConsumers_;         // consumer warpgroups
-  static constexpr int kTileP = 64 * kConsumers;         // wgmma's M: 64 rows each
-  static constexpr int kTileQ = kTileQ_;                 // wgmma's N
-  static constexpr int kTileK = kSwizzle128Bytes / static_cast<int>(sizeof(T));  // one row
-  static constexpr int kKSteps = kSwizzle128Bytes / 32;  // wgmma k-steps of 32 bytes
-  static constexpr int kStages = kStages_;
-  static constexpr bool kSwapAB = kSwapAB_;  // P = b, Q = a, out = C^T
-  // CTAs of a cluster on neighbouring tile-rows that share each Q tile: each loads
-  // 1/kMulticast of it and multicasts that to all, so L2 serves each Q byte once.
-  static constexpr int kMulticast = kMulticast_;
-  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
-  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
-  static constexpr int kAccumulators = kTileQ / 2;  // per consumer thread
-  static constexpr int kTileBytesP = kTileP * kSwizzle128Bytes;
-  static constexpr int kTileBytesQ = kTileQ * kSwizzle128Bytes;
-  static constexpr int kStageBytes = kTileBytesP + kTileBytesQ;
-  // Two consumers hold 128 accumulators each: move registers to them from the
-  // producer (setmaxnreg). One consumer needs few, and two CTAs share an SM.
-  static constexpr bool kReallocRegisters = kConsumers == 2;
-  static constexpr int kMinBlocksPerSM = kConsumers == 2 ? 1 : 2;
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
-  // One split partner's partial sums: every consumer thread's accumulators.
-  static constexpr int kPartialBytes = kConsumerThreads * kAccumulators * 4;
-  // The output leaves through shared memory and TMA stores, 64 rows x 128 bytes at a
-  // time, two buffers per consumer (one filling while the other is read). Swapped
-  // tiles write out^T, which TMA cannot, and go straight from registers.
-  static constexpr bool kTmaStore = !kSwapAB;
-  static constexpr int kStoreChunkBytes = 64 * 128;
-  static constexpr int kStoreBytes = kTmaStore ? kConsumers * 2 * kStoreChunkBytes : 0;
-  // int8 with TMA stores: the tile's column scales, staged in shared memory for the
-  // epilogue (one copy for both consumers: two would not fit beside 4 stages).
-  static constexpr bool kStageColScales = kInt8 && kTmaStore;
-  static constexpr int kColScaleBytes = kStageColScales ? kTileQ * 4 : 0;
-  static_assert(!kStageColScales || kTileQ <= kConsumerThreads, "a column scale per thread");
-
-  static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
-  static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % (1024 * kMulticast) == 0,
-                "swizzle atoms (per multicast slice)");
-  static_assert(kMulticast == 1 || !kSwapAB, "multicast tiles do not split K");
-
-  /// Dynamic shared memory for a split of `split` CTAs (+1024 to align the tiles).
-  static std::size_t shared_bytes(int split) {
-    return 1024 + std::size_t{kStages} * kStageBytes + kStoreBytes + kColScaleBytes +
-           2 * kStages * sizeof(MBarrier) + std::size_t(split - 1) * kPartialBytes;
-  }
-};
 
 /// Named barrier of the two consumers' staging of int8 column scales (ids 1 and 2 are
 /// each consumer's own, in store_tile_tma).
@@ -475,18 +419,41 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
 #endif
 }
 
+/// An input operand as the kernel reads it: `rows` rows of `cols` (K) elements, each
+/// contiguous, `row_stride` elements apart; how the caller sees it is for errors.
+struct Operand {
+  const void* data;
+  int64_t rows;
+  int64_t cols;
+  int64_t row_stride;
+  const char* arg;          // the caller's argument
+  const char* stride_name;  // row_stride as the caller's tensor has it
+  const char* fix;          // what to pass instead when the stride is unusable
+};
+
+/// A row-major [rows, K] argument (`a`, `b`, `mat_a`) as an operand.
+inline Operand row_major(const TensorView& m, const char* arg) {
+  return Operand{.data = data_ptr<const void>(m),
+                 .rows = m.size(0),
+                 .cols = m.size(1),
+                 .row_stride = m.stride(0),
+                 .arg = arg,
+                 .stride_name = "the row stride",
+                 .fix = "call .contiguous()"};
+}
+
 /// An operand's tensor map: boxes of `box_rows` rows x 128 bytes (64 16-bit or 128
 /// int8 elements), swizzled as wgmma reads them.
 template <typename T>
-CUtensorMap matrix_map(const TensorView& m, int box_rows) {
+CUtensorMap matrix_map(const Operand& m, int box_rows) {
   constexpr uint32_t kBytes = sizeof(T);
-  const CUtensorMapDataType type = std::is_same_v<T, int8_t>     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                   : is_dtype<bf16_t>(m.dtype()) ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return tma_map_2d(TmaMatrix{
-      data_ptr<const T>(m), static_cast<uint64_t>(m.size(0)), static_cast<uint64_t>(m.size(1)),
-      static_cast<uint64_t>(m.stride(0)) * kBytes, static_cast<uint32_t>(box_rows),
-      static_cast<uint32_t>(kSwizzle128Bytes / kBytes), type, kBytes});
+  const CUtensorMapDataType type = std::is_same_v<T, int8_t>   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return tma_map_2d(TmaMatrix{m.data, static_cast<uint64_t>(m.rows), static_cast<uint64_t>(m.cols),
+                              static_cast<uint64_t>(m.row_stride) * kBytes,
+                              static_cast<uint32_t>(box_rows),
+                              static_cast<uint32_t>(kSwizzle128Bytes / kBytes), type, kBytes});
 }
 
 /// The output's tensor map for TMA stores: boxes of 64 rows x 128 bytes.
@@ -505,24 +472,26 @@ inline CUtensorMap output_map(const TensorView& out) {
 
 /// TMA reads rows at 16-byte boundaries: the start and the row pitch must be multiples of 16 bytes.
 template <typename T>
-void check_tma_rows(const TensorView& m, const char* arg) {
-  constexpr int64_t kElements = 16 / sizeof(T);
-  ValueCheck(m.size(0) <= 1 || m.stride(0) % kElements == 0, "argument '", arg,
-             "': the row stride must be a multiple of ", kElements,
-             " elements (16 bytes) for TMA, got ", m.stride(0), "; call .contiguous()");
-  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(m)) % 16 == 0, "argument '", arg,
-             "': the data must start on a 16-byte boundary; call .contiguous()");
+void check_tma_rows(const Operand& m) {
+  constexpr int64_t kElements = kTmaAlignBytes / sizeof(T);
+  ValueCheck(m.rows <= 1 || m.row_stride % kElements == 0, "argument '", m.arg,
+             "': ", m.stride_name, " must be a multiple of ", kElements, " elements (",
+             kTmaAlignBytes, " bytes) for TMA, got ", m.row_stride, "; ", m.fix);
+  ValueCheck(reinterpret_cast<uintptr_t>(m.data) % kTmaAlignBytes == 0, "argument '", m.arg,
+             "': the data must start on a ", kTmaAlignBytes, "-byte boundary; ", m.fix);
 }
 
 /// Runs `Config`'s kernel on checked operands (a [M, K], b [N, K], out [M, N]); `params`
 /// comes with the epilogue's inputs (bias, scales, output type) filled in.
 template <typename Config>
-void run_gemm(const TensorView& out, const TensorView& a, const TensorView& b, Params params,
-              const char* a_name, const char* b_name, int64_t split, int64_t group_rows,
-              DLDevice dev) {
+void run_gemm(const TensorView& out, const Operand& a, const Operand& b, Params params,
+              int64_t split, int64_t group_rows, DLDevice dev) {
   using T = typename Config::Element;
   constexpr int kMulticast = Config::kMulticast;
-  ValueCheck(split >= 1 && split <= 8, "split must be in [1, 8], got ", split);
+  static_assert(Config::shared_bytes(1) <= kSm90SharedBytesPerBlock,
+                "the tile's stages do not fit in an sm_90 block's shared memory");
+  ValueCheck(split >= 1 && split <= kMaxSplit, "split must be in [1, ", kMaxSplit, "], got ",
+             split);
   ValueCheck(group_rows >= 1, "group_rows must be at least 1, got ", group_rows);
   ValueCheck(kMulticast == 1 || split == 1, "multicast tiles do not split K, got split ", split);
   const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
@@ -534,19 +503,19 @@ void run_gemm(const TensorView& out, const TensorView& a, const TensorView& b, P
   if (out.size(0) == 0 || out.size(1) == 0) return;
   // K == 0 runs with no k-blocks (the output is the bias, or zeros) and no copies, so
   // the tensor maps, which cannot describe empty rows, are never built or read.
-  const bool empty_k = a.size(1) == 0;
+  const bool empty_k = a.cols == 0;
   if (!empty_k) {
-    check_tma_rows<T>(a, a_name);
-    check_tma_rows<T>(b, b_name);
+    check_tma_rows<T>(a);
+    check_tma_rows<T>(b);
   }
 
-  const TensorView& p = Config::kSwapAB ? b : a;
-  const TensorView& q = Config::kSwapAB ? a : b;
+  const Operand& p = Config::kSwapAB ? b : a;
+  const Operand& q = Config::kSwapAB ? a : b;
   params.out = data_ptr<void>(out);
   params.out_row_stride = out.stride(0);
-  params.rows_p = static_cast<int>(p.size(0));
-  params.rows_q = static_cast<int>(q.size(0));
-  params.k_blocks = static_cast<int>(div_ceil<int64_t>(a.size(1), Config::kTileK));
+  params.rows_p = static_cast<int>(p.rows);
+  params.rows_q = static_cast<int>(q.rows);
+  params.k_blocks = static_cast<int>(div_ceil<int64_t>(a.cols, Config::kTileK));
   // Tiles of the walk: a cluster's kMulticast neighbouring tile-rows count as one.
   params.order = GroupedTileOrder{
       static_cast<int>(div_ceil<int64_t>(params.rows_p, Config::kTileP * kMulticast)),
@@ -558,8 +527,8 @@ void run_gemm(const TensorView& out, const TensorView& a, const TensorView& b, P
 
   const std::size_t out_element = out_fp32 ? 4 : 2;
   params.tma_store = Config::kTmaStore && !empty_k &&
-                     reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % 16 == 0 &&
-                     out.stride(0) * out_element % 16 == 0;
+                     reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % kTmaAlignBytes == 0 &&
+                     out.stride(0) * out_element % kTmaAlignBytes == 0;
   const CUtensorMap map_out = params.tma_store ? output_map(out) : CUtensorMap{};
 
   const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
@@ -582,25 +551,26 @@ void run_gemm(const TensorView& out, const TensorView& a, const TensorView& b, P
       .cluster(static_cast<unsigned>(cluster))(kernel, map_p, map_q, map_out, params);
 }
 
+/// out[M, N] = a[M, K] @ b[N, K]^T (+ bias[N]) in `out_dtype` (T or fp32, the dtype
+/// `out` must have; the caller's default is a's). Every argument is checked here.
 template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB, int kMulticast>
 void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<TensorView> bias,
-          int64_t split, int64_t group_rows) {
+          DLDataType out_dtype, int64_t split, int64_t group_rows) {
   using Config = TileConfig<T, kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
   SymbolicSize m{"M"}, n{"N"}, k{"K"};
   SymbolicDevice device;
   TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
   TensorMatcher({n, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(b, "b");
+  ValueCheck(is_dtype<T>(out_dtype) || is_dtype<fp32_t>(out_dtype),
+             "argument 'out_dtype': expected the input dtype (", dtype_trait<T>::name,
+             ") or float32 but got ", dtype_name(out_dtype));
   TensorMatcher({m, n})
-      .dtype<T, fp32_t>()
+      .dtype(out_dtype)
       .device(kDLCUDA, device)
       .last_dim_contiguous()
       .verify(out, "out");
   if (bias.has_value()) {
-    TensorMatcher({n})
-        .dtype(out.dtype())
-        .device(kDLCUDA, device)
-        .contiguous()
-        .verify(*bias, "bias");
+    TensorMatcher({n}).dtype(out_dtype).device(kDLCUDA, device).contiguous().verify(*bias, "bias");
   }
   // The kernel reads a, b and bias while it writes out: they must not share memory.
   if (bias.has_value()) {
@@ -608,29 +578,36 @@ void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<Tenso
   } else {
     verify_output(out, "out", {{a, "a"}, {b, "b"}});
   }
-  ValueCheck(k.value() % 8 == 0, "argument 'a': K (", k.value(),
-             ") must be a multiple of 8 (16-byte rows for TMA)");
-  ValueCheck(n.value() % 8 == 0, "argument 'b': N (", n.value(),
-             ") must be a multiple of 8 (16-byte rows for TMA)");
+  constexpr int64_t kRowElements = kTmaAlignBytes / sizeof(T);
+  ValueCheck(k.value() % kRowElements == 0, "argument 'a': K (", k.value(),
+             ") must be a multiple of ", kRowElements, " (", kTmaAlignBytes, "-byte rows for TMA)");
+  ValueCheck(n.value() % kRowElements == 0, "argument 'b': N (", n.value(),
+             ") must be a multiple of ", kRowElements, " (", kTmaAlignBytes, "-byte rows for TMA)");
   Params params{};
   params.bias = bias.has_value() ? data_ptr<const void>(*bias) : nullptr;
-  run_gemm<Config>(out, a, b, params, "a", "b", split, group_rows, device.value());
+  run_gemm<Config>(out, row_major(a, "a"), row_major(b, "b"), params, split, group_rows,
+                   device.value());
 }
 
-/// A scale vector of `rows` entries (`what` says which), or one entry for all; returns
-/// the step between the entries of neighbouring rows (1, or 0 for one scale).
-inline int check_scales(const TensorView& scales, int64_t rows, const char* arg, const char* what,
-                        SymbolicDevice& device) {
-  SymbolicSize count{"count"};
-  TensorMatcher({count}).dtype<fp32_t>().device(kDLCUDA, device).contiguous().verify(scales, arg);
-  ValueCheck(count.value() == rows || count.value() == 1, "argument '", arg, "': expected ", rows,
-             " scales (", what, ") or 1 but got ", count.value());
-  return count.value() == 1 ? 0 : 1;
+/// A scale vector of `rows` entries (`what` says which) or one entry for all, shaped
+/// [rows], [rows, 1], [1, rows], [1] or 0-d (`count` names `rows` in errors);
+/// returns the step between the entries of neighbouring rows (1, or 0 for one scale).
+inline int check_scales(const TensorView& scales, int64_t rows, const char* arg, const char* count,
+                        const char* what, SymbolicDevice& device) {
+  TensorMatcher().dtype<fp32_t>().device(kDLCUDA, device).contiguous().verify(scales, arg);
+  const bool vector =
+      scales.ndim() <= 1 || (scales.ndim() == 2 && (scales.size(0) == 1 || scales.size(1) == 1));
+  ValueCheck(vector, "argument '", arg, "': expected [", count, "], [", count,
+             ", 1] or [1] but got shape ", dims_str(scales.shape()));
+  const int64_t entries = scales.numel();
+  ValueCheck(entries == rows || entries == 1, "argument '", arg, "': expected ", rows, " scales (",
+             what, ") or 1 but got ", entries);
+  return entries == 1 ? 0 : 1;
 }
 
-/// out[M, N] = (mat_a[M, K] @ mat_b[N, K]^T) * scales_a[M] * scales_b[N] (+ bias[N]),
-/// int8 operands, int32 accumulation, out bf16 or fp16. `mat_b` is the [N, K] view of
-/// the caller's column-major [K, N] weights.
+/// out[M, N] = (mat_a[M, K] @ mat_b[K, N]) * scales_a[M] * scales_b[N] (+ bias[N]),
+/// int8 operands, int32 accumulation, out bf16 or fp16. `mat_b` is column-major: the
+/// transpose of a contiguous [N, K] weight, read as that weight's rows.
 template <int kConsumers, int kTileQ, int kStages, bool kSwapAB, int kMulticast>
 void int8_scaled_mm(TensorView out, TensorView mat_a, TensorView mat_b, TensorView scales_a,
                     TensorView scales_b, ::tvm::ffi::Optional<TensorView> bias, int64_t split,
@@ -643,11 +620,11 @@ void int8_scaled_mm(TensorView out, TensorView mat_a, TensorView mat_b, TensorVi
       .device(kDLCUDA, device)
       .last_dim_contiguous()
       .verify(mat_a, "mat_a");
-  TensorMatcher({n, k})
-      .dtype<int8_t>()
-      .device(kDLCUDA, device)
-      .last_dim_contiguous()
-      .verify(mat_b, "mat_b");
+  TensorMatcher({k, n}).dtype<int8_t>().device(kDLCUDA, device).verify(mat_b, "mat_b");
+  ValueCheck(k.value() <= 1 || mat_b.stride(0) == 1,
+             "argument 'mat_b': expected a column-major [K, N] tensor (stride(0) == 1) but got "
+             "strides ",
+             dims_str(mat_b.strides()), "; pass weight.t() of a contiguous [N, K] weight");
   TensorMatcher({m, n})
       .dtype<bf16_t, fp16_t>()
       .device(kDLCUDA, device)
@@ -655,9 +632,9 @@ void int8_scaled_mm(TensorView out, TensorView mat_a, TensorView mat_b, TensorVi
       .verify(out, "out");
   Params params{};
   params.row_scale_step =
-      check_scales(scales_a, m.value(), "scales_a", "M: one per row of mat_a", device);
+      check_scales(scales_a, m.value(), "scales_a", "M", "M: one per row of mat_a", device);
   params.col_scale_step =
-      check_scales(scales_b, n.value(), "scales_b", "N: one per column of mat_b", device);
+      check_scales(scales_b, n.value(), "scales_b", "N", "N: one per column of mat_b", device);
   params.row_scales = data_ptr<const float>(scales_a);
   params.col_scales = data_ptr<const float>(scales_b);
   params.out_bf16 = is_dtype<bf16_t>(out.dtype());
@@ -679,11 +656,23 @@ void int8_scaled_mm(TensorView out, TensorView mat_a, TensorView mat_b, TensorVi
         out, "out",
         {{mat_a, "mat_a"}, {mat_b, "mat_b"}, {scales_a, "scales_a"}, {scales_b, "scales_b"}});
   }
-  ValueCheck(k.value() % 16 == 0, "argument 'mat_a': K (", k.value(),
-             ") must be a multiple of 16 (16-byte int8 rows for TMA)");
-  ValueCheck(n.value() % 8 == 0, "argument 'mat_b': N (", n.value(),
-             ") must be a multiple of 8 (16-byte output rows)");
-  run_gemm<Config>(out, mat_a, mat_b, params, "mat_a", "mat_b", split, group_rows, device.value());
+  constexpr int64_t kKElements = kTmaAlignBytes;        // int8
+  constexpr int64_t kOutElements = kTmaAlignBytes / 2;  // bf16 or fp16 output rows
+  ValueCheck(k.value() % kKElements == 0, "argument 'mat_a': K (", k.value(),
+             ") must be a multiple of ", kKElements, " (", kTmaAlignBytes,
+             "-byte int8 rows for TMA)");
+  ValueCheck(n.value() % kOutElements == 0, "argument 'mat_b': N (", n.value(),
+             ") must be a multiple of ", kOutElements, " (", kTmaAlignBytes, "-byte output rows)");
+  // mat_b's columns are the weight's rows: element (k, n) at n * stride(1) + k.
+  const Operand weight_rows{.data = data_ptr<const void>(mat_b),
+                            .rows = n.value(),
+                            .cols = k.value(),
+                            .row_stride = mat_b.stride(1),
+                            .arg = "mat_b",
+                            .stride_name = "stride(1) (the weight's row stride)",
+                            .fix = "pass weight.t() of a contiguous [N, K] weight"};
+  run_gemm<Config>(out, row_major(mat_a, "mat_a"), weight_rows, params, split, group_rows,
+                   device.value());
 }
 
 }  // namespace hopper_gemm

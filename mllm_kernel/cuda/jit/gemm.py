@@ -1,17 +1,22 @@
-"""Dense GEMM for Hopper: ``a @ b.T`` (+ bias), TMA + wgmma, fp32 accumulation.
+"""Dense GEMM for Hopper (declared in :mod:`mllm_kernel.ops.gemm`): ``a @ b.T`` (+ bias),
+TMA + wgmma, fp32 accumulation.
 
-One kernel source (``csrc/gemm.cu``) compiled per tile configuration; which one runs
-is decided per problem shape by :func:`choose_tile`, the one place that knows the
+One kernel source (``csrc/gemm.cu``, its configurations in
+``include/mllm_kernel/cuda/gemm_config.cuh``) compiled per tile configuration; which one
+runs is decided per problem shape by :func:`choose_tile`, the one place that knows the
 heuristic. Every configuration is registered under the kernel name ``gemm``, so
 ``python -m mllm_kernel precompile --device cuda --arch 9.0a --kernel gemm`` builds
-them all ahead of time.
+them all ahead of time. ``tests/test_gemm_constants.py`` checks what :data:`TILES`
+assumes of the kernel (tile shapes, k-block bytes, shared memory per split) against
+the C++ header.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, NoReturn
 
 import torch
 
@@ -20,12 +25,14 @@ from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
-
-_tracing = torch.compiler.is_dynamo_compiling
+from mllm_kernel.ops.gemm import GEMM, named_dtype
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _H100_SMS = 132
+# A k-block is one 128-byte swizzled row of K (gemm_config.cuh: TileConfig::kTileK).
+_K_BLOCK_BYTES = 128
+# N and K of 16-bit operands: multiples of 16 bytes (gemm_config.cuh: kTmaAlignBytes).
+_ROW_MULTIPLE = 8
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,9 @@ class TileConfig:
     stages. Without ``swap_ab`` P is ``a`` and Q is ``b``: an output tile is
     ``64 * consumers`` x ``tile_q``. With it P is ``b`` (weights) and Q is ``a``
     (tokens): an output tile is ``tile_q`` tokens x ``64 * consumers`` columns, and up
-    to ``max_split`` CTAs of a cluster share its K (shared memory bounds the split).
+    to ``max_split`` CTAs of a cluster share its K (its partial sums must fit in shared
+    memory beside the stages: tests/test_gemm_constants.py checks that against
+    ``gemm_config.cuh``).
     ``multicast`` CTAs of a cluster on neighbouring tile-rows share each Q tile, each
     loading a slice of it for all (TMA multicast): less L2 traffic per flop.
     """
@@ -60,12 +69,14 @@ class TileConfig:
         """Output columns per tile."""
         return 64 * self.consumers if self.swap_ab else self.tile_q
 
-    @property
+    @cached_property
     def shape_args(self) -> tuple[int, int, int, bool, int]:
-        """The template arguments after the element type (``int8_scaled_mm`` has none)."""
+        """The template arguments after the element type (``int8_scaled_mm`` has none);
+        computed once (the hot path reads it on every call)."""
         return (self.consumers, self.tile_q, self.stages, self.swap_ab, self.multicast)
 
     def template_args(self, dtype: torch.dtype) -> tuple[Any, ...]:
+        """The template arguments of ``csrc/gemm.cu``'s ``gemm`` for ``dtype`` operands."""
         return (dtype, *self.shape_args)
 
 
@@ -126,7 +137,7 @@ def choose_tile(
     if m <= 128:
         tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
         tiles = _ceil_div(n, tile.tile_n) * _ceil_div(m, tile.tile_m)
-        k_blocks = _ceil_div(k * element_bytes, 128)
+        k_blocks = _ceil_div(k * element_bytes, _K_BLOCK_BYTES)
         min_blocks = 8 if element_bytes == 2 else 32
         split = 1
         while (
@@ -152,12 +163,20 @@ def choose_tile(
     return TileChoice(wide)
 
 
+def _refuse_dtype(dtype: torch.dtype, *shape_args: Any) -> None:
+    """The variant check of ``_GEMM``: one module per operand dtype, so a dtype without
+    one is refused before a module is looked for (on a memo miss only)."""
+    if dtype not in _DTYPES:
+        raise TypeError(f"argument 'a': expected dtype bfloat16 or float16 but got {dtype}")
+
+
 _GEMM = KernelModule(
     "gemm",
     device="cuda",
     sources=["gemm.cu"],
     exports=["gemm"],
     variants=[tile.template_args(dtype) for dtype in _DTYPES for tile in TILES],
+    check_variant=_refuse_dtype,
     archs=HOPPER_ONLY,
 )
 
@@ -167,6 +186,8 @@ _lock = threading.Lock()
 
 
 def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
+    """``choose_tile`` for GPU ``index``, remembered per shape (NotImplementedError on a
+    GPU other than sm_90, on the first call of a shape)."""
     key = (m, n, k, index)
     choice = _choices.get(key)
     if choice is None:
@@ -176,40 +197,19 @@ def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
     return choice
 
 
-def _operands_device(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The GPU index of ``a`` once both operands are 2-D and ``a`` has a GEMM dtype
-    (the C++ side checks the rest); ValueError, via op_inputs, for a tensor not on a GPU."""
-    for arg, value in (("a", a), ("b", b)):
-        if value.dim() != 2:
-            raise ValueError(
-                f"argument '{arg}': expected a 2-D tensor ([M, K] for a, [N, K] for b) but got "
-                f"shape {list(value.shape)}"
-            )
-    if a.dtype not in _DTYPES:  # checked before a module is chosen (one per dtype)
-        raise TypeError(f"argument 'a': expected dtype bfloat16 or float16 but got {a.dtype}")
-    index = a.get_device()
-    if index < 0:
-        op_inputs.check_device("cuda", a=a)
-    return index
+def not_matrices(**operands: tuple[torch.Tensor, str]) -> NoReturn:
+    """ValueError naming the first of ``operands`` (name=(tensor, expected shape)) that
+    is not 2-D. The tile is chosen from M, N and K, read off the shapes before the
+    kernel checks them, so their ranks are checked first, here.
 
-
-def _output(
-    a: torch.Tensor, n: int, out: torch.Tensor | None, out_dtype: torch.dtype | None
-) -> torch.Tensor:
-    """``out``, or a new ``[M, N]`` tensor, in the requested output dtype."""
-    if out_dtype is None:
-        out_dtype = a.dtype
-    elif out_dtype not in (a.dtype, torch.float32):
-        raise ValueError(
-            f"argument 'out_dtype': expected the input dtype ({a.dtype}) or torch.float32, "
-            f"got {out_dtype}"
-        )
-    if out is None:
-        return torch.empty((a.shape[0], n), dtype=out_dtype, device=a.device)
-    out = op_inputs.output(out, "out")
-    if out.dtype != out_dtype:
-        raise TypeError(f"argument 'out': expected dtype {out_dtype} but got {out.dtype}")
-    return out
+    >>> not_matrices(a=(torch.ones(3), "[M, K]"))
+    Traceback (most recent call last):
+    ValueError: argument 'a': expected a 2-D tensor [M, K] but got shape [3]
+    """
+    arg, (value, shape) = next((arg, o) for arg, o in operands.items() if o[0].dim() != 2)
+    raise ValueError(
+        f"argument '{arg}': expected a 2-D tensor {shape} but got shape {list(value.shape)}"
+    )
 
 
 def _launch(
@@ -218,91 +218,61 @@ def _launch(
     out: torch.Tensor,
     bias: torch.Tensor | None,
     choice: TileChoice,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    module = _GEMM[(a.get_device(), *choice.tile.template_args(a.dtype))]
-    module.gemm(out, a, b, bias, choice.split, choice.group_rows)
+    """``choice``'s kernel on ``a``'s GPU: ``out = a @ b.T (+ bias)``, ``out`` in
+    ``out_dtype`` (default: ``out``'s dtype); the C++ entry point checks every tensor."""
+    module = _GEMM[(a.get_device(), a.dtype, *choice.tile.shape_args)]
+    dtype = out.dtype if out_dtype is None else out_dtype
+    module.gemm(out, a, b, bias, dtype, choice.split, choice.group_rows)
     return out
 
 
-def gemm(
+def run_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
-    out: torch.Tensor | None = None,
-    *,
+    out: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``a @ b.T (+ bias)`` on a Hopper GPU (compute capability 9.0).
+    """The GEMM kernel with the tile :func:`choose_tile` picks for this shape and GPU
+    (remembered per shape): ``out = a @ b.T (+ bias)`` in ``out_dtype`` (default:
+    ``out``'s dtype), returned.
 
-    ``a`` is ``[M, K]`` and ``b`` ``[N, K]`` (the ``nn.Linear`` weight layout), both
-    bf16 or both fp16, with a contiguous last dim; a larger row stride (a slice of a
-    bigger buffer) is fine when it is a multiple of 8 elements. ``N`` and ``K`` must
-    be multiples of 8 (16-byte rows for TMA); any ``M``. Accumulates in fp32 and
-    returns ``[M, N]`` in ``out_dtype`` (the input dtype by default, or
-    ``torch.float32``), written into ``out`` if given. ``bias`` (``[N]``, the output
-    dtype) is added before the cast. Runs on torch's current stream of ``a``'s GPU.
+    For ops built on the GEMM (``gptq_marlin_gemm``'s dequantize path): ``a`` and ``b``
+    must already be 2-D torch tensors (no conversion, no grad refusal, no
+    explanation of a CPU tensor: :func:`gemm` does those); the C++ entry point checks
+    dtypes, shapes, devices, strides and overlaps as for :func:`gemm`.
 
-    Raises TypeError/ValueError naming the argument for bad inputs, and
-    NotImplementedError on a GPU other than sm_90.
+    >>> run_gemm(a, dequantized_weight, c)  # doctest: +SKIP
+    """
+    index = a.get_device()
+    m, k = a.shape
+    n = b.shape[0]
+    choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
+    return _launch(a, b, out, bias, choice, out_dtype)
+
+
+@GEMM.kernel("cuda")
+def gemm(a, b, out, bias, out_dtype):
+    """Hopper GPUs only (compute capability 9.0: NotImplementedError on another GPU),
+    on torch's current stream of ``a``'s GPU.
 
     >>> a = torch.randn(16, 4096, dtype=torch.bfloat16, device="cuda")
     >>> w = torch.randn(14336, 4096, dtype=torch.bfloat16, device="cuda")
     >>> gemm(a, w).shape
     torch.Size([16, 14336])
     """
-    if _tracing():
-        return GEMM_OP(a, b, bias=bias, out_dtype=out_dtype, out=out)
-    a, b = op_inputs.tensor(a, "a"), op_inputs.tensor(b, "b")
-    bias = op_inputs.optional_tensor(bias, "bias")
-    refuse_grad("gemm", a, b, bias, out)
-    try:
-        index = _operands_device(a, b)
-        m, k = a.shape
-        n = b.shape[0]
-        choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
-        out = _output(a, n, out, out_dtype)
-        return _launch(a, b, out, bias, choice)
-    except Exception as error:
-        op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
-        raise
+    if a.dim() != 2 or b.dim() != 2:
+        not_matrices(a=(a, "[M, K]"), b=(b, "[N, K]"))
+    if out_dtype is None:
+        out_dtype = a.dtype
+    if out is None:
+        out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    return run_gemm(a, b, out, bias, out_dtype)
 
 
-def _gemm_op(a, b, bias=None, out_dtype=None, *, out=None) -> torch.Tensor:
-    """:func:`gemm` with the op's argument order: torch ops take no keyword-only tensor
-    but the output buffer, so ``bias`` is positional there."""
-    return gemm(a, b, out, bias=bias, out_dtype=out_dtype)
-
-
-GEMM_OP = torch_op(
-    "gemm",
-    "(Tensor a, Tensor b, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor",
-    fake=lambda a, b, bias=None, out_dtype=None: a.new_empty(
-        (a.shape[0], b.shape[0]), dtype=out_dtype or a.dtype
-    ),
-    out="out",
-).implement("cuda", _gemm_op)
-
-
-_DTYPE_NAMES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-}
 _SM90_NAMES = {"sm90", "sm_90", "sm90a", "sm_90a", "9.0", "9.0a", "90", "90a"}
-
-
-def _as_dtype(value: str | torch.dtype, arg: str) -> torch.dtype:
-    dtype = value if isinstance(value, torch.dtype) else _DTYPE_NAMES.get(str(value).lower())
-    if dtype is None:
-        raise ValueError(
-            f"argument '{arg}': unknown dtype {value!r}; use one of {list(_DTYPE_NAMES)}"
-        )
-    return dtype
 
 
 class Gemm:
@@ -335,17 +305,19 @@ class Gemm:
         for arg, value in (("M", M), ("N", N), ("K", K)):
             if type(value) is not int or value < 0:
                 raise ValueError(f"argument '{arg}': expected a non-negative int, got {value!r}")
-        if N % 8 or K % 8:
-            raise ValueError(f"N ({N}) and K ({K}) must be multiples of 8 (16-byte rows for TMA)")
+        if N % _ROW_MULTIPLE or K % _ROW_MULTIPLE:
+            raise ValueError(
+                f"N ({N}) and K ({K}) must be multiples of {_ROW_MULTIPLE} (16-byte rows for TMA)"
+            )
         if str(arch).lower() not in _SM90_NAMES:
             raise NotImplementedError(
                 f"Gemm is built for Hopper only (arch='sm90', compute capability 9.0), got {arch!r}"
             )
         self.M, self.N, self.K = M, N, K
-        self.dtype = _as_dtype(dtype, "dtype")
+        self.dtype = named_dtype(dtype, "dtype")
         if self.dtype not in _DTYPES:
             raise ValueError(f"argument 'dtype': expected bfloat16 or float16, got {self.dtype}")
-        self.out_dtype = self.dtype if out_dtype is None else _as_dtype(out_dtype, "out_dtype")
+        self.out_dtype = self.dtype if out_dtype is None else named_dtype(out_dtype, "out_dtype")
         if self.out_dtype not in (self.dtype, torch.float32):
             raise ValueError(
                 f"argument 'out_dtype': expected {self.dtype} or float32, got {self.out_dtype}"
@@ -368,8 +340,12 @@ class Gemm:
         *,
         bias: torch.Tensor | None = None,
     ) -> Any:
+        """``a @ b.T (+ bias)`` with this object's tile, into ``out`` if given (in
+        ``out_dtype``); NumPy in, NumPy out."""
         from_numpy = not isinstance(a, torch.Tensor)
         a, b = self._on_gpu(a, "a"), self._on_gpu(b, "b")
+        # The tile was chosen for this object's M, N and K: another shape is refused here,
+        # where that choice was made (the kernel checks the rest).
         for arg, value, shape in (("a", a, (self.M, self.K)), ("b", b, (self.N, self.K))):
             if tuple(value.shape) != shape:
                 raise ValueError(
@@ -377,10 +353,12 @@ class Gemm:
                     f"{list(value.shape)}"
                 )
         bias = op_inputs.optional_tensor(bias, "bias")
+        out = None if out is None else op_inputs.output(out, "out")
         try:
-            require_hopper(_operands_device(a, b), "gemm")
-            out = _output(a, self.N, out, self.out_dtype)
-            result = _launch(a, b, out, bias, self.tile_config)
+            require_hopper(a.get_device(), "gemm")
+            if out is None:
+                out = torch.empty((self.M, self.N), dtype=self.out_dtype, device=a.device)
+            result = _launch(a, b, out, bias, self.tile_config, self.out_dtype)
         except Exception as error:
             op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
             raise
