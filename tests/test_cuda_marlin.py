@@ -7,6 +7,8 @@ GPU."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from marlin_reference import dequantize, marlin_layout, pack_awq, pack_gptq
@@ -178,6 +180,7 @@ def fused_tokens(request, monkeypatch):
     if not _hopper():
         pytest.skip("the fused kernel needs sm_90 with sm_90a code")
     monkeypatch.setattr(gptq_marlin_module, "_FUSED_TOKENS", (request.param,))
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})  # planned with every tile
     return request.param
 
 
@@ -213,7 +216,8 @@ def test_fused_gemm_splits_k_over_a_cluster(fused_tokens, type_name, group_size)
     n, k, m = 256, 4160, 70
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     how = gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True)
-    assert how.fused_split == gptq_marlin_module._FUSED_MAX_SPLIT[fused_tokens]
+    most = gptq_marlin_module._FUSED_MAX_SPLIT[fused_tokens]
+    assert how.fused_split == 1 << (most.bit_length() - 1)  # splits double
     torch.manual_seed(group_size)
     w = Weights(k, n, torch.bfloat16, type_name, group_size)
     a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -230,6 +234,7 @@ def three_sms(monkeypatch):
     index = torch.cuda.current_device()
     _, hopper, clusters = gptq_marlin_module._device_facts(index)
     monkeypatch.setitem(gptq_marlin_module._devices, index, (3, hopper, clusters))
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})  # planned for 3 SMs
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -322,6 +327,7 @@ def split_sums(request, monkeypatch):
     monkeypatch.setitem(
         gptq_marlin_module._devices, index, (sms, hopper, request.param == "cluster")
     )
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})  # planned for these sums
     return request.param
 
 
@@ -446,3 +452,175 @@ def test_gemm_device_mismatch_names_the_argument():
         _run(w, a, workspace=marlin_make_workspace("cuda"))
     with pytest.raises(ValueError, match=r"workspace.*marlin_make_workspace"):
         _run(w, a.cuda(), workspace=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="argument 'b_scales': expected a tensor on cuda"):
+        gptq_marlin_gemm(
+            a.cuda(), None, w.b_q_weight, w.b_scales.cpu(), None, None, None, None,
+            marlin_make_workspace("cuda"), w.type_id, 2, w.n, 256,
+        )  # fmt: skip
+
+
+def test_gemm_plans_once_per_shape(monkeypatch):
+    """A call plans its shape once; the next calls of that shape (and GPU, dtype and
+    weight kind) find the plan."""
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})
+    planned = []
+    plan = gptq_marlin_module.plan
+    monkeypatch.setattr(
+        gptq_marlin_module, "plan", lambda *a, **k: planned.append(a) or plan(*a, **k)
+    )
+    w = Weights(512, 256, torch.float16)
+    a = torch.randn(3, 512, device="cuda").to(torch.float16)
+    for _ in range(3):
+        _check(_run(w, a), a, w)
+    _run(w, a[:2])
+    assert [p[:3] for p in planned] == [(3, 256, 512), (2, 256, 512)]
+
+
+# The tensors' checks, all in the kernels' C++ (marlin_layout.cuh's check_operands):
+# each refusal names the argument, the expected and what came.
+M, N, K = 3, 128, 256
+
+
+def _gemm_args(**override):
+    args = dict(
+        a=_cuda(M, K, dtype=torch.float16).made(),
+        c=None,
+        b_q_weight=_cuda(K // 16, N * 2, dtype=torch.int32).made(),
+        b_scales=_cuda(2, N, dtype=torch.float16).made(),
+        global_scale=None,
+        b_zeros=None,
+        g_idx=None,
+        perm=None,
+        workspace=marlin_make_workspace("cuda"),
+        b_q_type_id=scalar_types.uint4b8.id,
+        size_m=M,
+        size_n=N,
+        size_k=K,
+    )
+    args.update(override)
+    return args
+
+
+@dataclass(frozen=True)
+class _Zeros:
+    """A zero GPU tensor made when the test runs (collecting needs no GPU): ``shape``,
+    then every ``step``-th element of the last dim."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    step: int = 1
+
+    def made(self) -> torch.Tensor:
+        return torch.zeros(self.shape, dtype=self.dtype, device="cuda")[..., :: self.step]
+
+
+def _cuda(*shape, dtype, step=1):
+    return _Zeros(shape, dtype, step)
+
+
+def _made(value):
+    return value.made() if isinstance(value, _Zeros) else value
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "match"),
+    [
+        ({"a": _cuda(M, K, 1, dtype=torch.float16)}, ValueError, "argument 'a'.*expected 2 dims"),
+        ({"size_m": 4}, ValueError, r"argument 'size_m': expected 3 \(a.shape\[0\]\), got 4"),
+        ({"size_k": 128}, ValueError, r"argument 'size_k': expected 256 \(a.shape\[1\]\)"),
+        (
+            {"b_q_weight": _cuda(K // 16, N, dtype=torch.int32)},
+            ValueError,
+            r"argument 'b_q_weight': expected shape \[16, 256\] \(size_k / 16, .*4-bit",
+        ),
+        (
+            {"b_q_weight": _cuda(K // 16, N * 2, dtype=torch.int64)},
+            TypeError,
+            "argument 'b_q_weight': expected dtype in {int32} but got int64",
+        ),
+        ({"b_scales": _cuda(2, N, dtype=torch.bfloat16)}, TypeError, "argument 'b_scales'"),
+        ({"b_scales": _cuda(2, 64, dtype=torch.float16)}, ValueError, "'b_scales'.*128"),
+        ({"b_scales": _cuda(0, N, dtype=torch.float16)}, ValueError, "'b_scales'.*a group"),
+        ({"b_scales": _cuda(16, N, dtype=torch.float16)}, ValueError, "group size"),
+        ({"b_scales": _cuda(3, N, dtype=torch.float16)}, ValueError, "group size"),
+        (
+            {
+                "b_q_type_id": scalar_types.uint4.id,
+                "b_zeros": _cuda(2, N, dtype=torch.int32),
+            },
+            ValueError,
+            r"argument 'b_zeros': expected shape \[2, 16\]",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.uint4.id,
+                "b_zeros": _cuda(2, N, dtype=torch.float32),
+                "is_zp_float": True,
+            },
+            TypeError,
+            "argument 'b_zeros'.*float16",
+        ),
+        (
+            {"g_idx": _cuda(K, dtype=torch.int32)},
+            ValueError,
+            "argument 'perm': act-order needs both g_idx and perm",
+        ),
+        (
+            {"g_idx": _cuda(K, dtype=torch.int64), "perm": _cuda(K, dtype=torch.int32)},
+            TypeError,
+            "argument 'g_idx'.*int32",
+        ),
+        (
+            {"g_idx": _cuda(K, dtype=torch.int32), "perm": _cuda(K - 16, dtype=torch.int32)},
+            ValueError,
+            r"argument 'perm'.*\(size_k\) to be 256",
+        ),
+        (
+            {
+                "g_idx": _cuda(K, dtype=torch.int32),
+                "perm": _cuda(K, dtype=torch.int32),
+                "b_scales": _cuda(1, N, dtype=torch.float16),
+            },
+            ValueError,
+            "act-order with is_k_full=True needs num_groups > 1",
+        ),
+        ({"workspace": _cuda(132, dtype=torch.int64)}, TypeError, "argument 'workspace'.*int32"),
+        ({"c": _cuda(M, N, dtype=torch.bfloat16)}, TypeError, "argument 'c'"),
+        ({"c": _cuda(M, N + 64, dtype=torch.float16)}, ValueError, "argument 'c'.*size_n"),
+        ({"c": _cuda(M, 2 * N, dtype=torch.float16, step=2)}, ValueError, "argument 'c'.*contig"),
+    ],
+)
+def test_gemm_rejects_bad_inputs(override, error, match):
+    with pytest.raises(error, match=match):
+        gptq_marlin_gemm(**_gemm_args(**{arg: _made(v) for arg, v in override.items()}))
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((_cuda(32, 64, dtype=torch.int32), None, 256, 64, 3), ValueError, "'num_bits'.*3"),
+        ((_cuda(32, 64, dtype=torch.int32), None, 200, 64, 4), ValueError, "'size_k'.*16"),
+        ((_cuda(32, 96, dtype=torch.int32), None, 256, 96, 4), ValueError, "'size_n'.*64"),
+        (
+            (_cuda(16, 64, dtype=torch.int32), None, 256, 64, 4),
+            ValueError,
+            r"'b_q_weight': expected shape \[32, 64\] \(GPTQ",
+        ),
+        ((_cuda(32, 64, dtype=torch.int16), None, 256, 64, 4), TypeError, "int32"),
+        (
+            (_cuda(32, 64, dtype=torch.int32), _cuda(256, dtype=torch.int64), 256, 64, 4),
+            TypeError,
+            "argument 'perm'.*int32",
+        ),
+    ],
+)
+def test_gptq_repack_rejects_bad_inputs(args, error, match):
+    with pytest.raises(error, match=match):
+        gptq_marlin_repack(*map(_made, args))
+
+
+def test_awq_repack_rejects_bad_inputs():
+    with pytest.raises(ValueError, match=r"'b_q_weight'.*\[256, 8\] \(AWQ"):
+        awq_marlin_repack(_cuda(32, 64, dtype=torch.int32).made(), 256, 64, 4)
+    with pytest.raises(ValueError, match="'num_bits'"):
+        awq_marlin_repack(_cuda(256, 8, dtype=torch.int32).made(), 256, 64, 2)

@@ -205,3 +205,34 @@ def test_the_ops_check_runs_before_the_kernel_with_the_arguments_it_names():
 
     with pytest.raises(ValueError, match=r"no parameter named \['nothing'\]"):
         Op(strict, check=lambda nothing: None)
+
+
+def mid_out_op(
+    x: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0, *, bump: torch.Tensor
+) -> torch.Tensor:
+    """``x * scale``, counting calls in ``bump`` (``out`` declared before the scalars, as
+    ``gemm``'s and ``gptq_marlin_gemm``'s are)."""
+
+
+MID_OUT = Op(mid_out_op, out="out", fake=like("x"), writes=("bump",))
+
+
+@MID_OUT.kernel("cpu")
+def mid_out_op_cpu(x, out, scale, bump):
+    bump.add_(1)
+    out = torch.empty_like(x) if out is None else out
+    return torch.mul(x, scale, out=out)
+
+
+def test_the_torch_op_takes_the_schemas_order_when_out_is_declared_early():
+    schema = str(torch.ops.mllm_kernel.mid_out_op.default._schema)
+    assert schema.endswith("(Tensor x, float scale=1., *, Tensor(b!) bump) -> Tensor")
+    assert "Tensor(b!) bump, Tensor(a!) out" in str(torch.ops.mllm_kernel.mid_out_op.out._schema)
+    x, bump = torch.arange(3.0), torch.zeros(1)
+    assert torch.equal(torch.ops.mllm_kernel.mid_out_op(x, 2.0, bump=bump), x * 2)
+    out = torch.full((3,), float("nan"))
+    torch.ops.mllm_kernel.mid_out_op.out(x, 3.0, bump=bump, out=out)
+    assert torch.equal(out, x * 3)
+    compiled = torch.compile(lambda x: mid_out_op_cpu(x, None, 4.0, bump=bump), fullgraph=True)
+    assert torch.equal(compiled(x), x * 4)
+    assert bump.item() >= 3

@@ -141,11 +141,15 @@ class Op:
         params = [p for name, p in self.signature.parameters.items() if name != self.out]
         prototype = _prototype(self.signature.replace(parameters=params))
         schema = torch.library.infer_schema(prototype, mutates_args=self.writes)
-        return re.sub(
+        schema = re.sub(
             r"SymInt(\?)? (\w+)",
             lambda m: m[0] if m[2] in self.symbolic else f"int{m[1] or ''} {m[2]}",
             schema,
         )
+        # Alias sets named a, b, ... in order (torch names them by position, a7), after
+        # the .out overload's ``a``: the schemas read as vLLM's and the original's.
+        letters = iter("bcdefghijklmnopqrstuvwxyz" if self.out else "abcdefghijklmnopqrstuvwxyz")
+        return re.sub(r"Tensor\(a\d*!\)", lambda m: f"Tensor({next(letters)}!)", schema)
 
     def kernel(self, device: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: ``fn`` is the op's kernel on ``device`` (``"cpu"`` or ``"cuda"``),
@@ -157,10 +161,25 @@ class Op:
                 raise ValueError(f"op {self.name} already has a {device} kernel")
             eager = _generate(self, device, fn)
             self.kernels[device] = eager
-            self.torch_op.implement(device, eager)
+            self.torch_op.implement(device, self._in_schema_order(eager))
             return eager
 
         return register
+
+    def _in_schema_order(self, eager: Callable[..., Any]) -> Callable[..., Any]:
+        """``eager`` as torch calls an op's kernel: the schema's positional arguments
+        (the declared ones without ``out``) and ``out`` by keyword. Where ``out`` is
+        declared last (or there is none) that is ``eager`` itself; else (``gemm``'s
+        ``out``, ``gptq_marlin_gemm``'s ``c``) the positions are renamed."""
+        params = list(self.signature.parameters)
+        if self.out is None or params[-1] == self.out:
+            return eager
+        names = [n for n in params if n != self.out]
+
+        def in_schema_order(*args: Any, **kwargs: Any) -> Any:
+            return eager(**dict(zip(names, args, strict=False)), **kwargs)
+
+        return in_schema_order
 
 
 def _prototype(signature: inspect.Signature) -> Callable[..., Any]:

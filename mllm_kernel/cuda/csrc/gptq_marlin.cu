@@ -32,8 +32,9 @@
 // `marlin_dequantize_kernel` writes dequant(b) as a [N, K] matrix (the nn.Linear
 // layout) for large M, where the product runs on the Hopper GEMM instead.
 //
-// Act-order: the caller passes `a` with its columns permuted (a[:, perm]) and g_idx
-// in Marlin row order; each k row then takes the scales of group g_idx[k].
+// Act-order: a's columns are first permuted into Marlin row order (a[:, perm], by
+// permute_columns_kernel into the caller's scratch), and g_idx is in Marlin row order;
+// each k row then takes the scales of group g_idx[k].
 #include <tvm/ffi/optional.h>
 
 #include <climits>
@@ -41,6 +42,7 @@
 #include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/cp_async.cuh"
 #include "mllm_kernel/cuda/dequant.cuh"
+#include "mllm_kernel/cuda/marlin_config.cuh"
 #include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/cuda/mma_sync.cuh"
 #include "mllm_kernel/tensor.hpp"
@@ -228,14 +230,6 @@ struct GroupValues {
   }
 };
 
-/// Whether the streaming kernel of `Rows` tokens per CTA defers scales and zeros to the
-/// end of each group (DeferredScales): for 8 and 16 tokens, but not under act-order
-/// (each row has its own group) nor for 8-bit weights in bf16 (magic + q is not exact
-/// there).
-template <typename T, int Bits, int Rows, bool ActOrder>
-inline constexpr bool kDefersScales =
-    (Rows == 8 || Rows == 16) && !ActOrder && (Bits == 4 || std::is_same_v<T, __half>);
-
 /// The streaming kernel's math for 8 or 16 tokens when scales can wait. The weights are
 /// the mma's A operand (16 columns x 16 k) and the activations its B (16 k x 8 tokens,
 /// once per 8 tokens), so an mma spends at most 7 token rows on absent tokens, not 15,
@@ -384,10 +378,7 @@ struct DeferredScales {
 /// What the other kernels hold in DeferredScales' place.
 struct NoDeferredScales {};
 
-inline constexpr int kStreamWarps = 4;
-inline constexpr int kStreamThreads = 32 * kStreamWarps;
-inline constexpr int kStreamCols = 64 * kStreamWarps;  // output columns per CTA
-inline constexpr int kChunkTiles = 16;                 // k16 tiles per shared-memory A chunk
+inline constexpr int kChunkTiles = 16;  // k16 tiles per shared-memory A chunk
 inline constexpr int kChunkK = 16 * kChunkTiles;
 
 /// Weight tiles each warp keeps in flight: 8 x 512 bytes (4-bit) or 8 x 1 KB. Depths 12
@@ -403,7 +394,8 @@ inline constexpr int kDeferredDepth = 4;
 /// us at 4096^2; the planned grids hold at most ~3.4 CTAs per SM).
 inline constexpr int kStreamMinBlocks = 5;
 inline constexpr int kDeferredMinBlocks = 4;
-static_assert(kChunkTiles % 4 == 0, "the main loop takes 4 tiles a turn");
+static_assert(kTurnTiles == 4, "the main loop is written for turns of 4 tiles");
+static_assert(kChunkTiles % kTurnTiles == 0, "a chunk holds whole turns");
 
 /// Shared memory of the streaming kernel: each warp's ring of kDepth weight tiles, then
 /// two A chunks (rows x 256 k, 16-byte pieces XOR-swizzled by the row so that
@@ -415,7 +407,7 @@ struct StreamLayout {
   static constexpr int kDepth = Deferred ? kDeferredDepth : kStreamDepth;
   // A chunk's copies join the group of the first tile that needs it, or an earlier one.
   static_assert(kDepth <= kChunkTiles, "a chunk's activations arrive with its first tile");
-  static_assert(kDepth % 4 == 0, "the main loop takes 4 tiles a turn");
+  static_assert(kDepth % kTurnTiles == 0, "the ring holds whole turns");
   static constexpr int kTileBytes = 16 * 64 * Bits / 8;
   static constexpr int kRingBytes = kStreamWarps * kDepth * kTileBytes;
   static constexpr int kChunkBytes = kRows * kChunkK * 2;
@@ -429,6 +421,8 @@ struct StreamLayout {
   // bytes hold the global split-K path's "last CTA" flag.
   static constexpr int kStagingBytes = kSharedBytes;
   static_assert(kRows * kStreamCols * 4 <= kStagingBytes, "a CTA's partial fits");
+  static_assert(kMaxGlobalSplit * kStreamCols * 4 <= kStagingBytes,
+                "a row of every split's partial sums fits (the global split-K sum)");
 };
 
 template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
@@ -789,94 +783,126 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
   }
 }
 
+/// out [M, K] = a[:, perm] (act-order: a's columns in Marlin row order), one element
+/// per step of a grid-stride loop; a perm value outside [0, K) reads the nearest column.
+template <typename T>
+__global__ void permute_columns_kernel(const T* a, int64_t lda, const int32_t* perm, T* out,
+                                       int64_t m, int64_t k) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < m * k;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t column = min(max(int64_t{__ldg(perm + i % k)}, int64_t{0}), k - 1);
+    out[i] = a[(i / k) * lda + column];
+  }
+}
+
+/// Act-order: `a` permuted into `scratch` (the caller's contiguous [M, K]), which the
+/// kernels then read as `a`.
+template <typename T>
+void permute_a(Params& p, tvm::ffi::Optional<TensorView> scratch, SymbolicDevice& device) {
+  RuntimeCheck(scratch.has_value(), "act-order needs a scratch for the permuted a");
+  TensorMatcher({p.m, p.k})
+      .dtype<T>()
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(*scratch, "a_scratch");
+  T* out = data_ptr<T>(*scratch);
+  constexpr int kThreads = 256;
+  const int64_t elements = int64_t{p.m} * p.k;
+  KernelLauncher(dim3(grid_stride_blocks(elements, kThreads, device.value())), dim3(kThreads),
+                 device.value())(permute_columns_kernel<T>, static_cast<const T*>(p.a), p.lda,
+                                 p.perm, out, int64_t{p.m}, int64_t{p.k});
+  p.a = out;
+  p.lda = p.k;
+}
+
 }  // namespace marlin
 
 /// c = a @ dequant(b) with the streaming kernel of `Rows` tokens per CTA (8 only where
-/// scales are deferred: kDefersScales); see the file comment. `a` [M, K]
-/// (act-order: already a[:, perm]), c [M, N]. With split > 1 the K slices are summed in
-/// a cluster's shared memory (`cluster_reduce`, sm_90 and newer, split <= 16) or
-/// through `partials` fp32 [split, M, N] and `workspace` int32 [>= N / 256]. Group size 0:
-/// per-channel scales (or act-order, which `ActOrder` builds and which takes `g_idx`). `ZeroMode`
-/// is the build's zero mode (kBias, kIntZero, kFloatZero).
+/// scales are deferred: kDefersScales); see the file comment. The operands are
+/// gptq_marlin_gemm's, checked by check_operands; act-order (`ActOrder`, which takes the
+/// type's zero) first permutes a's columns into `a_scratch` (contiguous [M, K]). With
+/// split > 1 the K slices of `k_tiles_per_split` k16 tiles are summed in a cluster's
+/// shared memory (`cluster_reduce`, sm_90 and newer) or through `partials` fp32 [split,
+/// M, N] and the workspace's counters (one row block). `ZeroMode` is the build's zero mode
+/// (kBias, kIntZero, kFloatZero).
 template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
 void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
-                             tvm::ffi::Optional<TensorView> g_idx, TensorView c,
-                             tvm::ffi::Optional<TensorView> partials, TensorView workspace,
-                             int64_t group_size, int64_t bias, int64_t split,
+                             tvm::ffi::Optional<TensorView> g_idx,
+                             tvm::ffi::Optional<TensorView> perm, TensorView workspace,
+                             TensorView c, int64_t size_m, int64_t size_n, int64_t size_k,
+                             bool is_k_full, int64_t bias, tvm::ffi::Optional<TensorView> a_scratch,
+                             tvm::ffi::Optional<TensorView> partials, int64_t split,
                              int64_t k_tiles_per_split, bool cluster_reduce) {
   using namespace marlin;
-  SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
   SymbolicDevice device;
-  TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
-  const int64_t lda = m.value() > 1 ? a.stride(0) : k.value();
-  ValueCheck(lda % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
-             "argument 'a': rows must start on 16-byte boundaries (row stride ", lda,
-             " elements); call .contiguous() on it first");
-  TensorMatcher({m, n}).dtype<T>().device(kDLCUDA, device).contiguous().verify(c, "c");
-  Params p = check_weights(device, b_q_weight, b_scales, b_zeros, g_idx, dtype_trait<T>::value,
-                           Bits, k.value(), n.value(), group_size, ZeroMode, bias);
-  verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
-  RuntimeCheck(ActOrder == g_idx.has_value(), "this module is built for act-order ", ActOrder);
-  p.a = data_ptr<void>(a);
-  p.lda = lda;
-  p.c = data_ptr<void>(c);
-  p.ldc = n.value();
-  p.m = static_cast<int>(m.value());
+  Params p = check_operands(device, a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace,
+                            dtype_trait<T>::value, Bits, ZeroMode, ActOrder, size_m, size_n, size_k,
+                            is_k_full, bias);
   p.split = static_cast<int>(split);
   p.k_tiles_per_split = static_cast<int>(k_tiles_per_split);
   using Layout = StreamLayout<Bits, Rows, kDefersScales<T, Bits, Rows, ActOrder>>;
-  const int64_t column_tiles = div_ceil<int64_t>(n.value(), kStreamCols);
-  RuntimeCheck(k_tiles_per_split > 0 && k_tiles_per_split % 4 == 0 && split >= 1 &&
-                   split * k_tiles_per_split >= k.value() / 16,
+  const int64_t column_tiles = div_ceil<int64_t>(size_n, kStreamCols);
+  RuntimeCheck(k_tiles_per_split > 0 && k_tiles_per_split % kTurnTiles == 0 && split >= 1 &&
+                   split * k_tiles_per_split >= size_k / 16,
                "bad split plan: split ", split, " x ", k_tiles_per_split, " k16 tiles");
-  TensorMatcher({kAnySize}).dtype<int32_t>().device(kDLCUDA, device).verify(workspace, "workspace");
   if (split > 1) {
     p.cluster_reduce = cluster_reduce;
     if (cluster_reduce) {
       RuntimeCheck(split <= kMaxClusterSize, "split ", split, " is more than a cluster holds (",
                    kMaxClusterSize, ")");
     } else {
-      RuntimeCheck(m.value() <= Rows, "split-K through global memory: one row block");
+      RuntimeCheck(size_m <= Rows, "split-K through global memory: one row block");
+      RuntimeCheck(split <= kMaxGlobalSplit, "split ", split,
+                   " is more than the final sum stages in shared memory (", kMaxGlobalSplit, ")");
+      RuntimeCheck(workspace.size(0) >= column_tiles, "split-K through global memory needs ",
+                   column_tiles, " counters, the workspace has ", workspace.size(0));
       RuntimeCheck(partials.has_value(), "split-K through global memory needs partials");
-      TensorMatcher({split, m, n})
+      TensorMatcher({split, size_m, size_n})
           .dtype<fp32_t>()
           .device(kDLCUDA, device)
           .contiguous()
           .verify(*partials, "partials");
-      ValueCheck(workspace.size(0) >= column_tiles, "argument 'workspace': split-K needs ",
-                 column_tiles, " entries, got ", workspace.size(0));
-      RuntimeCheck(split * kStreamCols * 4 <= Layout::kStagingBytes, "split ", split,
-                   " is more than the final sum stages in shared memory");
       p.partials = data_ptr<float>(*partials);
-      p.counters = data_ptr<int32_t>(workspace);
     }
   }
-  if (m.value() == 0) return;
+  if (size_m == 0) return;
+  if constexpr (ActOrder) permute_a<T>(p, a_scratch, device);
   const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(column_tiles),
-                  static_cast<unsigned>(div_ceil<int64_t>(m.value(), Layout::kRows)));
+                  static_cast<unsigned>(div_ceil<int64_t>(size_m, Layout::kRows)));
   KernelLauncher(grid, dim3(kStreamThreads), device.value(), Layout::kSharedBytes)
       .cluster(p.cluster_reduce ? static_cast<unsigned>(split) : 1u)(
           marlin_stream_kernel<T, Bits, Rows, ZeroMode, ActOrder>, p);
 }
 
-/// out [N, K] = dequant(b)^T (the nn.Linear layout of the weight).
+/// gptq_marlin_gemm's dequantize + GEMM path up to the GEMM: `weight` [N, K] =
+/// dequant(b)^T (the nn.Linear layout) and, under act-order, a's columns permuted into
+/// `a_scratch`. The operands, the GEMM's `a` and `c` too, are checked by check_operands;
+/// `zero_mode` is a runtime argument (the builds differ by dtype, bits and act-order).
 template <typename T, int Bits, bool ActOrder>
-void marlin_dequantize(TensorView b_q_weight, TensorView b_scales,
+void marlin_dequantize(TensorView a, TensorView b_q_weight, TensorView b_scales,
                        tvm::ffi::Optional<TensorView> b_zeros, tvm::ffi::Optional<TensorView> g_idx,
-                       TensorView out, int64_t group_size, int64_t zero_mode, int64_t bias) {
+                       tvm::ffi::Optional<TensorView> perm, TensorView workspace, TensorView c,
+                       int64_t size_m, int64_t size_n, int64_t size_k, bool is_k_full,
+                       int64_t zero_mode, int64_t bias, tvm::ffi::Optional<TensorView> a_scratch,
+                       TensorView weight) {
   using namespace marlin;
-  SymbolicSize n{"size_n"}, k{"size_k"};
   SymbolicDevice device;
-  TensorMatcher({n, k}).dtype<T>().device(kDLCUDA, device).contiguous().verify(out, "out");
-  const Params p =
-      check_weights(device, b_q_weight, b_scales, b_zeros, g_idx, dtype_trait<T>::value, Bits,
-                    k.value(), n.value(), group_size, zero_mode, bias);
-  RuntimeCheck(ActOrder == g_idx.has_value(), "this module is built for act-order ", ActOrder);
-  const dim3 grid(static_cast<unsigned>(n.value() / 64),
-                  static_cast<unsigned>(div_ceil<int64_t>(k.value(), 64)));
+  Params p = check_operands(device, a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace,
+                            dtype_trait<T>::value, Bits, static_cast<int>(zero_mode), ActOrder,
+                            size_m, size_n, size_k, is_k_full, bias);
+  TensorMatcher({size_n, size_k})
+      .dtype<T>()
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(weight, "weight");
+  if constexpr (ActOrder) {
+    if (size_m > 0) permute_a<T>(p, a_scratch, device);
+  }
+  const dim3 grid(static_cast<unsigned>(size_n / 64),
+                  static_cast<unsigned>(div_ceil<int64_t>(size_k, 64)));
   KernelLauncher(grid, dim3(128), device.value())(marlin_dequantize_kernel<T, Bits, ActOrder>, p,
-                                                  data_ptr<T>(out));
+                                                  data_ptr<T>(weight));
 }
 
 }  // namespace mllm_kernel::cuda

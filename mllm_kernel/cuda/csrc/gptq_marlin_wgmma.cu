@@ -35,6 +35,7 @@
 
 #include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/dequant.cuh"
+#include "mllm_kernel/cuda/marlin_config.cuh"
 #include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
 #include "mllm_kernel/cuda/tma.cuh"
@@ -53,49 +54,6 @@ namespace marlin_wgmma {
 
 using marlin::kBias;
 using marlin::kIntZero;
-
-/// One build: activation dtype, tokens per CTA (wgmma's N) and zero mode.
-template <typename T, int kTokens_, int ZeroMode_>
-struct FusedConfig {
-  static constexpr int kTokens = kTokens_;
-  static constexpr int kZeroMode = ZeroMode_;
-  static constexpr int kConsumers = 2;
-  static constexpr int kCols = 64 * kConsumers;  // weight columns: one Marlin tile each
-  static constexpr int kTileK = 64;              // one 128-byte activation row
-  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
-  static constexpr int kAccumulators = kTokens / 2;
-  // A stage: activations [kTokens][64] swizzled, then the weight words [4 k16 rows][2
-  // tiles][512 bytes], then up to two group rows (groups of 32) of the columns'
-  // scales and of their packed zero points.
-  static constexpr int kActBytes = kTokens * kSwizzle128Bytes;
-  static constexpr int kWeightBytes = (kTileK / 16) * kCols * 16 / 2;
-  static constexpr int kScaleRowBytes = kCols * 2;
-  static constexpr int kZeroRowBytes = kCols / 2;
-  static constexpr int kWeightOffset = kActBytes;
-  static constexpr int kScaleOffset = kWeightOffset + kWeightBytes;
-  static constexpr int kZeroOffset = kScaleOffset + 2 * kScaleRowBytes;
-  static constexpr int kStageBytes = (kZeroOffset + 2 * kZeroRowBytes + 1023) / 1024 * 1024;
-  // As many stages as fit in an SM's 227 KB (a CTA takes the SM: its consumers hold
-  // the accumulators in registers moved from the producer), at most 8.
-  static constexpr int kRingBudget = 227 * 1024 - 2048;
-  static constexpr int kStages = kRingBudget / kStageBytes < 8 ? kRingBudget / kStageBytes : 8;
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
-  static constexpr std::size_t kRingBytes = std::size_t{kStages} * kStageBytes;
-  static constexpr std::size_t kSharedBytes = 1024 + kRingBytes + 2 * kStages * sizeof(MBarrier);
-  // Split-K: a partner CTA's sums (every consumer thread's accumulators), written into
-  // the first CTA's ring once every CTA of the cluster is done with its own.
-  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
-  static constexpr std::size_t kPartialBytes = std::size_t{kConsumerThreads} * kAccumulators * 4;
-  static constexpr int kMaxSplit = static_cast<int>(kRingBytes / kPartialBytes) + 1;
-  // The epilogue's boxes, one per consumer, in the ring once the main loop is done.
-  static constexpr int kOutBoxBytes = kTokens * kSwizzle128Bytes;
-  static_assert(kConsumers * kOutBoxBytes <= kRingBytes, "the output boxes fit in the ring");
-
-  static_assert(kActBytes % 1024 == 0 && kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0 &&
-                    kZeroOffset % 128 == 0,
-                "TMA destinations: 1024-byte (swizzled) and 128-byte aligned");
-};
 
 /// The hardware barrier both consumer warpgroups meet at (1 and 2 are their own).
 inline constexpr int kConsumersBarrier = 3;
@@ -391,72 +349,62 @@ inline CUtensorMap plain_map(const void* data, int64_t rows, int64_t cols, uint3
 }  // namespace marlin_wgmma
 
 /// c = a @ dequant(b) for 4-bit weights (uint4b8, or uint4 with int zero points:
-/// `ZeroMode`), no act-order, on sm_90a; see the file comment. `a` [M, K] with
-/// 16-byte-aligned rows, c [M, N] contiguous. Group size 0: per-channel scales. Runs
-/// output tiles [first_tile, first_tile + tiles) (numbered token tile first), K split
-/// over the `split` CTAs of a cluster (at most the build's kMaxSplit). c must start on
-/// a 16-byte boundary (TMA stores). With `overlap_previous` the launch may start while
-/// the previous kernel on the stream still runs, which must be this kernel on other
-/// tiles of the same product (a tail launch).
+/// `ZeroMode`), no act-order, on sm_90a; see the file comment. The operands are
+/// gptq_marlin_gemm's, checked by check_operands (`a`'s rows on 16-byte boundaries, c
+/// [M, N] contiguous). Group size 0: per-channel scales. Runs output tiles [first_tile,
+/// first_tile + tiles) (numbered token tile first), K split over the `split` CTAs of a
+/// cluster (at most the build's kMaxSplit). c must start on a 16-byte boundary (TMA
+/// stores: the caller passes an aligned buffer). With `overlap_previous` the launch may
+/// start while the previous kernel on the stream still runs, which must be this kernel
+/// on other tiles of the same product (a tail launch).
 template <typename T, int kTokens, int ZeroMode>
 void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_scales,
-                            tvm::ffi::Optional<TensorView> b_zeros, TensorView c,
-                            int64_t group_size, int64_t bias, int64_t split, int64_t first_tile,
-                            int64_t tiles, bool overlap_previous) {
+                            tvm::ffi::Optional<TensorView> b_zeros, TensorView workspace,
+                            TensorView c, int64_t size_m, int64_t size_n, int64_t size_k,
+                            int64_t bias, int64_t split, int64_t first_tile, int64_t tiles,
+                            bool overlap_previous) {
   using namespace marlin;
   using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
-  SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"};
   SymbolicDevice device;
-  TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
-  TensorMatcher({m, n}).dtype<T>().device(kDLCUDA, device).contiguous().verify(c, "c");
   Params p =
-      check_weights(device, b_q_weight, b_scales, b_zeros, tvm::ffi::Optional<TensorView>(),
-                    dtype_trait<T>::value, 4, k.value(), n.value(), group_size, ZeroMode, bias);
-  verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
-  const int64_t lda = m.value() > 1 ? a.stride(0) : k.value();
-  ValueCheck(lda % 8 == 0 && reinterpret_cast<uintptr_t>(data_ptr<T>(a)) % 16 == 0,
-             "argument 'a': rows must start on 16-byte boundaries (row stride ", lda,
-             " elements); call .contiguous() on it first");
-  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<T>(c)) % 16 == 0,
-             "argument 'c': must start on a 16-byte boundary");
-  if (m.value() == 0) return;
-  p.a = data_ptr<void>(a);
-  p.lda = lda;
-  p.c = data_ptr<void>(c);
-  p.m = static_cast<int>(m.value());
+      check_operands(device, a, c, b_q_weight, b_scales, b_zeros, tvm::ffi::Optional<TensorView>(),
+                     tvm::ffi::Optional<TensorView>(), workspace, dtype_trait<T>::value, 4,
+                     ZeroMode, false, size_m, size_n, size_k, true, bias);
+  RuntimeCheck(reinterpret_cast<uintptr_t>(p.c) % 16 == 0,
+               "gptq_marlin_gemm: the fused kernel's c must start on a 16-byte boundary");
+  if (size_m == 0) return;
 
   constexpr auto kType = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUtensorMap map_a =
-      tma_map_2d(TmaMatrix{p.a, static_cast<uint64_t>(m.value()), static_cast<uint64_t>(k.value()),
-                           static_cast<uint64_t>(lda) * sizeof(T), static_cast<uint32_t>(kTokens),
+      tma_map_2d(TmaMatrix{p.a, static_cast<uint64_t>(size_m), static_cast<uint64_t>(size_k),
+                           static_cast<uint64_t>(p.lda) * sizeof(T), static_cast<uint32_t>(kTokens),
                            static_cast<uint32_t>(kSwizzle128Bytes / sizeof(T)), kType, sizeof(T)});
   const CUtensorMap map_w = marlin_wgmma::plain_map(
-      p.b, k.value() / 16, n.value() * 2, 4, CU_TENSOR_MAP_DATA_TYPE_INT32, 4, Config::kCols * 2);
+      p.b, size_k / 16, size_n * 2, 4, CU_TENSOR_MAP_DATA_TYPE_INT32, 4, Config::kCols * 2);
   const int rows = marlin_wgmma::group_rows_per_block(p.group_shift);
   const CUtensorMap map_s = p.group_shift >= 0
-                                ? marlin_wgmma::plain_map(p.scales, p.groups, n.value(), sizeof(T),
+                                ? marlin_wgmma::plain_map(p.scales, p.groups, size_n, sizeof(T),
                                                           kType, rows, Config::kCols)
                                 : CUtensorMap{};
   const CUtensorMap map_z =
       ZeroMode == kIntZero
-          ? marlin_wgmma::plain_map(p.zeros, p.groups, n.value() / 8, 4,
-                                    CU_TENSOR_MAP_DATA_TYPE_INT32, rows, Config::kCols / 8)
+          ? marlin_wgmma::plain_map(p.zeros, p.groups, size_n / 8, 4, CU_TENSOR_MAP_DATA_TYPE_INT32,
+                                    rows, Config::kCols / 8)
           : CUtensorMap{};
   // The output: this CTA's consumers each store a [kTokens][64] box.
   const CUtensorMap map_c = tma_map_2d(
-      TmaMatrix{p.c, static_cast<uint64_t>(m.value()), static_cast<uint64_t>(n.value()),
-                static_cast<uint64_t>(n.value()) * sizeof(T), static_cast<uint32_t>(kTokens),
+      TmaMatrix{p.c, static_cast<uint64_t>(size_m), static_cast<uint64_t>(size_n),
+                static_cast<uint64_t>(size_n) * sizeof(T), static_cast<uint32_t>(kTokens),
                 static_cast<uint32_t>(kSwizzle128Bytes / sizeof(T)), kType, sizeof(T)});
   RuntimeCheck(Config::kSharedBytes <= max_shared_memory_per_block(device.value()),
                "gptq_marlin_gemm: the fused kernel needs ", Config::kSharedBytes,
                " bytes of shared memory, more than the device's ",
                max_shared_memory_per_block(device.value()));
-  RuntimeCheck(split >= 1 && split <= Config::kMaxSplit && split <= 8, "gptq_marlin_gemm: split ",
-               split, " is outside [1, ", Config::kMaxSplit < 8 ? Config::kMaxSplit : 8, "] for ",
-               kTokens, " tokens per CTA");
+  RuntimeCheck(split >= 1 && split <= Config::kMaxSplit, "gptq_marlin_gemm: split ", split,
+               " is outside [1, ", Config::kMaxSplit, "] for ", kTokens, " tokens per CTA");
   const int64_t all_tiles =
-      div_ceil<int64_t>(m.value(), kTokens) * div_ceil<int64_t>(n.value(), Config::kCols);
+      div_ceil<int64_t>(size_m, kTokens) * div_ceil<int64_t>(size_n, Config::kCols);
   RuntimeCheck(first_tile >= 0 && tiles >= 0 && first_tile + tiles <= all_tiles && tiles <= 65535,
                "gptq_marlin_gemm: tiles [", first_tile, ", ", first_tile + tiles,
                ") are not within the ", all_tiles, " output tiles (or more than 65535)");

@@ -14,9 +14,14 @@
 // GPTQ input: [K / (32 / bits), N], value k at bits (k % pack) * bits of row
 // k / pack; with act-order, Marlin row k takes input row perm[k].
 // AWQ input: [K, N / (32 / bits)], columns interleaved inside a word: column
-// 8j + c (4-bit) sits at nibble {0, 4, 1, 5, 2, 6, 3, 7}[c]; 8-bit {0, 2, 1, 3}[c].
+// 8j + c (4-bit) sits at nibble {0, 4, 1, 5, 2, 6, 3, 7}[c]; 8-bit {0, 2, 1, 3}[c]
+// (marlin::word_slot, the weights' own interleave).
+//
+// `out` is flat: the caller allocates the words before the sizes are checked here, and
+// views them as [K / 16, N * 16 / pack] afterwards.
 #include <tvm/ffi/optional.h>
 
+#include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -37,8 +42,7 @@ __device__ __forceinline__ uint32_t source_value(const Params& p, int64_t k, int
   constexpr int kPack = 32 / Bits;
   constexpr uint32_t kMask = (1u << Bits) - 1;
   if constexpr (Awq) {
-    const int c = static_cast<int>(n % kPack);
-    const int slot = Bits == 4 ? (c % 2) * 4 + c / 2 : (c % 2) * 2 + c / 2;
+    const int slot = marlin::word_slot<Bits>(static_cast<int>(n % kPack));
     return (p.in[k * (p.size_n / kPack) + n / kPack] >> (slot * Bits)) & kMask;
   } else {
     const int64_t row = p.perm != nullptr ? p.perm[k] : k;
@@ -104,19 +108,21 @@ inline void check_sizes(int64_t size_k, int64_t size_n, int64_t num_bits) {
 
 }  // namespace marlin_repack
 
-/// out [K / 16, N * 16 / pack] <- GPTQ b_q_weight [K / pack, N], rows taken through
-/// `perm` (int32 [K]) when given.
+/// out (the [K / 16, N * 16 / pack] words, flat) <- GPTQ b_q_weight [K / pack, N], rows
+/// taken through `perm` (int32 [K]) when given.
 inline void gptq_marlin_repack(TensorView b_q_weight, tvm::ffi::Optional<TensorView> perm,
                                TensorView out, int64_t size_k, int64_t size_n, int64_t num_bits) {
   marlin_repack::check_sizes(size_k, size_n, num_bits);
   const int64_t pack = 32 / num_bits;
   SymbolicDevice device;
-  TensorMatcher({size_k / pack, size_n})
+  TensorMatcher()
       .dtype<int32_t>()
       .device(kDLCUDA, device)
       .contiguous()
       .verify(b_q_weight, "b_q_weight");
-  TensorMatcher({size_k / 16, size_n * 16 / pack})
+  marlin::check_packed_shape(b_q_weight, "b_q_weight", size_k / pack, size_n,
+                             "GPTQ: size_k * num_bits / 32, size_n", num_bits);
+  TensorMatcher({size_k / 16 * size_n * 16 / pack})
       .dtype<int32_t>()
       .device(kDLCUDA, device)
       .contiguous()
@@ -134,18 +140,20 @@ inline void gptq_marlin_repack(TensorView b_q_weight, tvm::ffi::Optional<TensorV
   marlin_repack::launch<false>(p, num_bits, device.value());
 }
 
-/// out [K / 16, N * 16 / pack] <- AWQ b_q_weight [K, N / pack].
+/// out (the [K / 16, N * 16 / pack] words, flat) <- AWQ b_q_weight [K, N / pack].
 inline void awq_marlin_repack(TensorView b_q_weight, TensorView out, int64_t size_k, int64_t size_n,
                               int64_t num_bits) {
   marlin_repack::check_sizes(size_k, size_n, num_bits);
   const int64_t pack = 32 / num_bits;
   SymbolicDevice device;
-  TensorMatcher({size_k, size_n / pack})
+  TensorMatcher()
       .dtype<int32_t>()
       .device(kDLCUDA, device)
       .contiguous()
       .verify(b_q_weight, "b_q_weight");
-  TensorMatcher({size_k / 16, size_n * 16 / pack})
+  marlin::check_packed_shape(b_q_weight, "b_q_weight", size_k, size_n / pack,
+                             "AWQ: size_k, size_n * num_bits / 32", num_bits);
+  TensorMatcher({size_k / 16 * size_n * 16 / pack})
       .dtype<int32_t>()
       .device(kDLCUDA, device)
       .contiguous()

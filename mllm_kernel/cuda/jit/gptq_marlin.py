@@ -1,6 +1,7 @@
-"""``gptq_marlin_gemm``: fp16/bf16 activations times 4- or 8-bit weights in the Marlin
-format (GPTQ and AWQ checkpoints through :func:`gptq_marlin_repack` /
-:func:`awq_marlin_repack`), with the original mllm-kernel's signature and module path.
+"""``gptq_marlin_gemm`` on the GPU (declared in :mod:`mllm_kernel.ops.marlin`):
+fp16/bf16 activations times 4- or 8-bit weights in the Marlin format (GPTQ and AWQ
+checkpoints through :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`), with the
+original mllm-kernel's module path.
 
 Three ways to run, chosen per call by :func:`plan` (the one place that knows):
 
@@ -13,17 +14,27 @@ Three ways to run, chosen per call by :func:`plan` (the one place that knows):
   wgmma is several times faster than mma.sync;
 - on Hopper for the other weights from M = :data:`DEQUANT_GEMM_MIN_M`, and for all
   from :data:`FUSED_MAX_M`: the weights are dequantized into a bf16/fp16 ``[N, K]``
-  scratch and multiplied by the Hopper GEMM (:func:`mllm_kernel.cuda.jit.gemm`).
+  scratch and multiplied by the Hopper GEMM's kernel.
+
+Every path's C++ entry point checks all the tensors, in one function
+(``marlin_layout.cuh``'s ``check_operands``). Python looks the weight type up, picks
+the zero mode, act-order and the plan (computed once per shape, GPU and weight kind:
+a call that has run before costs a few dictionary lookups), and refuses only what
+must be known before a kernel can be chosen. The kernels' shapes the plan relies on
+are mirrored below and checked against ``marlin_config.cuh`` by
+``tests/test_marlin_constants.py``.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 from mllm_kernel.cuda.device_facts import device_facts
+from mllm_kernel.cuda.jit.gemm import run_gemm
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import (
@@ -33,20 +44,22 @@ from mllm_kernel.jit_utils.cuda_arch import (
     resolve_cuda_archs,
 )
 from mllm_kernel.jit_utils.kernel_module import KernelModule
-from mllm_kernel.jit_utils.torch_op import refuse_grad, torch_op
-
-_tracing = torch.compiler.is_dynamo_compiling
+from mllm_kernel.ops.marlin import GPTQ_MARLIN_GEMM
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _ROWS = (8, 16, 64)  # compiled tokens per CTA of the streaming kernel
-_TILE_N = 256  # output columns per CTA of the streaming kernel
-_SLICE_ALIGN = 4  # k16 tiles: slices start where the kernel's 4-tile turns do
-_MIN_SLICE_TILES = 16
+# The streaming kernel's shapes (marlin_config.cuh): output columns per CTA
+# (kStreamCols), k16 tiles per turn, where K slices start (kTurnTiles), the most slices
+# summed through global memory (kMaxGlobalSplit) and in a cluster (kMaxClusterSize).
+_TILE_N = 256
+_SLICE_ALIGN = 4
 _MAX_SPLIT = 16
-_MAX_CLUSTER_SPLIT = 16  # a non-portable cluster size (Hopper's limit)
-_MAX_CLUSTER_SPLIT_64 = 8  # with 64 rows per CTA more slices cost more than they gain
+_MAX_CLUSTER_SPLIT = 16
+# Measured, not the kernel's limit (which is _MAX_CLUSTER_SPLIT): with 64 rows per CTA
+# more slices cost more than they gain.
+_MAX_CLUSTER_SPLIT_64 = 8
+_MIN_SLICE_TILES = 16
 _CTAS_PER_SM = 3
-_GROUP_SIZES = "-1 (one group: per channel), 32, 64, 128 or a larger power of two"
 
 # M from which Hopper runs dequantize + wgmma GEMM instead of the streaming kernel.
 # Measured on an H100 (bf16, uint4b8, group 128; benchmarks/RESULTS.md, session 7):
@@ -72,11 +85,13 @@ DEQUANT_GEMM_MIN_M = 256
 FUSED_MIN_M = 32
 FUSED_MAX_M = 4096
 _FUSED_TOKENS = (64, 128, 256)
-_FUSED_COLS = 128  # weight columns per CTA of the fused kernel
-# Most K slices of a cluster: the partners' sums must fit in the first CTA's ring of
-# stages (csrc/gptq_marlin_wgmma.cu, kMaxSplit).
-_FUSED_MAX_SPLIT = {64: 4, 128: 2, 256: 2}
-_FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks of 64 per slice
+# The fused kernel's shapes (marlin_config.cuh's FusedConfig): weight columns per CTA
+# (kCols), k per k-block (kTileK), and per token tile the most K slices of a cluster
+# (kMaxSplit: the partners' sums must fit in the first CTA's ring of stages).
+_FUSED_COLS = 128
+_FUSED_K_BLOCK = 64
+_FUSED_MAX_SPLIT = {64: 4, 128: 3, 256: 2}
+_FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks per slice
 
 
 @dataclass(frozen=True)
@@ -92,12 +107,14 @@ _WEIGHT_TYPES = {
     t.id: WeightType(t, t.size_bits, t.bias == 0)
     for t in (scalar_types.uint4b8, scalar_types.uint8b128, scalar_types.uint4, scalar_types.uint8)
 }
+# The builds' zero modes (marlin_layout.cuh's ZeroMode): the type's zero, int or float
+# zero points.
 _ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
 
 
 def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
     """Whether the streaming kernel applies these weights' scales once per group
-    (``kDefersScales`` in csrc/gptq_marlin.cu, for 8 and 16 tokens per CTA), and so has
+    (``kDefersScales`` in marlin_config.cuh, for 8 and 16 tokens per CTA), and so has
     an 8-token build."""
     return not act_order and (bits == 4 or dtype == torch.float16)
 
@@ -207,7 +224,7 @@ def plan(
     rows = 8 if m <= 8 and eight_rows else 16 if m <= 16 else 64
     k_tiles = k // 16
     column_tiles = -(-n // _TILE_N)
-    row_blocks = -(-m // rows)
+    row_blocks = max(1, -(-m // rows))  # an empty a: the kernel checks it and returns
     split = 1
     if clusters or (row_blocks == 1 and column_tiles <= counters):
         wanted = -(-_CTAS_PER_SM * sms // (column_tiles * row_blocks))
@@ -236,7 +253,7 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     """
     tiles = sorted(_FUSED_TOKENS)
     widest = next((t for t in tiles if t >= m), tiles[-1])
-    k_blocks = -(-k // 64)
+    k_blocks = -(-k // _FUSED_K_BLOCK)
     for tokens in reversed([t for t in tiles if t <= widest]):
         ctas = -(-m // tokens) * -(-n // _FUSED_COLS)  # one CTA per SM at a time
         split = 1
@@ -285,18 +302,64 @@ def _device_facts(index: int) -> tuple[int, bool, bool]:
     return facts
 
 
-def _present(t: torch.Tensor | None) -> bool:
-    return t is not None and t.numel() > 0
+class _Call(NamedTuple):
+    """How the calls of one kind run: the plan, the module of its path (``fused``,
+    ``dequantize`` or ``stream``), the build's zero mode and the type's zero."""
+
+    plan: Plan
+    module: Any
+    zero_mode: int
+    bias: int
 
 
-def _check_int(value: object, arg: str, expected: int, meaning: str) -> None:
-    value = op_inputs.integer(value, arg)
-    if value != expected:
-        raise ValueError(f"argument '{arg}': expected {expected} ({meaning}), got {value}")
+# Every kind of call that has run: (size_m, size_n, size_k, GPU index, dtype,
+# b_q_type_id, zero points given, act-order, is_zp_float) -> _Call. A call finds its
+# plan and module in one lookup.
+_calls: dict[tuple, _Call] = {}
 
 
-def _weight_type(b_q_type_id: object) -> WeightType:
-    type_id = op_inputs.integer(b_q_type_id, "b_q_type_id")
+def _planned(key: tuple, a: torch.Tensor) -> _Call:
+    """The _Call of ``key``, made once: the weight type and the build (dtype, zero mode,
+    act-order: each a module, so what has none is refused here, before any kernel), then
+    the plan, which needs sizes that tile (c is allocated from them too) and a GPU. The
+    tensors are the kernel's to check."""
+    m, n, k, index, dtype, type_id, zeros, act_order, is_zp_float = key
+    weight_type = _weight_type(type_id)
+    zero_mode = _zero_mode(weight_type, zeros, act_order, is_zp_float)
+    if dtype not in _DTYPES:
+        raise TypeError(f"argument 'a': expected dtype float16 or bfloat16 but got {dtype}")
+    if m < 0:
+        raise ValueError(f"argument 'size_m': expected a size (a.shape[0]) but got {m}")
+    for arg, size, multiple in (("size_k", k, 16), ("size_n", n, 64)):
+        if size <= 0 or size % multiple:
+            raise ValueError(
+                f"argument '{arg}': expected a positive multiple of {multiple} (Marlin tiles "
+                f"are 16 k x 64 n), got {size}"
+            )
+    if index < 0:
+        op_inputs.check_device("cuda", a=a)
+    sms, hopper, clusters = _devices.get(index) or _device_facts(index)
+    bits = weight_type.bits
+    # The workspace holds a split-K counter per SM at least (the kernel checks that).
+    how = plan(
+        m, n, k, sms, hopper, sms, clusters,
+        fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"],
+        eight_rows=_defers_scales(dtype, bits, act_order),
+    )  # fmt: skip
+    if how.fused_tokens:
+        module = _FUSED[index, dtype, how.fused_tokens, zero_mode]
+    elif how.dequant_gemm:
+        module = _DEQUANTIZE[index, dtype, bits, act_order]
+    else:
+        module = _STREAM[index, dtype, bits, how.rows, zero_mode, act_order]
+    call = _Call(how, module, zero_mode, weight_type.scalar_type.bias)
+    with _lock:
+        _calls[key] = call
+    return call
+
+
+def _weight_type(type_id: int) -> WeightType:
+    """The weight type of ``b_q_type_id`` (a ValueError listing the supported ones)."""
     weight_type = _WEIGHT_TYPES.get(type_id)
     if weight_type is None:
         names = ", ".join(f"scalar_types.{w.scalar_type}.id" for w in _WEIGHT_TYPES.values())
@@ -307,82 +370,34 @@ def _weight_type(b_q_type_id: object) -> WeightType:
     return weight_type
 
 
-def _check_shape(t: torch.Tensor, arg: str, shape: tuple[int, ...], meaning: str) -> None:
-    if tuple(t.shape) != shape:
-        raise ValueError(
-            f"argument '{arg}': expected shape {list(shape)} ({meaning}) but got {list(t.shape)}"
-        )
-
-
-def _check_dtype(t: torch.Tensor, arg: str, dtype: torch.dtype) -> None:
-    if t.dtype != dtype:
-        raise TypeError(f"argument '{arg}': expected dtype {dtype} but got {t.dtype}")
-
-
-def _group_size(groups: int, k: int, act_order: bool, is_k_full: bool) -> int:
-    """Rows per group as the kernel takes it (0: one group over K, or act-order)."""
-    if act_order:
-        if is_k_full and (groups < 2 or k % groups):
+def _zero_mode(weight_type: WeightType, zeros: bool, act_order: bool, is_zp_float: bool) -> int:
+    """The zero mode of the build: the type's zero, int or float zero points."""
+    if not weight_type.needs_zeros:
+        if zeros:
             raise ValueError(
-                f"argument 'b_scales': act-order with is_k_full=True needs num_groups > 1 "
-                f"dividing size_k={k}, got {groups} groups"
+                f"argument 'b_zeros': {weight_type.scalar_type} weights carry their zero "
+                f"({weight_type.scalar_type.bias}); pass an empty b_zeros or use uint4/uint8"
             )
-        return 0
-    if groups == 1:
-        return 0
-    size = k // groups if k % groups == 0 else 0
-    if size < 32 or size & (size - 1):
+        return _ZERO_MODE["bias"]
+    if not zeros:
         raise ValueError(
-            f"argument 'b_scales': {groups} groups over size_k={k} is not a supported group "
-            f"size; expected group sizes {_GROUP_SIZES}"
+            f"argument 'b_zeros': {weight_type.scalar_type} weights need zero points; "
+            "pass them or use the biased type (uint4b8 / uint8b128)"
         )
-    return size
+    if act_order:
+        raise ValueError("act-order (g_idx/perm) with zero points is not supported")
+    if not is_zp_float:
+        return _ZERO_MODE["int"]
+    if weight_type.bits != 4:
+        raise ValueError("argument 'is_zp_float': float zero points need uint4 weights")
+    return _ZERO_MODE["float"]
 
 
-def gptq_marlin_gemm(
-    a: torch.Tensor,
-    c: torch.Tensor | None,
-    b_q_weight: torch.Tensor,
-    b_scales: torch.Tensor,
-    global_scale: torch.Tensor | None,
-    b_zeros: torch.Tensor | None,
-    g_idx: torch.Tensor | None,
-    perm: torch.Tensor | None,
-    workspace: torch.Tensor,
-    b_q_type_id: int,
-    size_m: int,
-    size_n: int,
-    size_k: int,
-    is_k_full: bool = True,
-    use_atomic_add: bool = False,
-    use_fp32_reduce: bool = False,
-    is_zp_float: bool = False,
-) -> torch.Tensor:
-    """``a @ dequant(b)``, ``dequant(q) = (q - zero) * scale``, for weights in the Marlin format.
-
-    - ``a``: fp16 or bf16 ``[size_m, size_k]``, rows contiguous and 16-byte aligned.
-    - ``b_q_weight``: int32 ``[size_k // 16, size_n * 16 * bits // 32]`` from
-      :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`; ``size_k`` a multiple of
-      16, ``size_n`` of 64.
-    - ``b_scales``: ``a.dtype`` ``[num_groups, size_n]`` through
-      :func:`marlin_permute_scales`; group size ``size_k // num_groups`` of
-      -1 (one group), 32, 64, 128 or a larger power of two.
-    - ``b_q_type_id``: ``scalar_types.uint4b8.id`` / ``uint8b128.id`` (zero 8 / 128,
-      ``b_zeros`` empty), or ``uint4.id`` / ``uint8.id`` with ``b_zeros``: int32
-      ``[num_groups, size_n * bits // 32]`` from :func:`marlin_zero_points` /
-      :func:`awq_to_marlin_zero_points`, or with ``is_zp_float`` float zero points in
-      ``a.dtype`` ``[num_groups, size_n]`` permuted like the scales.
-    - Act-order: ``g_idx`` (the group of each row, in Marlin row order: sorted) and
-      ``perm`` (the repack's permutation), int32 ``[size_k]`` each, or both empty/None.
-      ``is_k_full=False`` (K split over ranks) lifts the check that the groups divide K.
-      Group indices must lie in ``[0, num_groups)`` (they are clamped, not checked).
-    - ``workspace``: :func:`marlin_make_workspace`, zero between calls (left zero).
-    - ``global_scale`` must be None or empty (no FP4 types). ``use_atomic_add`` and
-      ``use_fp32_reduce`` are accepted for compatibility: partial sums are always
-      reduced in fp32, in a fixed order (run to run identical results).
-    - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).
-
-    Needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
+@GPTQ_MARLIN_GEMM.kernel("cuda")
+def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace,
+                     b_q_type_id, size_m, size_n, size_k, is_k_full, use_atomic_add,
+                     use_fp32_reduce, is_zp_float):  # fmt: skip
+    """needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
     with sm_90a code, :data:`FUSED_MIN_M` <= M < :data:`FUSED_MAX_M` runs the fused
     wgmma kernel for 4-bit weights (no act-order, no float zero points), and larger M
     (from :data:`DEQUANT_GEMM_MIN_M` for the other weights) dequantize + wgmma GEMM.
@@ -391,138 +406,30 @@ def gptq_marlin_gemm(
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
     ...                        scalar_types.uint4b8.id, m, n, k)  # doctest: +SKIP
     """
-    if _tracing():
-        return GPTQ_MARLIN_GEMM_OP(
-            a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
-            size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, c=c,
-        )  # fmt: skip
-    a = op_inputs.tensor(a, "a")
-    b_q_weight = op_inputs.tensor(b_q_weight, "b_q_weight")
-    b_scales = op_inputs.tensor(b_scales, "b_scales")
-    workspace = op_inputs.tensor(workspace, "workspace")
-    zeros, g_idx, perm = (
-        op_inputs.optional_tensor(t, name)
-        for t, name in ((b_zeros, "b_zeros"), (g_idx, "g_idx"), (perm, "perm"))
-    )
-    refuse_grad("gptq_marlin_gemm", a, b_scales, zeros, c)
-    if _present(op_inputs.optional_tensor(global_scale, "global_scale")):
-        raise ValueError(
-            "argument 'global_scale': only FP4 weights take a global scale, and FP4 is not "
-            "supported; pass None or an empty tensor"
-        )
-    weight_type = _weight_type(b_q_type_id)
-    if a.dtype not in _DTYPES:
-        raise TypeError(f"argument 'a': expected dtype float16 or bfloat16 but got {a.dtype}")
-    if a.dim() != 2:
-        raise ValueError(f"argument 'a': expected a 2-D tensor [M, K], got shape {list(a.shape)}")
-    m, k = a.shape
-    _check_int(size_m, "size_m", m, "a.shape[0]")
-    _check_int(size_k, "size_k", k, "a.shape[1]")
-    n = op_inputs.integer(size_n, "size_n")
-    if k % 16 or n <= 0 or n % 64:
-        raise ValueError(
-            f"size_k must be a multiple of 16 and size_n a positive multiple of 64 (Marlin "
-            f"tiles are 16 k x 64 n), got size_k={k}, size_n={n}"
-        )
-    bits = weight_type.bits
-    _check_dtype(b_q_weight, "b_q_weight", torch.int32)
-    _check_shape(
-        b_q_weight,
-        "b_q_weight",
-        (k // 16, n * 16 * bits // 32),
-        f"size_k // 16, size_n * 16 // {32 // bits} for {weight_type.scalar_type}",
-    )
-    _check_dtype(b_scales, "b_scales", a.dtype)
-    if b_scales.dim() != 2 or b_scales.shape[1] != n or b_scales.shape[0] == 0:
-        raise ValueError(
-            f"argument 'b_scales': expected shape [num_groups, {n}] (size_n) but got "
-            f"{list(b_scales.shape)}"
-        )
-    groups = b_scales.shape[0]
-    act_order = _present(g_idx) or _present(perm)
-    if act_order:
-        for arg, t in (("g_idx", g_idx), ("perm", perm)):
-            if not _present(t):
-                raise ValueError(
-                    f"argument '{arg}': act-order needs both g_idx and perm, got an empty {arg}"
-                )
-            _check_dtype(t, arg, torch.int32)
-            _check_shape(t, arg, (k,), "size_k")
-    group_size = _group_size(groups, k, act_order, bool(is_k_full))
-    zero_mode = _ZERO_MODE["bias"]
-    if weight_type.needs_zeros:
-        if not _present(zeros):
-            raise ValueError(
-                f"argument 'b_zeros': {weight_type.scalar_type} weights need zero points; "
-                "pass them or use the biased type (uint4b8 / uint8b128)"
-            )
-        if act_order:
-            raise ValueError("act-order (g_idx/perm) with zero points is not supported")
-        if is_zp_float:
-            if weight_type.bits != 4:
-                raise ValueError("argument 'is_zp_float': float zero points need uint4 weights")
-            _check_dtype(zeros, "b_zeros", a.dtype)
-            _check_shape(zeros, "b_zeros", (groups, n), "num_groups, size_n")
-            zero_mode = _ZERO_MODE["float"]
-        else:
-            _check_dtype(zeros, "b_zeros", torch.int32)
-            _check_shape(
-                zeros, "b_zeros", (groups, n * bits // 32), "num_groups, size_n * bits // 32"
-            )
-            zero_mode = _ZERO_MODE["int"]
-    elif _present(zeros):
-        raise ValueError(
-            f"argument 'b_zeros': {weight_type.scalar_type} weights carry their zero "
-            f"({weight_type.scalar_type.bias}); pass an empty b_zeros or use uint4/uint8"
-        )
-    _check_dtype(workspace, "workspace", torch.int32)
-    if c is not None:
-        c = op_inputs.output(c, "c")
-        _check_dtype(c, "c", a.dtype)
-        _check_shape(c, "c", (m, n), "size_m, size_n")
-    try:
-        index = a.get_device()
-        if index < 0:
-            op_inputs.check_device("cuda", a=a)
-        sms, hopper, clusters = _devices.get(index) or _device_facts(index)
-        if workspace.numel() < sms:
-            raise ValueError(
-                f"argument 'workspace': expected at least {sms} entries (one per SM of "
-                f"cuda:{index}), got {workspace.numel()}; use marlin_make_workspace(device)"
-            )
-        if c is None:
-            c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        if m == 0:
-            return c
-        return _run(
-            a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
-            zero_mode, weight_type.scalar_type.bias,
-            plan(m, n, k, sms, hopper, workspace.numel(), clusters,
-                 fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"],
-                 eight_rows=_defers_scales(a.dtype, bits, act_order)),
-        )  # fmt: skip
-    except Exception as error:
-        op_inputs.explain(
-            error, "cuda", a=a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=zeros,
-            g_idx=g_idx, perm=perm, workspace=workspace,
-        )  # fmt: skip
-        raise
-
-
-def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_size,
-         zero_mode, bias, how: Plan) -> torch.Tensor:  # fmt: skip
-    zeros = zeros if zero_mode else None
-    if g_idx is not None and g_idx.numel():
-        a = a.index_select(1, perm)  # act-order: the columns in Marlin row order
-    else:
+    # An empty tensor is the original's way of passing none.
+    if b_zeros is not None and not b_zeros.numel():
+        b_zeros = None
+    if g_idx is not None and not g_idx.numel():
         g_idx = None
+    if perm is not None and not perm.numel():
+        perm = None
+    act_order = g_idx is not None or perm is not None
+    dtype = a.dtype
+    key = (size_m, size_n, size_k, a.get_device(), dtype, b_q_type_id, b_zeros is not None,
+           act_order, is_zp_float)  # fmt: skip
+    how, module, zero_mode, bias = _calls.get(key) or _planned(key, a)
+    if c is None:
+        c = torch.empty((size_m, size_n), dtype=dtype, device=a.device)
+    operands = (a, b_q_weight, b_scales, b_zeros)
+    sizes = (size_m, size_n, size_k)
+    # Act-order: the kernel first permutes a's columns into Marlin row order, here.
+    scratch = torch.empty((size_m, size_k), dtype=dtype, device=a.device) if act_order else None
     if how.fused_tokens:
-        module = _FUSED[a.get_device(), a.dtype, how.fused_tokens, zero_mode]
-        tiles = -(-a.shape[0] // how.fused_tokens) * -(-c.shape[1] // _FUSED_COLS)
+        tiles = -(-size_m // how.fused_tokens) * -(-size_n // _FUSED_COLS)
         body = tiles - how.fused_tail
         # The kernel stores whole rows of tiles with TMA, which needs a 16-byte-aligned c.
         out = c if c.data_ptr() % 16 == 0 else torch.empty_like(c)
-        args = (a, b_q_weight, b_scales, zeros, out, group_size, bias)
+        args = (*operands, workspace, out, *sizes, bias)
         module.fused(*args, how.fused_split, 0, body, False)
         if how.fused_tail:
             # The tail's CTAs start on the SMs the body's last CTAs leave.
@@ -531,55 +438,20 @@ def _run(a, c, b_q_weight, b_scales, zeros, g_idx, perm, workspace, bits, group_
             c.copy_(out)
         return c
     if how.dequant_gemm:
-        from mllm_kernel.cuda.jit.gemm import gemm
-
-        module = _DEQUANTIZE[a.get_device(), a.dtype, bits, g_idx is not None]
-        weight = torch.empty((c.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
-        module.dequantize(b_q_weight, b_scales, zeros, g_idx, weight, group_size, zero_mode, bias)
-        return gemm(a if a.stride(1) == 1 else a.contiguous(), weight, c)
-    module = _STREAM[a.get_device(), a.dtype, bits, how.rows, zero_mode, g_idx is not None]
+        weight = torch.empty((size_n, size_k), dtype=dtype, device=a.device)
+        module.dequantize(
+            *operands, g_idx, perm, workspace, c, *sizes, is_k_full, zero_mode, bias, scratch,
+            weight,
+        )  # fmt: skip
+        return run_gemm(a if scratch is None else scratch, weight, c)
     partials = None
     if how.split > 1 and not how.cluster:
-        partials = torch.empty((how.split, *c.shape), dtype=torch.float32, device=a.device)
+        partials = torch.empty((how.split, size_m, size_n), dtype=torch.float32, device=a.device)
     module.stream(
-        a, b_q_weight, b_scales, zeros, g_idx, c, partials, workspace, group_size, bias,
+        *operands, g_idx, perm, workspace, c, *sizes, is_k_full, bias, scratch, partials,
         how.split, how.k_tiles_per_split, how.cluster,
     )  # fmt: skip
     return c
-
-
-def _gptq_marlin_gemm_op(
-    a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
-    size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False,
-    is_zp_float=False, c=None,
-) -> torch.Tensor:  # fmt: skip
-    """:func:`gptq_marlin_gemm` with the output buffer ``c`` as the op's keyword ``c=``:
-    a torch op may not return its argument, so writing ``c`` is the op's ``.out``
-    overload and the functional op allocates its result."""
-    return gptq_marlin_gemm(
-        a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
-        size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float,
-    )  # fmt: skip
-
-
-def _gptq_marlin_gemm_fake(
-    a, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type_id,
-    size_m, size_n, size_k, is_k_full=True, use_atomic_add=False, use_fp32_reduce=False,
-    is_zp_float=False,
-) -> torch.Tensor:  # fmt: skip
-    return a.new_empty((size_m, size_n))
-
-
-# The workspace is written during the call (split-K counters) and left zeroed: mutated.
-GPTQ_MARLIN_GEMM_OP = torch_op(
-    "gptq_marlin_gemm",
-    "(Tensor a, Tensor b_q_weight, Tensor b_scales, Tensor? global_scale, Tensor? b_zeros, "
-    "Tensor? g_idx, Tensor? perm, Tensor(b!) workspace, int b_q_type_id, SymInt size_m, "
-    "SymInt size_n, SymInt size_k, bool is_k_full=True, bool use_atomic_add=False, "
-    "bool use_fp32_reduce=False, bool is_zp_float=False) -> Tensor",
-    fake=_gptq_marlin_gemm_fake,
-    out="c",
-).implement("cuda", _gptq_marlin_gemm_op)
 
 
 __all__ = [

@@ -18,17 +18,17 @@ from mllm_kernel.cuda.device_facts import device_facts
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 
-# Grouped scales: inside each 64 columns, position 8 i + j holds column i + 8 j (the
-# 8 columns one lane of the GEMM needs, contiguous). Per-channel scales: inside each
-# 32 columns, position 8 i + j holds column 2 i + (0, 1, 8, 9, 16, 17, 24, 25)[j]
-# (the columns of a lane's accumulator fragment).
+# The orders the kernels read (marlin_layout.cuh; tests/test_marlin_constants.py checks
+# these against it). Grouped scales: inside each 64 columns, position 8 i + j holds
+# column i + 8 j (the 8 columns one lane of the GEMM needs, contiguous). Per-channel
+# scales: inside each 32 columns, position 8 i + j holds column 2 i + (0, 1, 8, 9, 16,
+# 17, 24, 25)[j] (the columns of a lane's accumulator fragment).
 SCALE_PERM = [i + 8 * j for i in range(8) for j in range(8)]
 SCALE_PERM_SINGLE = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
-# Zero points, after SCALE_PERM, are packed like the weights: 8 (4-bit) or 4 (8-bit)
-# to a word, in this order from the low bits up.
-_ZERO_INTERLEAVE = {4: [0, 2, 4, 6, 1, 3, 5, 7], 8: [0, 2, 1, 3]}
-# AWQ packs the columns of a word in this order from the low bits up.
-_AWQ_ORDER = {4: [0, 2, 4, 6, 1, 3, 5, 7], 8: [0, 2, 1, 3]}
+# The values of a packed word, from the low bits up, as the weights interleave them: 8
+# (4-bit) or 4 (8-bit) to a word. Zero points (after SCALE_PERM) pack so, and AWQ packs
+# the columns of its words so.
+_WORD_ORDER = {4: [0, 2, 4, 6, 1, 3, 5, 7], 8: [0, 2, 1, 3]}
 
 
 def marlin_make_workspace(device: torch.device | str | int) -> torch.Tensor:
@@ -90,7 +90,7 @@ def marlin_zero_points(zp: torch.Tensor, size_k: int, size_n: int, num_bits: int
     """
     zp = op_inputs.tensor(zp, "zp")
     size_k, size_n, _ = _check_sizes(size_k, size_n, -1)
-    if num_bits not in _ZERO_INTERLEAVE:
+    if num_bits not in _WORD_ORDER:
         raise ValueError(f"argument 'num_bits': expected 4 or 8, got {num_bits!r}")
     if zp.dim() != 2 or zp.shape[1] != size_n:
         raise ValueError(
@@ -98,7 +98,7 @@ def marlin_zero_points(zp: torch.Tensor, size_k: int, size_n: int, num_bits: int
         )
     groups = zp.shape[0]
     permuted = zp.reshape(-1, 64)[:, torch.tensor(SCALE_PERM, device=zp.device)]
-    interleave = _ZERO_INTERLEAVE[num_bits]
+    interleave = _WORD_ORDER[num_bits]
     values = permuted.reshape(-1, len(interleave))[:, torch.tensor(interleave, device=zp.device)]
     values = values.to(torch.int64) & ((1 << num_bits) - 1)
     shifts = torch.arange(len(interleave), device=zp.device, dtype=torch.int64) * num_bits
@@ -113,10 +113,10 @@ def awq_to_marlin_zero_points(
     """AWQ's packed zero points (int32 ``[num_groups, size_n // (32 // num_bits)]``, columns
     in AWQ's interleaved order) as :func:`gptq_marlin_gemm`'s ``b_zeros``."""
     q_zp_packed = op_inputs.tensor(q_zp_packed, "q_zp_packed")
-    if num_bits not in _AWQ_ORDER:
+    if num_bits not in _WORD_ORDER:
         raise ValueError(f"argument 'num_bits': expected 4 or 8, got {num_bits!r}")
     pack = 32 // num_bits
-    order = _AWQ_ORDER[num_bits]
+    order = _WORD_ORDER[num_bits]
     shifts = torch.tensor(
         [num_bits * order.index(c) for c in range(pack)], device=q_zp_packed.device
     )
