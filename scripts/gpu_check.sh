@@ -53,7 +53,7 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   echo "- tests (${GPU_CHECK_MARKERS:-cuda}): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
 fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-  for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_backward bench_jit bench_gemm bench_quant_gemm bench_runtime}; do
+  for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_backward bench_jit bench_gemm bench_quant_gemm bench_runtime bench_decoder_layer}; do
     bench="benchmarks/$name.py"
     [ -f "$bench" ] || continue
     # shellcheck disable=SC2086
