@@ -92,6 +92,11 @@ def _cuda_cases(device: str):
         args = (None, None, None, None, workspace, uint4b8, 1, 64, 64)
         return cuda.gptq_marlin_gemm(a, None, weight, scales, *args)
 
+    def gdn(q, state_pool):
+        k, v, ab = rand(2, 2, 64, dtype=bf16), rand(2, 2, 64, dtype=bf16), rand(2, 2, dtype=bf16)
+        indices = torch.arange(2, device=device)
+        cuda.gdn_decode(q, k, v, ab, ab, rand(2), rand(2), state_pool, indices)
+
     cases = {
         "add_constant": lambda: (lambda x: cuda.add_constant(x, 2), [rand(2, 8, grad=True)]),
         "add_constant_runtime": lambda: (
@@ -128,6 +133,7 @@ def _cuda_cases(device: str):
             [rand(4, 64, dtype=bf16, grad=True)],
         ),
         "gptq_marlin_gemm": lambda: (marlin, [rand(1, 64, dtype=f16, grad=True)]),
+        "gdn_decode": lambda: (gdn, [rand(2, 2, 64, dtype=bf16, grad=True), rand(4, 2, 64, 64)]),
     }
     if device == "cuda":
         for name in CUDA_ONLY_REFUSED_BY_THE_OP:

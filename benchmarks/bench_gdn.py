@@ -1,0 +1,366 @@
+"""gdn_decode against flash-linear-attention (fla), the original mllm-kernel and the
+state-traffic floor: Qwen3-Next's linear-attention heads (H=16, HV=32, K=V=128), one
+decode token per sequence, batch 1 to 512.
+
+    python benchmarks/bench_gdn.py [--batches 1,8,32,128,512] [--out FILE]
+                                   [--original _peers/mllm-kernel]
+
+The contenders, each on bf16 q, k, v, a, b and fp32 A_log, dt_bias:
+
+* ours: ``gdn_decode(q, k, v, a, b, A_log, dt_bias, pool, indices)``, the pool updated in
+  place.
+* fla: ``fused_recurrent_gated_delta_rule`` with the gates fused in its kernel as a
+  serving engine calls it (``use_gate_in_kernel``: g = -exp(A_log) softplus(a +
+  dt_bias); ``use_beta_sigmoid_in_kernel``: beta = sigmoid(b);
+  ``use_qk_l2norm_in_kernel``), ``state_v_first`` (the pool's [V, K] layout). It takes
+  no pool indices: its initial state is a contiguous block of the pool's rows (a view,
+  no gather) and its final state a new fp32 tensor, so it moves the bytes ours does; the
+  scatter back into the pool that a serving engine adds is not counted.
+* original: the original mllm-kernel's ``gdn_decode``, imported from its source tree
+  (``--original``) and built by its own JIT on first use; fp32 pools only.
+* floor: a torch ``copy_`` of the state bytes (read once, written once): the time the
+  state traffic takes at this device's copy bandwidth.
+
+Every contender runs as a CUDA graph of calls whose pool rows rotate through at least
+3x L2 of states, so states come from HBM as in a serving step and host overhead is out
+(decode runs in graphs in serving engines); the graphs are sampled in turn, in an order
+rotated every round, and the median is kept. A first call of each is checked against
+the float64 reference of the tests (the last column: max |error| of its bf16 outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import math
+import os
+import statistics
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+sys.path.insert(0, str(REPO / "tests"))
+
+from gdn_reference import gdn_reference  # noqa: E402
+
+from mllm_kernel.cuda.jit.gdn_decode import gdn_decode  # noqa: E402
+
+H, HV, K, V = 16, 32, 128, 128
+BF16 = torch.bfloat16
+
+
+# --- timing ---------------------------------------------------------------------------
+
+
+def capture(calls: list[Callable[[], object]]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` in order (each already run once, outside the capture)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    return graph
+
+
+def time_graphs(graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int = 15):
+    """Median seconds per call of each ``name: (graph, calls in it)``, replays sampled in
+    turn in an order rotated every round, so that the machine's drift falls on all."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    names = list(graphs)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for graph, _ in graphs.values():
+        graph.replay()
+    torch.cuda.synchronize()
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            graph, calls = graphs[name]
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / 1e3 / calls)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 50 * 2**20))
+
+
+def copy_bandwidth(total_bytes: int = 2**31) -> float:
+    """GB/s of a 1 GiB device-to-device copy_ (read + written), for the header."""
+    n = total_bytes // 2
+    src, dst = (torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(2))
+    dst.copy_(src)
+    seconds = time_graphs({"copy": (capture([lambda: dst.copy_(src)] * 5), 5)})["copy"]
+    return total_bytes / seconds / 1e9
+
+
+# --- the original mllm-kernel -----------------------------------------------------------
+
+
+class _OriginalFinder(importlib.abc.MetaPathFinder):
+    """Resolves ``mllm_kernel`` and its submodules to the original's source tree (a
+    package of the same name), ahead of any other finder (an editable install of ours)."""
+
+    def __init__(self, root: Path) -> None:
+        self.package = root / "mllm_kernel"
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mllm_kernel":
+            return importlib.util.spec_from_file_location(
+                name, self.package / "__init__.py", submodule_search_locations=[str(self.package)]
+            )
+        if name.startswith("mllm_kernel."):
+            parent = sys.modules[name.rpartition(".")[0]]
+            return importlib.machinery.PathFinder.find_spec(name, parent.__path__)
+        return None
+
+
+@contextlib.contextmanager
+def original_modules(root: Path) -> Iterator[None]:
+    """Inside: ``import mllm_kernel...`` imports the original's modules; after: ours
+    again. The original's functions keep their own modules (their globals), so they work
+    after the block as long as its JIT built them inside it (a first call)."""
+
+    def ours(name: str) -> bool:
+        return name == "mllm_kernel" or name.startswith("mllm_kernel.")
+
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
+    finder = _OriginalFinder(root)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def load_original(root: Path, example: dict) -> Callable[..., torch.Tensor] | None:
+    """The original's gdn_decode, built (first call on ``example``) and ready; None, with
+    the reason on stderr, where it cannot be had."""
+    from mllm_kernel.jit_utils import toolchain
+
+    # Its JIT (tvm-ffi's) finds the CUDA libraries from CUDA_HOME and the arch from nvidia-smi.
+    os.environ.setdefault("CUDA_HOME", str(toolchain.find_cuda().home))
+    major, minor = torch.cuda.get_device_capability()
+    os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", f"{major}.{minor}")
+    try:
+        with original_modules(root):
+            module = importlib.import_module("mllm_kernel.cuda.jit.gdn_decode")
+            original = module.gdn_decode
+            original(**example)
+            torch.cuda.synchronize()
+        return original
+    except Exception:
+        print(f"bench_gdn: the original from {root} is not available:", file=sys.stderr)
+        traceback.print_exc()
+        return None
+
+
+# --- the contenders -----------------------------------------------------------------------
+
+
+def inputs(batch: int, state_dtype: torch.dtype) -> dict:
+    """One decode step's tensors; a pool of ``rows`` states that the calls rotate over."""
+    state_bytes = HV * V * K * torch.tensor([], dtype=state_dtype).element_size()
+    rows = max(2 * batch, math.ceil(3 * l2_bytes() / state_bytes / batch) * batch)
+
+    def randn(*shape, dtype=BF16):
+        return torch.randn(shape, device="cuda").to(dtype)
+
+    return {
+        "q": randn(batch, H, K),
+        "k": randn(batch, H, K),
+        "v": randn(batch, HV, V),
+        "a": randn(batch, HV) * 0.5,
+        "b": randn(batch, HV),
+        "A_log": torch.empty(HV, device="cuda").uniform_(0.5, 4).log(),
+        "dt_bias": randn(HV, dtype=torch.float32) * 0.5 - 3,
+        "state_pool": (randn(rows, HV, V, K, dtype=torch.float32) * 0.3).to(state_dtype),
+        "state_bytes": state_bytes,
+    }
+
+
+def blocks(batch: int, rows: int) -> list[tuple[int, torch.Tensor]]:
+    """The pool's consecutive blocks of ``batch`` rows, as (first row, indices): each
+    call's states (fla's initial_state is the block itself)."""
+    return [
+        (start, torch.arange(start, start + batch, device="cuda"))
+        for start in range(0, rows - batch + 1, batch)
+    ]
+
+
+def fla_call(fused_recurrent: Callable, case: dict, first: int) -> Callable[[], object]:
+    state = case["state_pool"][first : first + len(case["q"])]
+
+    def call():
+        return fused_recurrent(
+            case["q"][:, None], case["k"][:, None], case["v"][:, None],
+            g=case["a"][:, None], beta=case["b"][:, None], A_log=case["A_log"],
+            dt_bias=case["dt_bias"], initial_state=state, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True, state_v_first=True,
+        )[0][:, 0]  # fmt: skip
+
+    return call
+
+
+def contenders(case: dict, fused_recurrent, original) -> dict[str, list[Callable[[], object]]]:
+    """Each contender as its calls, one per index set."""
+    tensors = {name: value for name, value in case.items() if name != "state_bytes"}
+    batch, pool = len(case["q"]), case["state_pool"]
+    sets = blocks(batch, len(pool))
+    found = {"ours": [lambda i=i: gdn_decode(**tensors, cache_indices=i) for _, i in sets]}
+    if fused_recurrent is not None:
+        found["fla"] = [fla_call(fused_recurrent, case, first) for first, _ in sets]
+    if original is not None and pool.dtype == torch.float32:
+        found["original"] = [lambda i=i: original(**tensors, cache_indices=i) for _, i in sets]
+    copy_dst = torch.empty_like(pool)
+    found["floor"] = [
+        lambda f=first: copy_dst[f : f + batch].copy_(pool[f : f + batch]) for first, _ in sets
+    ]
+    return found
+
+
+def errors(found: dict[str, list[Callable[[], object]]], case: dict) -> str:
+    """Each kernel's max |error| against the float64 reference (tests/gdn_reference.py) on
+    the first block of pool rows, each from the same initial states."""
+    pool, batch = case["state_pool"], len(case["q"])
+    saved = pool[:batch].clone()
+    expected, _, _ = gdn_reference(
+        case["q"], case["k"], case["v"], saved, torch.arange(batch, device="cuda"),
+        a=case["a"], b=case["b"], A_log=case["A_log"], dt_bias=case["dt_bias"],
+    )  # fmt: skip
+    found_errors = []
+    for name in ("ours", "fla", "original"):
+        if name in found:
+            pool[:batch].copy_(saved)
+            error = (found[name][0]().double() - expected).abs().max().item()
+            found_errors.append(f"{name} {error:.2g}")
+    pool[:batch].copy_(saved)
+    return ", ".join(found_errors)
+
+
+def measure(batch: int, state_dtype: torch.dtype, fused_recurrent, original) -> dict:
+    case = inputs(batch, state_dtype)
+    found = contenders(case, fused_recurrent, original)
+    check = errors(found, case)
+    graphs = {}
+    for name, calls in found.items():
+        try:
+            calls[0]()  # warm (JIT, allocator) before the capture
+            torch.cuda.synchronize()
+            # at least 20 calls, and every index set: the graph's states exceed L2 3x
+            ring = [calls[i % len(calls)] for i in range(max(20, len(calls)))]
+            graphs[name] = (capture(ring), len(ring))
+        except Exception as error:
+            print(f"bench_gdn: {name} at batch {batch}: {error!r}", file=sys.stderr)
+    times = time_graphs(graphs)
+    state_bytes = batch * case["state_bytes"]
+    del case, found, graphs
+    torch.cuda.empty_cache()
+    return {"batch": batch, "state": state_dtype, "bytes": state_bytes, "check": check, **times}
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+def render(rows: list[dict], copy_gbs: float, notes: list[str]) -> str:
+    name = torch.cuda.get_device_name()
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    lines = [
+        f"# gdn_decode: {name}",
+        "",
+        f"- {now}; torch {torch.__version__}; H={H}, HV={HV}, K=V={V}, one token per sequence,",
+        "  bf16 q/k/v/a/b; times in us per call, CUDA graphs (module docstring).",
+        "- 'floor': a copy_ of the states' bytes (read + written) in the same run; 'x floor':",
+        f"  ours over it. 1 GiB copy: {copy_gbs:.0f} GB/s. 'fla / ours', 'original / ours':",
+        "  their time over ours (> 1: ours is faster).",
+        *notes,
+        "",
+        "| batch | state | state MB | floor | ours | x floor | ours GB/s | fla | fla / ours "
+        "| original | original / ours | max abs error vs float64 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def us(seconds):
+        return f"{seconds * 1e6:.2f}" if seconds is not None else "n/a"
+
+    def ratio(seconds, ours):
+        return f"{seconds / ours:.2f}x" if seconds is not None and ours else "n/a"
+
+    for row in rows:
+        ours = row.get("ours")
+        gbs = 2 * row["bytes"] / ours / 1e9 if ours else None
+        lines.append(
+            f"| {row['batch']} | {str(row['state']).removeprefix('torch.')} | "
+            f"{row['bytes'] / 2**20:.0f} | {us(row.get('floor'))} | {us(ours)} | "
+            f"{ratio(ours, row.get('floor'))} | {gbs:.0f} | {us(row.get('fla'))} | "
+            f"{ratio(row.get('fla'), ours)} | {us(row.get('original'))} | "
+            f"{ratio(row.get('original'), ours)} | {row['check'] or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8,32,128,512")
+    parser.add_argument("--bf16-state-batch", type=int, default=128)
+    parser.add_argument("--original", type=Path, default=REPO / "_peers" / "mllm-kernel")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gdn: no CUDA GPU visible; nothing to measure", file=sys.stderr)
+        return 1
+    torch.manual_seed(0)
+    notes = []
+    try:
+        import fla
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fused_recurrent
+
+        notes.append(f"- fla {fla.__version__}.")
+    except Exception as error:
+        fused_recurrent = None
+        notes.append(f"- fla not available ({error!r}).")
+    example = {n: t for n, t in inputs(2, torch.float32).items() if n != "state_bytes"}
+    original = load_original(
+        args.original, {**example, "cache_indices": torch.arange(2, device="cuda")}
+    )
+    if original is None:
+        notes.append(f"- the original (from {args.original}) not available: see stderr.")
+    copy_gbs = copy_bandwidth()
+    cases = [(int(b), torch.float32) for b in args.batches.split(",") if b]
+    if args.bf16_state_batch:
+        cases.append((args.bf16_state_batch, BF16))
+    rows = []
+    for batch, state_dtype in cases:
+        print(f"batch {batch}, {state_dtype} state ...", file=sys.stderr, flush=True)
+        rows.append(measure(batch, state_dtype, fused_recurrent, original))
+    if any(row["state"] == BF16 for row in rows):
+        notes.append("- bf16 state: fla reads it and writes its final state in fp32 (more bytes).")
+    table = render(rows, copy_gbs, notes)
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

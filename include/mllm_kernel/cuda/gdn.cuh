@@ -1,0 +1,208 @@
+// The gated delta net (GDN) of Qwen3-Next / Qwen3.5 linear attention: the pieces its
+// kernels share (the decode step; the chunked extend reuses the gates, the L2 norm, the
+// state pool's slot rules and the state I/O).
+//
+// Per sequence, value head and token, on a V x K state S, in fp32:
+//   g  = -exp(A_log) * softplus(a + dt_bias)     beta = sigmoid(b)            (the gates)
+//   q^ = q / sqrt(|q|^2 + 1e-6) * scale           k^ = k / sqrt(|k|^2 + 1e-6)  (the L2 norm)
+//   S  = exp(g) S;   u = beta (v - S k^);   S += u k^T;   o = S q^
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "mllm_kernel/tensor.hpp"
+#include "mllm_kernel/utils.cuh"
+
+namespace mllm_kernel::cuda::gdn {
+
+// ---------------------------------------------------------------------------
+// Gates and the L2 norm: the original mllm-kernel's and fla's constants.
+// ---------------------------------------------------------------------------
+
+/// The eps of the L2 norm: x / sqrt(sum(x^2) + eps).
+inline constexpr float kL2NormEps = 1e-6f;
+/// softplus(x) = x above this (torch's threshold), log(1 + e^x) below.
+inline constexpr float kSoftplusThreshold = 20.0f;
+
+__device__ __forceinline__ float softplus(float x) {
+  return x > kSoftplusThreshold ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+/// The log-space decay g = -exp(A_log) * softplus(a + dt_bias); the state decays by e^g.
+__device__ __forceinline__ float log_decay(float a, float A_log, float dt_bias) {
+  return -expf(A_log) * softplus(a + dt_bias);
+}
+
+/// 1 / |x| of a vector whose squares sum to `sum_sq`, with the norm's eps.
+__device__ __forceinline__ float l2_inv_norm(float sum_sq) {
+  return rsqrtf(sum_sq + kL2NormEps);
+}
+
+// ---------------------------------------------------------------------------
+// Gate tensors: one scalar per (sequence, token, head), in whichever float dtype the
+// model produced them; read once per token, so the dtype is a run-time switch.
+// ---------------------------------------------------------------------------
+
+enum class FloatType : int32_t { kF32, kF16, kBF16 };
+
+/// The FloatType of a float32 / float16 / bfloat16 tensor (the matchers checked it).
+inline FloatType float_type(DLDataType dtype) {
+  if (is_dtype<fp16_t>(dtype)) return FloatType::kF16;
+  if (is_dtype<bf16_t>(dtype)) return FloatType::kBF16;
+  return FloatType::kF32;
+}
+
+/// Scalars at data + n * stride_n + t * stride_t + h * stride_h (in elements).
+struct FloatTensor {
+  const void* data = nullptr;
+  FloatType type = FloatType::kF32;
+  int64_t stride_n = 0, stride_t = 0, stride_h = 0;
+
+  __device__ __forceinline__ float at(int64_t n, int64_t t, int64_t h) const {
+    const int64_t i = n * stride_n + t * stride_t + h * stride_h;
+    switch (type) {
+      case FloatType::kF16: return to_float(static_cast<const fp16_t*>(data)[i]);
+      case FloatType::kBF16: return to_float(static_cast<const bf16_t*>(data)[i]);
+      default: return static_cast<const float*>(data)[i];
+    }
+  }
+};
+
+/// The two gates of a token: each from the model's raw projection (`decay` holds a,
+/// `update` holds b) or precomputed (`decay` holds g, `update` holds beta).
+struct Gates {
+  FloatTensor decay, update;
+  FloatTensor A_log, dt_bias;  // [heads]; read when raw_decay
+  bool raw_decay = true, raw_update = true;
+};
+
+struct GateValues {
+  float log_decay;  // g: the state decays by e^g
+  float beta;
+};
+
+__device__ __forceinline__ GateValues load_gates(const Gates& gates, int64_t n, int64_t t,
+                                                 int64_t h) {
+  GateValues out;
+  const float d = gates.decay.at(n, t, h);
+  out.log_decay =
+      gates.raw_decay ? log_decay(d, gates.A_log.at(0, 0, h), gates.dt_bias.at(0, 0, h)) : d;
+  const float u = gates.update.at(n, t, h);
+  out.beta = gates.raw_update ? sigmoid(u) : u;
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The state pool: sequence n's state is pool[index[n]].
+// ---------------------------------------------------------------------------
+
+enum class Slot {
+  kPadding,     ///< a negative index (-1): start from zeros, write nothing
+  kState,       ///< a state of the pool: read, update, write back
+  kOutOfRange,  ///< >= the pool's size (a caller's bug): touch nothing, output NaN
+};
+
+__device__ __forceinline__ Slot classify_slot(int64_t index, int64_t pool_size) {
+  return index < 0 ? Slot::kPadding : index < pool_size ? Slot::kState : Slot::kOutOfRange;
+}
+
+/// The initial value of a state element of a sequence without a state in the pool.
+__device__ __forceinline__ float missing_state(Slot slot) {
+  return slot == Slot::kPadding ? 0.0f : __int_as_float(0x7fc00000);  // quiet NaN
+}
+
+/// index[n] of an int32 or int64 index tensor with element stride `stride`.
+__device__ __forceinline__ int64_t load_index(const void* indices, bool is_int64, int64_t stride,
+                                              int64_t n) {
+  return is_int64 ? static_cast<const int64_t*>(indices)[n * stride]
+                  : static_cast<const int32_t*>(indices)[n * stride];
+}
+
+// ---------------------------------------------------------------------------
+// State I/O: 16-byte vectors of fp32 or bf16 state as fp32. A state is read once and
+// written once per call, so both go with evict-first hints (ld/st .cs), leaving L2 to
+// what is reused (q, k, the gates).
+// ---------------------------------------------------------------------------
+
+/// Elements of S per 16-byte vector.
+template <typename S>
+inline constexpr int kStateVec = 16 / static_cast<int>(sizeof(S));
+
+template <typename S>
+__device__ __forceinline__ void load_state(const S* ptr, float* out) {
+  const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(ptr));
+  Vec<S, kStateVec<S>> v;
+  memcpy(&v, &bits, sizeof(bits));
+#pragma unroll
+  for (int i = 0; i < kStateVec<S>; ++i) out[i] = to_float(v[i]);
+}
+
+template <typename S>
+__device__ __forceinline__ void store_state(S* ptr, const float* in) {
+  Vec<S, kStateVec<S>> v;
+#pragma unroll
+  for (int i = 0; i < kStateVec<S>; ++i) v[i] = from_float<S>(in[i]);
+  uint4 bits;
+  memcpy(&bits, &v, sizeof(bits));
+  __stcs(reinterpret_cast<uint4*>(ptr), bits);
+}
+
+/// N consecutive elements of T as fp32: one vector load when `vector` (the address is
+/// aligned to N elements), else N scalar loads.
+template <typename T, int N>
+__device__ __forceinline__ void load_floats(const T* ptr, bool vector, float* out) {
+  if (vector) {
+    Vec<T, N> v;
+    v.load(ptr);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(ptr[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Rows of the state: a row (one value index, K elements) is split over a group of
+// lanes, so its dot products end in a reduction over the group.
+// ---------------------------------------------------------------------------
+
+/// Sums each of `values` over aligned groups of kGroup lanes (a power of two <= 32) of
+/// a full warp. A xor butterfly: both partners add the same two numbers at each step,
+/// so every lane of a group ends with bit-identical sums.
+template <int kGroup, int N>
+__device__ __forceinline__ void group_reduce_sum(float (&values)[N]) {
+  static_assert(kGroup >= 1 && kGroup <= kWarpSize && (kGroup & (kGroup - 1)) == 0);
+#pragma unroll
+  for (int offset = kGroup / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) values[i] += __shfl_xor_sync(0xffffffffu, values[i], offset);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ float dot(const float (&x)[N], const float (&y)[N]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum = fmaf(x[i], y[i], sum);
+  return sum;
+}
+
+/// One token's update of a row's elements: s = decay * s + u_k * k, where u_k is the
+/// row's u = beta (v - S k^) times the 1 / |k| that turns k into k^.
+template <int N>
+__device__ __forceinline__ void update_row(float (&s)[N], const float (&k)[N], float decay,
+                                           float u_k) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) s[i] = fmaf(decay, s[i], u_k * k[i]);
+}
+
+}  // namespace mllm_kernel::cuda::gdn

@@ -1,0 +1,73 @@
+"""The gated delta rule in float64, token by token: the reference of gdn_decode's tests
+(and the chunked extend's, which must equal decode applied token by token)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x), and x itself above 20 (the original's and torch's threshold)."""
+    return torch.where(x > 20, x, torch.log1p(torch.exp(x.clamp(max=20))))
+
+
+def gdn_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state_pool: torch.Tensor,
+    cache_indices: torch.Tensor,
+    *,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, new_pool, states)`` in float64 for gdn_decode's arguments (one token per
+    sequence when ``q`` is ``[B, H, K]``, else ``[B, T, H, K]``): ``o`` shaped like ``v``,
+    the pool after the call, and the state after each token ``[B, T, HV, V, K]``.
+
+    A negative index starts from zeros and leaves the pool; an index past the pool's end
+    starts from NaN and leaves it too.
+    """
+    one_token = q.dim() == 3
+    if one_token:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+        a, b, g, beta = (x[:, None] if x is not None else None for x in (a, b, g, beta))
+    q, k, v = q.double(), k.double(), v.double()
+    batch, tokens, heads, dim_k = q.shape
+    value_heads = v.shape[2]
+    if use_qk_l2norm:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * (dim_k**-0.5 if scale is None else scale)
+    # value head j reads key head j // (HV // H)
+    q = q.repeat_interleave(value_heads // heads, dim=2)
+    k = k.repeat_interleave(value_heads // heads, dim=2)
+    if g is None:
+        g = -torch.exp(A_log.double()) * softplus(a.double() + dt_bias.double())
+    if beta is None:
+        beta = torch.sigmoid(b.double())
+    g, beta = g.double(), beta.double()
+
+    pool = state_pool.double().clone()
+    index = cache_indices.long()
+    held = (index >= 0) & (index < pool.shape[0])
+    state = torch.zeros(batch, value_heads, *pool.shape[2:], dtype=torch.float64, device=q.device)
+    state[held] = pool[index[held]]
+    state[index >= pool.shape[0]] = float("nan")
+    o = torch.empty_like(v)
+    states = torch.empty(batch, tokens, *state.shape[1:], dtype=torch.float64, device=q.device)
+    for t in range(tokens):
+        state = state * torch.exp(g[:, t])[..., None, None]
+        kv = torch.einsum("nhvk,nhk->nhv", state, k[:, t])
+        u = beta[:, t][..., None] * (v[:, t] - kv)
+        state = state + u[..., None] * k[:, t, :, None, :]
+        o[:, t] = torch.einsum("nhvk,nhk->nhv", state, q[:, t])
+        states[:, t] = state
+    pool[index[held]] = state[held]
+    return (o[:, 0] if one_token else o), pool, states
