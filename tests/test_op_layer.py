@@ -208,10 +208,10 @@ def test_the_ops_check_runs_before_the_kernel_with_the_arguments_it_names():
 
 
 def mid_out_op(
-    x: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0, *, bump: torch.Tensor
+    x: torch.Tensor, out: torch.Tensor | None, scale: float = 1.0, *, bump: torch.Tensor
 ) -> torch.Tensor:
-    """``x * scale``, counting calls in ``bump`` (``out`` declared before the scalars, as
-    ``gemm``'s and ``gptq_marlin_gemm``'s are)."""
+    """``x * scale``, counting calls in ``bump`` (``out`` declared before the scalars,
+    without a default, as ``gptq_marlin_gemm``'s ``c`` is)."""
 
 
 MID_OUT = Op(mid_out_op, out="out", fake=like("x"), writes=("bump",))

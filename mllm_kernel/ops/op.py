@@ -170,13 +170,15 @@ class Op:
         """``eager`` as torch calls an op's kernel: the schema's positional arguments
         (the declared ones without ``out``) and ``out`` by keyword. Where ``out`` is
         declared last (or there is none) that is ``eager`` itself; else (``gemm``'s
-        ``out``, ``gptq_marlin_gemm``'s ``c``) the positions are renamed."""
+        ``out``, ``gptq_marlin_gemm``'s ``c``, which has no default) the positions are
+        renamed and a missing ``out`` is None."""
         params = list(self.signature.parameters)
         if self.out is None or params[-1] == self.out:
             return eager
         names = [n for n in params if n != self.out]
 
         def in_schema_order(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault(self.out, None)  # the functional overload has none
             return eager(**dict(zip(names, args, strict=False)), **kwargs)
 
         return in_schema_order
