@@ -38,7 +38,6 @@ struct TileConfig {
   static constexpr int kTileP = 64 * kConsumers;         // wgmma's M: 64 rows each
   static constexpr int kTileQ = kTileQ_;                 // wgmma's N
   static constexpr int kTileK = kSwizzle128Bytes / static_cast<int>(sizeof(T));  // one row
-  static constexpr int kKSteps = kSwizzle128Bytes / 32;  // wgmma k-steps of 32 bytes
   static constexpr int kStages = kStages_;
   static constexpr bool kSwapAB = kSwapAB_;  // P = b, Q = a, out = C^T
   // CTAs of a cluster on neighbouring tile-rows that share each Q tile: each loads
@@ -70,6 +69,16 @@ struct TileConfig {
   static constexpr int kColScaleBytes = kStageColScales ? kTileQ * 4 : 0;
   static_assert(!kStageColScales || kTileQ <= kConsumerThreads, "a column scale per thread");
 
+  // The dynamic shared memory, from its first 1024-byte boundary: the stages' P tiles,
+  // their Q tiles, the store buffers, the staged column scales, the full and the empty
+  // barrier of every stage, then the split partners' partial sums (byte offsets).
+  static constexpr int kOffsetQ = kStages * kTileBytesP;
+  static constexpr int kOffsetStore = kStages * kStageBytes;
+  static constexpr int kOffsetColScales = kOffsetStore + kStoreBytes;
+  static constexpr int kOffsetBarriers = kOffsetColScales + kColScaleBytes;
+  static constexpr int kOffsetPartials =
+      kOffsetBarriers + 2 * kStages * static_cast<int>(sizeof(MBarrier));
+
   static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
   static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % (1024 * kMulticast) == 0,
                 "swizzle atoms (per multicast slice)");
@@ -78,8 +87,7 @@ struct TileConfig {
 
   /// Dynamic shared memory for a split of `split` CTAs (+1024 to align the tiles).
   static constexpr std::size_t shared_bytes(int split) {
-    return 1024 + std::size_t{kStages} * kStageBytes + kStoreBytes + kColScaleBytes +
-           2 * kStages * sizeof(MBarrier) + std::size_t(split - 1) * kPartialBytes;
+    return 1024 + std::size_t{kOffsetPartials} + std::size_t(split - 1) * kPartialBytes;
   }
 };
 

@@ -32,4 +32,16 @@ struct GroupedTileOrder {
   }
 };
 
+/// A range [begin, end) of a tile's k-blocks.
+struct KBlockRange {
+  int begin;
+  int end;
+};
+
+/// The k-blocks that partner `rank` of `split` CTAs sharing a tile's K sums:
+/// consecutive shares whose sizes differ by at most one block.
+__host__ __device__ inline KBlockRange split_k_blocks(int k_blocks, int rank, int split) {
+  return {rank * k_blocks / split, (rank + 1) * k_blocks / split};
+}
+
 }  // namespace mllm_kernel::cuda

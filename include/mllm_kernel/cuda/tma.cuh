@@ -48,6 +48,13 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtens
       : "memory");
 }
 
+/// Where byte `byte` of row `row` of a tile of 128-byte rows lies within that row under
+/// TMA's 128-byte swizzle: 16-byte piece p of row r lands at piece p ^ (r % 8), so the
+/// same piece of 8 consecutive rows falls in 8 different bank groups.
+__device__ __forceinline__ int swizzle_128b(int row, int byte) {
+  return (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
+}
+
 /// Makes this thread's ordinary shared-memory writes visible to TMA (the async proxy);
 /// then a barrier, then one thread issues the store that reads them.
 __device__ __forceinline__ void fence_shared_for_tma() {

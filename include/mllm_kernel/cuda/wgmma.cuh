@@ -12,6 +12,8 @@
 //   wgmma_commit_group();
 //   wgmma_wait_group<0>();        // acc readable, the tiles reusable
 //   wgmma_fence_operands(acc);
+//
+// wgmma_k_block_sw128 is the fence, the k-steps and the commit of one such k-block.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +57,20 @@ __device__ __forceinline__ void wgmma_commit_group() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+/// One 128-byte k-block of K-major tiles in 128-byte-swizzled shared memory (A: 64
+/// rows, B: N rows, as tma_load_2d leaves them): its k-steps of 32 bytes, fenced and
+/// closed into one commit group.
+template <typename T, int N, typename Acc>
+__device__ __forceinline__ void wgmma_k_block_sw128(Acc (&acc)[N / 2], const T* tile_a,
+                                                    const T* tile_b) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kSwizzle128Bytes / 32; ++k) {
+    wgmma_k_step<T, N>(acc, smem_desc_k_major_sw128(tile_a, k), smem_desc_k_major_sw128(tile_b, k));
+  }
+  wgmma_commit_group();
 }
 
 /// Keeps the compiler from moving accesses to the accumulators across a wgmma wait:

@@ -21,6 +21,19 @@
 // goes straight from registers. Small-M problems also split K over the CTAs of a
 // cluster, so that enough SMs stream the weights; the partial sums meet in the first
 // CTA's shared memory (distributed shared memory).
+//
+// The kernel body reads as its steps, each a __forceinline__ function below:
+//   cta_work, tile_origin    which tiles and k-blocks this CTA takes (tile scheduling);
+//   init_stage_ring          the stage ring's full/empty barriers;
+//   run_producer             load_k_block per k-block: wait for a free stage, TMA in;
+//   run_consumer, per tile   load_epilogue_scales, mma_tile (wgmma over the stages,
+//                            release_stage), reduce_split_k, stage_col_scales,
+//                            store_output (store_tile_tma or store_tile).
+// Inlined, they compile to the SASS the kernel had when it was one body (nvcc 13.0,
+// every variant, instruction for instruction: cuobjdump -sass). To keep it so, a few
+// things are written in an order that may look arbitrary (CtaWork's fields, the Q
+// tile's address before the P copy, the `&` in load_epilogue_scales): other orders
+// moved instructions and registers.
 #include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/gemm_config.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
@@ -63,6 +76,234 @@ struct Params {
   int col_scale_step;
 };
 
+// ---------------------------------------------------------------------------
+// Shared memory and tile scheduling.
+// ---------------------------------------------------------------------------
+
+/// The kernel's dynamic shared memory, carved as TileConfig lays it out: the stage
+/// ring (P and Q tiles, one full and one empty barrier per stage), the consumers'
+/// output buffers, the staged column scales (int8) and the split-K partial sums.
+template <typename T, typename Config>
+struct SharedStorage {
+  T* tiles_p;
+  T* tiles_q;
+  uint8_t* store_buffers;
+  float* col_scales;
+  MBarrier* full;   // stage s holds its k-block: the producer's copies have landed
+  MBarrier* empty;  // stage s was read by every consumer that reads it
+  typename Config::Acc4* partials;
+
+  /// The layout over `raw`, the dynamic shared memory, from its first 1024-byte
+  /// boundary (the 128-byte swizzle's atoms).
+  __device__ __forceinline__ explicit SharedStorage(uint8_t* raw) {
+    uint8_t* base =
+        reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+    tiles_p = reinterpret_cast<T*>(base);
+    tiles_q = reinterpret_cast<T*>(base + Config::kOffsetQ);
+    store_buffers = base + Config::kOffsetStore;
+    col_scales = reinterpret_cast<float*>(base + Config::kOffsetColScales);
+    full = reinterpret_cast<MBarrier*>(base + Config::kOffsetBarriers);
+    empty = full + Config::kStages;
+    partials = reinterpret_cast<typename Config::Acc4*>(base + Config::kOffsetPartials);
+  }
+
+  __device__ __forceinline__ T* tile_p(int stage) const {
+    return tiles_p + stage * Config::kTileP * Config::kTileK;
+  }
+  __device__ __forceinline__ T* tile_q(int stage) const {
+    return tiles_q + stage * Config::kTileQ * Config::kTileK;
+  }
+};
+
+/// What this CTA works on. A cluster either shares Q tiles (multicast) or splits K:
+/// each CTA then sums its share of the k-blocks of the cluster's tiles. Clusters walk
+/// the tiles persistently: the cluster's index, then every `tile_step`-th. The fields
+/// go in the order the one-body kernel computed them (see the note at the top).
+struct CtaWork {
+  int cluster;  // CTAs in the cluster
+  int rank;     // this CTA's rank in it
+  int split;    // CTAs that share each tile's K (1 with multicast)
+  int tile_step;
+  int first_tile;
+  KBlockRange k_blocks;  // this CTA's share of every tile's k-blocks
+  int num_tiles;
+};
+
+/// This CTA's work, from its place in the grid and in its cluster.
+template <typename Config>
+__device__ __forceinline__ CtaWork cta_work(const Params& params) {
+  const int cluster = static_cast<int>(cluster_size());
+  const int rank = static_cast<int>(cluster_rank());
+  const int split = Config::kMulticast > 1 ? 1 : cluster;
+  return CtaWork{
+      .cluster = cluster,
+      .rank = rank,
+      .split = split,
+      .tile_step = static_cast<int>(gridDim.x) / cluster,
+      .first_tile = static_cast<int>(blockIdx.x) / cluster,
+      // Multicast partners sum every k-block of their own tiles (split is 1).
+      .k_blocks = split_k_blocks(params.k_blocks, Config::kMulticast > 1 ? 0 : rank, split),
+      .num_tiles = params.order.num_tiles(),
+  };
+}
+
+/// Where tile `tile` of the walk starts: its first row of P (a cluster's multicast
+/// partners take neighbouring tile-rows) and of Q.
+struct TileOrigin {
+  int row_p;
+  int row_q;
+};
+
+template <typename Config>
+__device__ __forceinline__ TileOrigin tile_origin(const Params& params, int tile, int rank) {
+  const TileCoord at = params.order(tile);
+  const int tile_row = at.row * Config::kMulticast + (Config::kMulticast > 1 ? rank : 0);
+  return TileOrigin{tile_row * Config::kTileP, at.col * Config::kTileQ};
+}
+
+// ---------------------------------------------------------------------------
+// The stage ring: its barriers, the producer's loads and the consumers' release.
+// ---------------------------------------------------------------------------
+
+/// One thread sets up every stage's barriers and prefetches the tensor maps; then the
+/// whole CTA (the cluster, whose peers write into this CTA's shared memory and arrive
+/// on its barriers) waits for it.
+template <typename T, typename Config>
+__device__ __forceinline__ void init_stage_ring(const SharedStorage<T, Config>& smem,
+                                                const CUtensorMap* map_p, const CUtensorMap* map_q,
+                                                const Params& params, const CtaWork& work) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Config::kStages; ++s) {
+      smem.full[s].init(1);  // the producer's arrive_expect_tx
+      // Lane 0 of every consumer warp of every CTA whose producer writes this stage.
+      smem.empty[s].init(Config::kConsumers * 4 * Config::kMulticast);
+    }
+    mbarrier_init_fence();
+    if (params.k_blocks > 0) {
+      tma_prefetch_map(map_p);
+      tma_prefetch_map(map_q);
+    }
+  }
+  if (work.cluster > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
+}
+
+/// The producer's step: once every consumer has released the stage at `state`, copies
+/// k-block `kb` of the tile at `origin` into it, P whole and Q whole or (multicast)
+/// this CTA's slice of Q into every CTA of the cluster; the stage's full barrier
+/// counts the bytes.
+template <typename T, typename Config>
+__device__ __forceinline__ void load_k_block(const SharedStorage<T, Config>& smem,
+                                             const PipelineState& state, const CUtensorMap* map_p,
+                                             const CUtensorMap* map_q, TileOrigin origin, int kb,
+                                             int rank) {
+  constexpr int kTileK = Config::kTileK;
+  MBarrier* full = &smem.full[state.stage];
+  smem.empty[state.stage].wait(state.phase ^ 1);
+  full->arrive_expect_tx(Config::kStageBytes);
+  T* tile_q = smem.tile_q(state.stage);  // before the P copy (see the note at the top)
+  tma_load_2d(smem.tile_p(state.stage), map_p, full, kb * kTileK, origin.row_p);
+  if constexpr (Config::kMulticast > 1) {
+    constexpr int kSliceRows = Config::kTileQ / Config::kMulticast;
+    tma_load_2d_multicast(tile_q + rank * kSliceRows * kTileK, map_q, full, kb * kTileK,
+                          origin.row_q + rank * kSliceRows,
+                          static_cast<uint16_t>((1u << Config::kMulticast) - 1));
+  } else {
+    tma_load_2d(tile_q, map_q, full, kb * kTileK, origin.row_q);
+  }
+}
+
+/// The producer warpgroup: one thread streams the k-blocks of every tile of the walk
+/// into the stage ring; all of it joins the consumers' split-K cluster barriers.
+template <typename T, typename Config>
+__device__ __forceinline__ void run_producer(const Params& params,
+                                             const SharedStorage<T, Config>& smem,
+                                             const CtaWork& work, const CUtensorMap* map_p,
+                                             const CUtensorMap* map_q) {
+  if constexpr (Config::kReallocRegisters) {
+    warpgroup_release_registers<Config::kProducerRegisters>();
+  }
+  PipelineState state;
+  for (int tile = work.first_tile; tile < work.num_tiles; tile += work.tile_step) {
+    if (threadIdx.x == 0) {
+      const TileOrigin origin = tile_origin<Config>(params, tile, work.rank);
+      for (int kb = work.k_blocks.begin; kb < work.k_blocks.end; ++kb) {
+        load_k_block(smem, state, map_p, map_q, origin, kb, work.rank);
+        state.advance(Config::kStages);
+      }
+    }
+    if (work.split > 1) {  // reduce_split_k's barrier, then the one after the store
+      cluster_sync();
+      cluster_sync();
+    }
+  }
+}
+
+/// A consumer warp is done with the stage of barrier `empty` (its lane 0 arrives). The
+/// stage is free once every CTA that reads a slice written into it is done, so with
+/// multicast the arrival goes to that barrier in every CTA of the cluster.
+template <typename Config>
+__device__ __forceinline__ void release_stage(MBarrier& empty, bool lane0) {
+  if (!lane0) return;
+  if constexpr (Config::kMulticast > 1) {
+    for (int peer = 0; peer < Config::kMulticast; ++peer) empty.arrive_cluster_relaxed(peer);
+  } else {
+    empty.arrive();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The consumers: main loop, split-K reduction.
+// ---------------------------------------------------------------------------
+
+/// The consumer main loop: `acc` = consumer `consumer`'s 64 rows of the P tile times
+/// the Q tile over this CTA's k-blocks, a k-block per stage. One k-block of wgmma
+/// stays in flight: a stage is released once the group after it has been issued and
+/// it has completed.
+template <typename T, typename Config>
+__device__ __forceinline__ void mma_tile(typename Config::Acc (&acc)[Config::kAccumulators],
+                                         const SharedStorage<T, Config>& smem, PipelineState& state,
+                                         KBlockRange k_blocks, int consumer, bool lane0) {
+#pragma unroll
+  for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0;
+  int previous = -1;
+  for (int kb = k_blocks.begin; kb < k_blocks.end; ++kb) {
+    smem.full[state.stage].wait(state.phase);
+    wgmma_k_block_sw128<T, Config::kTileQ>(
+        acc, smem.tile_p(state.stage) + consumer * 64 * Config::kTileK, smem.tile_q(state.stage));
+    wgmma_wait_group<1>();
+    if (previous >= 0) release_stage<Config>(smem.empty[previous], lane0);
+    previous = state.stage;
+    state.advance(Config::kStages);
+  }
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(acc);
+  if (previous >= 0) release_stage<Config>(smem.empty[previous], lane0);
+}
+
+/// Split K: the partners add their sums into rank 0's registers through its shared
+/// memory (`thread` counts the CTA's consumer threads). The slots are reused once
+/// rank 0 has read them: the caller's cluster_sync() after the store.
+template <typename Config>
+__device__ __forceinline__ void reduce_split_k(typename Config::Acc (&acc)[Config::kAccumulators],
+                                               typename Config::Acc4* partials, const CtaWork& work,
+                                               int thread) {
+  if (work.rank != 0) {
+    send_cluster_partials(acc, partials, work.rank, thread, Config::kConsumerThreads);
+  }
+  cluster_sync();
+  if (work.rank == 0) {
+    add_cluster_partials(acc, partials, work.split - 1, thread, Config::kConsumerThreads);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The epilogue: scale (int8), bias, cast, store.
+// ---------------------------------------------------------------------------
+
 /// Output row `row`'s scale (int8 inputs; other accumulators are not scaled).
 template <typename Config>
 __device__ __forceinline__ float row_scale(const Params& params, int row) {
@@ -94,6 +335,49 @@ __device__ __forceinline__ float dequantize(Acc x, float row_scale, float col_sc
   }
 }
 
+/// The int8 epilogue's scales of one tile as this thread needs them: its two rows'
+/// (store_tile_tma) and column `thread`'s, to stage for both consumers.
+struct EpilogueScales {
+  float rows[2];
+  float col;
+};
+
+/// Loads this thread's epilogue scales as the tile starts (`thread` counts the CTA's
+/// consumer threads). int8: waiting on them in the epilogue, chunk after chunk, cost
+/// 15-20% at K = 4096 (H100, 4096 x 4096 x 4096: 131 us, against 107 us with one scale
+/// for all); loaded now, they have long arrived when it reads them.
+template <typename Config>
+__device__ __forceinline__ void load_epilogue_scales(const Params& params, int row_base,
+                                                     int col_base, int thread,
+                                                     EpilogueScales& scales) {
+  scales.col = 0.0f;
+  if (Config::kTmaStore && params.tma_store) {
+    const int in_warpgroup = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+    const int row0 = in_warpgroup / 32 * 16 + in_warpgroup % 32 / 4;  // as store_tile_tma's
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Rows past the matrix are clipped by the TMA store; their scale is never read.
+      const int row = row_base + row0 + 8 * h;
+      scales.rows[h] = row < params.rows_p ? row_scale<Config>(params, row) : 0.0f;
+    }
+    // `&`, not `&&`: one predicate for the load, as the one-body kernel compiled it
+    // (two branches move a few instructions; see the note at the top).
+    if (Config::kStageColScales & (thread < Config::kTileQ) & (col_base + thread < params.rows_q)) {
+      scales.col = col_scale<Config>(params, col_base + thread);
+    }
+  }
+}
+
+/// Puts the tile's column scales (int8, TMA stores) in shared memory, one per consumer
+/// thread, once both consumers have finished the last tile's epilogue, which read the
+/// previous ones; then both see the new ones.
+template <typename Config>
+__device__ __forceinline__ void stage_col_scales(float* staged, float col_scale, int thread) {
+  named_barrier(kColScalesBarrier, Config::kConsumerThreads);
+  if (thread < Config::kTileQ) staged[thread] = col_scale;
+  named_barrier(kColScalesBarrier, Config::kConsumerThreads);
+}
+
 template <typename Out>
 __device__ __forceinline__ void store_pair(Out* at, float x, float y) {
   Vec<Out, 2> v;
@@ -103,9 +387,9 @@ __device__ __forceinline__ void store_pair(Out* at, float x, float y) {
 }
 
 /// Writes one consumer's 64 x kTileQ accumulators, scaled (int8) and adding the bias,
-/// in Out. Fragment layout of wgmma m64nN (fp32 or int32): warp w of the warpgroup
-/// holds rows 16w + lane/4 (+8); acc[4j + 2h + e] is column 8j + 2 (lane % 4) + e of
-/// row + 8h.
+/// in Out, straight from registers. Fragment layout of wgmma m64nN (fp32 or int32):
+/// warp w of the warpgroup holds rows 16w + lane/4 (+8); acc[4j + 2h + e] is column
+/// 8j + 2 (lane % 4) + e of row + 8h.
 template <typename Config, typename Out>
 __device__ __forceinline__ void store_tile(const Params& params,
                                            const typename Config::Acc (&acc)[Config::kAccumulators],
@@ -153,29 +437,13 @@ __device__ __forceinline__ void store_tile(const Params& params,
   }
 }
 
-/// The scales of the two rows (row0 + {0, 8} of a consumer's 64 from `row_base`) a
-/// thread stores in store_tile_tma, loaded as the tile starts (long arrived when its
-/// epilogue reads them).
-template <typename Config>
-__device__ __forceinline__ void epilogue_row_scales(const Params& params, int row_base,
-                                                    float (&row_scales)[2]) {
-  const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
-  const int row0 = thread / 32 * 16 + thread % 32 / 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // Rows past the matrix are clipped by the TMA store; their scale is never read.
-    const int row = row_base + row0 + 8 * h;
-    row_scales[h] = row < params.rows_p ? row_scale<Config>(params, row) : 0.0f;
-  }
-}
-
 /// Writes one consumer's 64 x kTileQ accumulators (scaled for int8, bias added, cast
 /// to Out) through its two 8 KB shared-memory buffers: each 64 x (128 bytes) chunk is
 /// stored with the 128-byte swizzle (conflict-free: the 8 rows a warp writes at once
 /// fall in 8 different 16-byte columns) and leaves by one TMA store, which clips the
 /// matrix edges. `chunk` counts this consumer's chunks across tiles, to alternate
-/// buffers; `row_scales` come from epilogue_row_scales, the column scales (int8) from
-/// `col_scales`, the tile's kTileQ of them staged in shared memory.
+/// buffers; the row scales come from load_epilogue_scales, the column scales (int8)
+/// from `col_scales`, the tile's kTileQ of them staged in shared memory.
 template <typename Config, typename Out>
 __device__ __forceinline__ void store_tile_tma(
     const Params& params, const typename Config::Acc (&acc)[Config::kAccumulators], int row_base,
@@ -210,8 +478,7 @@ __device__ __forceinline__ void store_tile_tma(
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
-        const int byte = col * static_cast<int>(sizeof(Out));
-        const int swizzled = (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
+        const int swizzled = swizzle_128b(row, col * static_cast<int>(sizeof(Out)));
         Vec<Out, 2> v;
         v[0] = from_float<Out>(dequantize(acc[4 * j + 2 * h], row_scales[h], sx) + bx);
         v[1] = from_float<Out>(dequantize(acc[4 * j + 2 * h + 1], row_scales[h], sy) + by);
@@ -228,194 +495,85 @@ __device__ __forceinline__ void store_tile_tma(
   }
 }
 
+/// Stores consumer `consumer`'s tile in the output dtype, through shared memory and
+/// TMA where the output allows it, else straight from registers.
+template <typename T, typename Config>
+__device__ __forceinline__ void store_output(
+    const Params& params, const typename Config::Acc (&acc)[Config::kAccumulators], int row_base,
+    int col_base, const EpilogueScales& scales, const SharedStorage<T, Config>& smem,
+    const CUtensorMap* map_out, int consumer, int& chunk) {
+  uint8_t* buffers = smem.store_buffers + consumer * 2 * Config::kStoreChunkBytes;
+  auto store = [&](auto out_type) {
+    using Out = decltype(out_type);
+    if (Config::kTmaStore && params.tma_store) {
+      store_tile_tma<Config, Out>(params, acc, row_base, col_base, scales.rows, smem.col_scales,
+                                  buffers, map_out, 1 + consumer, chunk);
+    } else {
+      store_tile<Config, Out>(params, acc, row_base, col_base);
+    }
+  };
+  if constexpr (Config::kInt8) {
+    params.out_bf16 ? store(bf16_t{}) : store(fp16_t{});
+  } else {
+    params.out_fp32 ? store(float{}) : store(T{});
+  }
+}
+
+/// A consumer warpgroup: for every tile of the walk, its 64 rows of the product
+/// (mma_tile), summed over the split's partners, then written out; the output tile's
+/// stores drain while it starts on the next.
+template <typename T, typename Config>
+__device__ __forceinline__ void run_consumer(const Params& params,
+                                             const SharedStorage<T, Config>& smem,
+                                             const CtaWork& work, const CUtensorMap* map_out,
+                                             int consumer) {
+  if constexpr (Config::kReallocRegisters) {
+    warpgroup_claim_registers<Config::kConsumerRegisters>();
+  }
+  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;  // among consumers
+  const bool lane0 = threadIdx.x % 32 == 0;
+  PipelineState state;
+  int chunk = 0;  // output chunks this consumer has stored (store_tile_tma)
+  for (int tile = work.first_tile; tile < work.num_tiles; tile += work.tile_step) {
+    const TileOrigin origin = tile_origin<Config>(params, tile, work.rank);
+    const int row_base = origin.row_p + consumer * 64;
+    EpilogueScales scales;
+    load_epilogue_scales<Config>(params, row_base, origin.row_q, thread, scales);
+    typename Config::Acc acc[Config::kAccumulators];
+    mma_tile(acc, smem, state, work.k_blocks, consumer, lane0);
+    if (work.split > 1) reduce_split_k<Config>(acc, smem.partials, work, thread);
+    if (Config::kStageColScales && params.tma_store) {
+      stage_col_scales<Config>(smem.col_scales, scales.col, thread);
+    }
+    if (work.split == 1 || work.rank == 0) {
+      store_output(params, acc, row_base, origin.row_q, scales, smem, map_out, consumer, chunk);
+    }
+    if (work.split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
+  }
+  // The stores must finish reading shared memory (and writing) before the CTA exits.
+  if (Config::kTmaStore && threadIdx.x % kWarpgroupThreads == 0) tma_store_wait<0>();
+}
+
+/// The kernel: the stage ring set up, warpgroup 0 produces and the others consume.
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
     gemm_kernel(const __grid_constant__ CUtensorMap map_p,
                 const __grid_constant__ CUtensorMap map_q,
                 const __grid_constant__ CUtensorMap map_out, const Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStages = Config::kStages;
-  constexpr int kTileK = Config::kTileK;
-  constexpr int kMulticast = Config::kMulticast;
   extern __shared__ uint8_t shared_raw[];
-  uint8_t* shared = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) &
-                                               ~uintptr_t{1023});
-  T* tiles_p = reinterpret_cast<T*>(shared);
-  T* tiles_q = reinterpret_cast<T*>(shared + kStages * Config::kTileBytesP);
-  uint8_t* store_buffers = shared + kStages * Config::kStageBytes;
-  float* staged_col_scales = reinterpret_cast<float*>(store_buffers + Config::kStoreBytes);
-  MBarrier* full =
-      reinterpret_cast<MBarrier*>(store_buffers + Config::kStoreBytes + Config::kColScaleBytes);
-  MBarrier* empty = full + kStages;
-  auto* partials = reinterpret_cast<typename Config::Acc4*>(empty + kStages);
-
-  // A cluster either shares Q tiles (multicast) or splits K: each CTA then sums its
-  // share of the k-blocks of the cluster's tiles.
-  const int cluster = static_cast<int>(cluster_size());
-  const int rank = static_cast<int>(cluster_rank());
-  const int split = kMulticast > 1 ? 1 : cluster;
-  const int num_clusters = static_cast<int>(gridDim.x) / cluster;
-  const int cluster_id = static_cast<int>(blockIdx.x) / cluster;
-  const int k_begin = kMulticast > 1 ? 0 : rank * params.k_blocks / split;
-  const int k_end = kMulticast > 1 ? params.k_blocks : (rank + 1) * params.k_blocks / split;
-  const int num_tiles = params.order.num_tiles();
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      full[s].init(1);  // the producer's arrive_expect_tx
-      // Lane 0 of every consumer warp of every CTA whose producer writes this stage.
-      empty[s].init(Config::kConsumers * 4 * kMulticast);
-    }
-    mbarrier_init_fence();
-    if (params.k_blocks > 0) {
-      tma_prefetch_map(&map_p);
-      tma_prefetch_map(&map_q);
-    }
-  }
-  // Peers write into this CTA's shared memory and arrive on its barriers.
-  if (cluster > 1) {
-    cluster_sync();
-  } else {
-    __syncthreads();
-  }
-
+  const SharedStorage<T, Config> smem(shared_raw);
+  const CtaWork work = cta_work<Config>(params);
+  init_stage_ring(smem, &map_p, &map_q, params, work);
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   if (warpgroup == 0) {
-    // Producer: one thread issues every copy.
-    if constexpr (Config::kReallocRegisters) {
-      warpgroup_release_registers<Config::kProducerRegisters>();
-    }
-    PipelineState state;
-    for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
-      if (threadIdx.x == 0) {
-        const TileCoord at = params.order(tile);
-        const int row = (at.row * kMulticast + (kMulticast > 1 ? rank : 0)) * Config::kTileP;
-        constexpr int kSliceRows = Config::kTileQ / kMulticast;
-        for (int kb = k_begin; kb < k_end; ++kb) {
-          empty[state.stage].wait(state.phase ^ 1);
-          full[state.stage].arrive_expect_tx(Config::kStageBytes);
-          T* tile_q = tiles_q + state.stage * Config::kTileQ * kTileK;
-          tma_load_2d(tiles_p + state.stage * Config::kTileP * kTileK, &map_p, &full[state.stage],
-                      kb * kTileK, row);
-          if constexpr (kMulticast > 1) {
-            tma_load_2d_multicast(tile_q + rank * kSliceRows * kTileK, &map_q, &full[state.stage],
-                                  kb * kTileK, at.col * Config::kTileQ + rank * kSliceRows,
-                                  static_cast<uint16_t>((1u << kMulticast) - 1));
-          } else {
-            tma_load_2d(tile_q, &map_q, &full[state.stage], kb * kTileK, at.col * Config::kTileQ);
-          }
-          state.advance(kStages);
-        }
-      }
-      if (split > 1) {  // the consumers' two reduction barriers, for every thread
-        cluster_sync();
-        cluster_sync();
-      }
-    }
+    run_producer(params, smem, work, &map_p, &map_q);
   } else {
-    // Consumers.
-    if constexpr (Config::kReallocRegisters) {
-      warpgroup_claim_registers<Config::kConsumerRegisters>();
-    }
-    const int consumer = warpgroup - 1;
-    const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;  // among consumers
-    const bool lane0 = threadIdx.x % 32 == 0;
-    // A stage is free once every CTA that reads a slice written by this one is done.
-    auto release = [&](int stage) {
-      if (!lane0) return;
-      if constexpr (kMulticast > 1) {
-        for (int peer = 0; peer < kMulticast; ++peer) empty[stage].arrive_cluster_relaxed(peer);
-      } else {
-        empty[stage].arrive();
-      }
-    };
-    PipelineState state;
-    int chunk = 0;  // output chunks this consumer has stored (store_tile_tma)
-    for (int tile = cluster_id; tile < num_tiles; tile += num_clusters) {
-      const TileCoord at = params.order(tile);
-      const int tile_row = at.row * kMulticast + (kMulticast > 1 ? rank : 0);
-      const int row_base = tile_row * Config::kTileP + consumer * 64;
-      const int col_base = at.col * Config::kTileQ;
-      // int8: the epilogue's scales are loaded now, long before it needs them; waiting
-      // on them there, chunk after chunk, cost 15-20% at K = 4096 (H100, 4096 x 4096 x
-      // 4096: 131 us, against 107 us with one scale for all).
-      float row_scales[2], col_scale_value = 0.0f;
-      if (Config::kTmaStore && params.tma_store) {
-        epilogue_row_scales<Config>(params, row_base, row_scales);
-        if (Config::kStageColScales && thread < Config::kTileQ &&
-            col_base + thread < params.rows_q) {
-          col_scale_value = col_scale<Config>(params, col_base + thread);
-        }
-      }
-      typename Config::Acc acc[Config::kAccumulators];
-#pragma unroll
-      for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0;
-
-      // Keep one k-block of wgmma in flight: release a stage once the group after it
-      // has been issued and it has completed.
-      int previous = -1;
-      for (int kb = k_begin; kb < k_end; ++kb) {
-        full[state.stage].wait(state.phase);
-        const T* p = tiles_p + state.stage * Config::kTileP * kTileK + consumer * 64 * kTileK;
-        const T* q = tiles_q + state.stage * Config::kTileQ * kTileK;
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Config::kKSteps; ++k) {
-          wgmma_k_step<T, Config::kTileQ>(acc, smem_desc_k_major_sw128(p, k),
-                                          smem_desc_k_major_sw128(q, k));
-        }
-        wgmma_commit_group();
-        wgmma_wait_group<1>();
-        if (previous >= 0) release(previous);
-        previous = state.stage;
-        state.advance(kStages);
-      }
-      wgmma_wait_group<0>();
-      wgmma_fence_operands(acc);
-      if (previous >= 0) release(previous);
-
-      if (split > 1) {
-        // Partners add their sums into rank 0's registers through its shared memory.
-        if (rank != 0) {
-          send_cluster_partials(acc, partials, rank, thread, Config::kConsumerThreads);
-        }
-        cluster_sync();
-        if (rank == 0) {
-          add_cluster_partials(acc, partials, split - 1, thread, Config::kConsumerThreads);
-        }
-      }
-      if (Config::kStageColScales && params.tma_store) {
-        // Both consumers have finished the last tile's epilogue, which read the staged
-        // scales, before they are overwritten; then all see the new ones.
-        named_barrier(kColScalesBarrier, Config::kConsumerThreads);
-        if (thread < Config::kTileQ) staged_col_scales[thread] = col_scale_value;
-        named_barrier(kColScalesBarrier, Config::kConsumerThreads);
-      }
-      if (split == 1 || rank == 0) {
-        uint8_t* buffers = store_buffers + consumer * 2 * Config::kStoreChunkBytes;
-        auto store = [&](auto out_type) {
-          using Out = decltype(out_type);
-          if (Config::kTmaStore && params.tma_store) {
-            store_tile_tma<Config, Out>(params, acc, row_base, col_base, row_scales,
-                                        staged_col_scales, buffers, &map_out, 1 + consumer, chunk);
-          } else {
-            store_tile<Config, Out>(params, acc, row_base, col_base);
-          }
-        };
-        if constexpr (Config::kInt8) {
-          params.out_bf16 ? store(bf16_t{}) : store(fp16_t{});
-        } else {
-          params.out_fp32 ? store(float{}) : store(T{});
-        }
-      }
-      if (split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
-    }
-    // The stores must finish reading shared memory (and writing) before the CTA exits.
-    if (Config::kTmaStore && threadIdx.x % kWarpgroupThreads == 0) tma_store_wait<0>();
+    run_consumer(params, smem, work, &map_out, warpgroup - 1);
   }
   // No CTA leaves while a peer may still write into its shared memory or arrive on
   // its barriers.
-  if (kMulticast > 1) cluster_sync();
+  if (Config::kMulticast > 1) cluster_sync();
 #endif
 }
 
