@@ -124,12 +124,13 @@ def w8a8_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """Random int8 weights with per-channel scales, the size of ``weight``; activations
     quantised per token by ``per_token_quant_int8``."""
     n, k = weight.shape
-    b = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
+    # [K, N] column-major, the view int8_scaled_mm takes, made once as a model would.
+    b_t = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda").t()
     scales_b = torch.rand(n, device="cuda") * 0.01 / 127
 
     def linear(a: torch.Tensor) -> torch.Tensor:
         a_q, scales_a = jit.per_token_quant_int8(a)
-        return jit.int8_scaled_mm(a_q, b.t(), scales_a.view(-1), scales_b, BF16)
+        return jit.int8_scaled_mm(a_q, b_t, scales_a, scales_b, BF16)
 
     return linear
 
