@@ -232,3 +232,81 @@ def test_a_warm_identity_reads_no_script_again(cxx_called, monkeypatch):
     assert read > 0
     assert toolchain.find_cxx().identity == first
     assert len(reads) == read  # each file's stat is unchanged: its reading is reused
+
+
+# ---------------------------------------------------------------- the host ISA (issue 35)
+# /proc/cpuinfo of a two-core AArch64 host: "Features" (not x86's "flags") and the core.
+AARCH64_CPUINFO = textwrap.dedent("""
+    processor\t: 0
+    BogoMIPS\t: 243.75
+    Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp asimddp
+    CPU implementer\t: 0x41
+    CPU architecture: 8
+    CPU variant\t: 0x3
+    CPU part\t: 0xd0c
+    CPU revision\t: 1
+
+    processor\t: 1
+    BogoMIPS\t: 243.75
+    Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp asimddp
+    CPU implementer\t: 0x41
+    CPU architecture: 8
+    CPU variant\t: 0x3
+    CPU part\t: 0xd0c
+    CPU revision\t: 1
+""")
+AARCH64_FEATURES = "aes asimd asimddp asimdhp atomics crc32 evtstrm fp fphp pmull sha1 sha2"
+
+
+@pytest.fixture
+def aarch64_host(monkeypatch, tmp_path):
+    """An AArch64 machine with AARCH64_CPUINFO; returns the cpuinfo file to rewrite."""
+    import platform
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(AARCH64_CPUINFO)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(toolchain, "_CPUINFO", cpuinfo)
+    return cpuinfo
+
+
+def test_host_isa_on_aarch64_is_its_features_and_its_core(aarch64_host):
+    words = sorted([*AARCH64_FEATURES.split(), "core=0x41/0x3/0xd0c"])
+    assert toolchain.host_isa() == "aarch64:" + " ".join(words)
+
+
+def test_another_core_with_the_same_features_is_another_host_isa(aarch64_host):
+    before = toolchain.host_isa()
+    aarch64_host.write_text(AARCH64_CPUINFO.replace("0xd0c", "0xd42", 1))  # big.LITTLE-like
+    after = toolchain.host_isa()
+    assert after != before
+    assert "core=0x41/0x3/0xd0c" in after.split() and "core=0x41/0x3/0xd42" in after.split()
+
+
+def test_host_isa_on_x86_is_its_flags_sorted(monkeypatch, tmp_path):
+    import platform
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvmx flags\t: ept\nflags\t\t: sse2 avx2 fma avx\n\n")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(toolchain, "_CPUINFO", cpuinfo)
+    assert toolchain.host_isa() == "x86_64:avx avx2 fma sse2"
+
+
+def test_host_isa_without_cpuinfo_is_the_machine(aarch64_host):
+    aarch64_host.unlink()
+    assert toolchain.host_isa() == "aarch64"
+
+
+def test_cpu_flags_have_no_x86_only_option_on_aarch64(monkeypatch):
+    import platform
+
+    from mllm_kernel.jit_utils.loader import DEFAULT_CXX_FLAGS, host_vector_flags
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert host_vector_flags() == ()
+    assert (
+        host_vector_flags("x86_64") == host_vector_flags("AMD64") == ("-mprefer-vector-width=512",)
+    )
+    # -march=native is understood by an AArch64 g++ too (it reads the same cpuinfo).
+    assert "-march=native" in DEFAULT_CXX_FLAGS

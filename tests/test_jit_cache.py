@@ -362,3 +362,42 @@ def test_verbose_logs_compiler_commands(kernel, spy):
     result = _probe({**spy, "MLLM_KERNEL_VERBOSE": "1"}, kernel, k=5)
     assert result.stdout.strip() == "51"
     assert "$ " in result.stderr and " -c " in result.stderr and "-shared" in result.stderr
+
+
+def test_native_builds_on_aarch64_are_keyed_by_its_features_and_core(monkeypatch, tmp_path):
+    """The host-ISA part of the key on an AArch64 host (/proc/cpuinfo says "Features"):
+    another core or another feature set is another key; a non-native build has none."""
+    import dataclasses
+    import platform
+
+    from mllm_kernel.jit_utils import cache_key, toolchain
+    from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
+
+    source = tmp_path / "k.cpp"
+    source.write_text("inline int k() { return 1; }\n")
+    native = BuildSpec(
+        "k", "cpu", (), cpp_files=(source,), cpp_wrappers=(Wrapper("k", "k"),),
+        cxx_flags=("-O3", "-march=native"),
+    )  # fmt: skip
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(toolchain, "_CPUINFO", cpuinfo)
+
+    def keys(text: str) -> tuple[str, str]:
+        cpuinfo.write_text(text)
+        return cache_key.toolchain_free_hash(native), str(
+            cache_key.relocatable_key(native, tmp_path).hash
+        )
+
+    base = (
+        "processor\t: 0\nFeatures\t: fp asimd fphp asimdhp\n"
+        "CPU implementer\t: 0x41\nCPU variant\t: 0x1\nCPU part\t: 0xd42\n"
+    )
+    first = keys(base)
+    assert toolchain.host_isa() == "aarch64:asimd asimdhp core=0x41/0x1/0xd42 fp fphp"
+    assert keys(base) == first
+    assert keys(base.replace("asimdhp", "asimdhp sve")) != first
+    assert keys(base.replace("0xd42", "0xd4f")) != first
+    plain = dataclasses.replace(native, cxx_flags=("-O3",))
+    assert "host_isa" not in cache_key.toolchain_free_material(plain)
+    assert cache_key.relocatable_key_material(native)["machine"] == "aarch64"

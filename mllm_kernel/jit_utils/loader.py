@@ -35,11 +35,24 @@ _logger = get_logger()
 # -march=native: CPU kernels are built for the machine they run on (the host
 # ISA then joins the cache key), so the compiler can vectorise for it.
 DEFAULT_CXX_FLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden", "-march=native")
-# OpenMP (threads and `omp simd`) for every CPU module, and on x86 the full vector width
-# where the host has AVX-512 (GCC otherwise stops at 256 bits).
-DEFAULT_CPU_OPENMP_FLAGS = ("-fopenmp",) + (
-    ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
-)
+
+
+def host_vector_flags(machine: str | None = None) -> tuple[str, ...]:
+    """The vector-width flags CPU modules get on ``machine`` (default: this one's).
+
+    x86: the full vector width where the host has AVX-512 (GCC otherwise stops at 256
+    bits); an x86-only option, which an AArch64 g++ rejects. AArch64 (NEON is 128 bits,
+    SVE's width is the hardware's) and others: none.
+
+    >>> host_vector_flags("x86_64"), host_vector_flags("aarch64")
+    (('-mprefer-vector-width=512',), ())
+    """
+    machine = (machine or platform.machine()).lower()
+    return ("-mprefer-vector-width=512",) if machine in ("x86_64", "amd64") else ()
+
+
+# OpenMP (threads and `omp simd`) for every CPU module, and the host's vector flags.
+DEFAULT_CPU_OPENMP_FLAGS = ("-fopenmp", *host_vector_flags())
 DEFAULT_CPU_LDFLAGS = ("-fopenmp",)
 DEFAULT_CUDA_HOST_CXX_FLAGS = ("-std=c++20", "-O3", "-fPIC", "-fvisibility=hidden")
 DEFAULT_CUDA_FLAGS = (

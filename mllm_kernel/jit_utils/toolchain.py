@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -41,6 +42,9 @@ from mllm_kernel.jit_utils import env
 from mllm_kernel.jit_utils.errors import ToolchainError
 
 _DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
+_CPUINFO = Path("/proc/cpuinfo")
+# The /proc/cpuinfo fields that name an Arm core (AArch64's -march=native reads them).
+_ARM_CORE_FIELDS = ("CPU implementer", "CPU variant", "CPU part")
 # A shell wrapper such as /usr/local/bin/nvcc: `exec /usr/local/cuda-13.0/bin/nvcc "$@"`;
 # the program and its first argument (the compiler, where the program is ccache).
 _WORD = r"(\"[^\"]+\"|'[^']+'|\S+)"
@@ -383,17 +387,36 @@ def find_cuda() -> CudaToolkit:
 
 
 def host_isa() -> str:
-    """The host CPU's instruction-set fingerprint, for keys of ``-march=native`` builds."""
-    machine = os.uname().machine
+    """The host CPU's instruction-set fingerprint, for keys of ``-march=native`` builds:
+    ``<machine>:<words>``, the words sorted. x86: /proc/cpuinfo's ``flags``. AArch64: its
+    ``Features`` and one ``core=<implementer>/<variant>/<part>`` word per distinct core,
+    as GCC's ``-march=native`` there takes the architecture version from the core and
+    only the extensions from the features. Only the machine where /proc/cpuinfo says
+    neither.
+
+    >>> host_isa()  # doctest: +SKIP
+    'aarch64:aes asimd asimdhp core=0x41/0x1/0xd0c crc32 fp fphp pmull sha1 sha2'
+    """
+    machine = platform.machine()
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        text = _CPUINFO.read_text()
     except OSError:
         return machine
-    for line in text.splitlines():
-        key = line.split(":", 1)[0].strip().lower()
-        if key in ("flags", "features"):
-            return f"{machine}:{' '.join(sorted(line.split(':', 1)[1].split()))}"
-    return machine
+    flags: list[str] | None = None
+    cores = set()
+    for block in text.split("\n\n"):  # one block per processor
+        fields = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        found = fields.get("flags", fields.get("Features"))
+        if flags is None and found is not None:
+            flags = found.split()
+        if any(field in fields for field in _ARM_CORE_FIELDS):
+            cores.add("core=" + "/".join(fields.get(field, "?") for field in _ARM_CORE_FIELDS))
+    if flags is None and not cores:
+        return machine
+    return f"{machine}:{' '.join(sorted([*(flags or ()), *cores]))}"
 
 
 def reset() -> None:

@@ -2,9 +2,10 @@
 // loops. bf16, and fp16 on most targets, convert element by element inside the
 // loops (to_float / from_float: integer and float arithmetic that vectorises).
 // Where the hardware converts fp16 vectors (x86's F16C, 16 values per
-// instruction with AVX-512) that arithmetic is several times slower, so there a
-// row goes by blocks: each widened into a float buffer, computed on, and the
-// results narrowed back.
+// instruction with AVX-512; every AArch64 CPU's NEON FCVTL / FCVTN, 4 a
+// instruction) that arithmetic is several times slower, so there a row goes by
+// blocks: each widened into a float buffer, computed on, and the results
+// narrowed back.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,10 @@
 
 #if defined(__F16C__)
 #include <immintrin.h>
+#define MLLM_KERNEL_FP16_VECTOR_CONVERSION 1
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#define MLLM_KERNEL_FP16_VECTOR_CONVERSION 1
 #endif
 
 #include "mllm_kernel/utils.hpp"
@@ -22,7 +27,7 @@ namespace mllm_kernel::cpu {
 /// element by element in the compute loops.
 template <typename T>
 inline constexpr bool kConvertsInBlocks = false;
-#if defined(__F16C__)
+#if defined(MLLM_KERNEL_FP16_VECTOR_CONVERSION)
 template <>
 inline constexpr bool kConvertsInBlocks<fp16_t> = true;
 #endif
@@ -33,9 +38,10 @@ inline constexpr bool kConvertsInBlocks<fp16_t> = true;
 /// and 512 (benchmarks/RESULTS.md, issue 30).
 inline constexpr int64_t kFloatBlock = 128;
 
-#if defined(__F16C__)
+#if defined(MLLM_KERNEL_FP16_VECTOR_CONVERSION)
 namespace float_blocks_detail {
 
+#if defined(__F16C__)
 // The hardware conversions, kLanes values at a time, rounding fixed to nearest
 // even (not read from MXCSR): bit for bit what to_float / from_float compute.
 #if defined(__AVX512F__)
@@ -61,6 +67,23 @@ inline void narrow_lanes(const float* src, fp16_t* dst) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), half);
 }
 #endif
+#else
+// AArch64: NEON's conversions are in the base ISA (no -march extension needed).
+// They round by FPCR, nearest even unless a program changed it, and keep NaN
+// payloads (quieted) as long as FPCR's default-NaN bit is off, as Linux leaves
+// it: then bit for bit what to_float / from_float compute.
+inline constexpr int64_t kLanes = 8;
+
+inline void widen_lanes(const fp16_t* src, float* dst) {
+  const float16x8_t half = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(src)));
+  vst1q_f32(dst, vcvt_f32_f16(vget_low_f16(half)));
+  vst1q_f32(dst + 4, vcvt_high_f32_f16(half));
+}
+inline void narrow_lanes(const float* src, fp16_t* dst) {
+  const float16x8_t half = vcvt_high_f16_f32(vcvt_f16_f32(vld1q_f32(src)), vld1q_f32(src + 4));
+  vst1q_u16(reinterpret_cast<uint16_t*>(dst), vreinterpretq_u16_f16(half));
+}
+#endif
 
 }  // namespace float_blocks_detail
 #endif
@@ -69,7 +92,7 @@ inline void narrow_lanes(const float* src, fp16_t* dst) {
 template <typename T>
 [[gnu::always_inline]] inline void widen(const T* src, float* dst, int64_t n) {
   int64_t head = 0;
-#if defined(__F16C__)
+#if defined(MLLM_KERNEL_FP16_VECTOR_CONVERSION)
   if constexpr (std::is_same_v<T, fp16_t>) {
     constexpr int64_t lanes = float_blocks_detail::kLanes;
     head = n - n % lanes;
@@ -84,7 +107,7 @@ template <typename T>
 template <typename T>
 [[gnu::always_inline]] inline void narrow(const float* src, T* dst, int64_t n) {
   int64_t head = 0;
-#if defined(__F16C__)
+#if defined(MLLM_KERNEL_FP16_VECTOR_CONVERSION)
   if constexpr (std::is_same_v<T, fp16_t>) {
     constexpr int64_t lanes = float_blocks_detail::kLanes;
     head = n - n % lanes;
