@@ -619,6 +619,20 @@ def test_gptq_repack_rejects_bad_inputs(args, error, match):
         gptq_marlin_repack(*map(_made, args))
 
 
+@pytest.mark.parametrize("bad_row", [-1, 256, 2**20])
+def test_gptq_repack_refuses_perm_rows_outside_k(bad_row):
+    """perm's values are rows the kernel reads: one outside [0, size_k) is refused
+    before the kernel runs; a perm of the wrong dtype gets the kernel's type error
+    instead (its values are never read)."""
+    q = torch.zeros(32, 64, dtype=torch.int32, device="cuda")
+    perm = torch.arange(256, dtype=torch.int32, device="cuda")
+    perm[17] = bad_row
+    with pytest.raises(ValueError, match=r"argument 'perm': values must lie in \[0, 256\)"):
+        gptq_marlin_repack(q, perm, 256, 64, 4)
+    with pytest.raises(TypeError, match=r"argument 'perm'.*int32"):
+        gptq_marlin_repack(q, perm.float(), 256, 64, 4)
+
+
 def test_awq_repack_rejects_bad_inputs():
     with pytest.raises(ValueError, match=r"'b_q_weight'.*\[256, 8\] \(AWQ"):
         awq_marlin_repack(_cuda(32, 64, dtype=torch.int32).made(), 256, 64, 4)

@@ -236,3 +236,22 @@ def test_the_torch_op_takes_the_schemas_order_when_out_is_declared_early():
     compiled = torch.compile(lambda x: mid_out_op_cpu(x, None, 4.0, bump=bump), fullgraph=True)
     assert torch.equal(compiled(x), x * 4)
     assert bump.item() >= 3
+
+
+def after_out_op(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``x + 1``, with ``out`` declared before the argument its result is like."""
+
+
+AFTER_OUT = Op(after_out_op, out="out", fake=like("x"))
+
+
+@AFTER_OUT.kernel("cpu")
+def after_out_op_cpu(out, x):
+    return torch.add(x, 1, out=out) if out is not None else x + 1
+
+
+def test_like_finds_its_argument_in_the_schemas_order():
+    x = torch.empty(2, 5, device="meta")
+    got = torch.ops.mllm_kernel.after_out_op(x)  # torch passes (x,): no out in the schema
+    assert (got.shape, got.device.type) == ((2, 5), "meta")
+    assert torch.equal(after_out_op_cpu(None, torch.zeros(3)), torch.ones(3))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numbers
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -142,11 +142,6 @@ def number(value: Any, arg: str) -> float:
     raise TypeError(f"argument '{arg}': expected a number but got {_type_name(value)}")
 
 
-def optional_number(value: Any, arg: str) -> float | None:
-    """Like :func:`number`, with ``None`` passed through."""
-    return None if value is None else number(value, arg)
-
-
 def integer(value: Any, arg: str) -> int:
     """``value`` as an int: any integer type, not a bool, a float or a str.
 
@@ -158,11 +153,6 @@ def integer(value: Any, arg: str) -> int:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
     raise TypeError(f"argument '{arg}': expected an int but got {_type_name(value)}")
-
-
-def optional_integer(value: Any, arg: str) -> int | None:
-    """Like :func:`integer`, with ``None`` passed through."""
-    return None if value is None else integer(value, arg)
 
 
 def boolean(value: Any, arg: str) -> bool:
@@ -281,12 +271,6 @@ def _same_op_on(device: str) -> str:
             return ""
         frame = frame.f_back
     return ""
-
-
-def not_on_device(tensor_value: torch.Tensor, device: str) -> NoReturn:
-    """Raises ValueError for a tensor not on ``device``, without an argument name (the
-    op's :func:`explain` adds it)."""
-    raise ValueError(unsupported(tensor_value, device) or f"expected a tensor on {device}")
 
 
 def _type_name(value: Any) -> str:

@@ -1,17 +1,12 @@
 """The package's ops as torch custom ops (``torch.ops.mllm_kernel.*``): what torch.compile sees.
 
-The ops of :mod:`mllm_kernel.ops` get theirs from their declaration (:class:`mllm_kernel.ops.op.Op`
-infers the schema and calls :func:`torch_op`). An op not yet declared there spells its
-schema and implements it for its device with the op's own Python function::
+Every op gets its torch op from its declaration (:class:`mllm_kernel.ops.op.Op` infers
+the schema and calls :func:`torch_op`, then registers each device's eager function with
+:meth:`TorchOp.implement`); nothing else calls :func:`torch_op`.
 
-    _RMSNORM_OP = torch_op(
-        "rmsnorm", "(Tensor input, Tensor weight, float eps=1e-06) -> Tensor",
-        fake=lambda input, weight, eps=1e-6: torch.empty_like(input), out="out",
-    ).implement("cpu", rmsnorm)
-
-* One name, one schema on every device: the CPU and the CUDA file both declare
-  ``rmsnorm``, and a second declaration with another schema is a ValueError at import
-  (the op's signature is the same on both devices or the package does not load).
+* One name, one schema on every device: a second declaration with another schema is a
+  ValueError at import (the op's signature is the same on both devices or the package
+  does not load).
 * ``fake`` gives the output's shape, dtype and strides without running anything (the
   meta implementation); ops that only write their arguments need none.
 * Mutated arguments are annotated in the schema (``Tensor(a!) query``); an op with an
@@ -20,15 +15,14 @@ schema and implements it for its device with the op's own Python function::
   may not return an alias of an input, so the functional overload and the in-place
   one are separate, and :meth:`TorchOp.__call__` picks one as the Python op does.
 
-The eager path does not go through torch's dispatcher: each public op starts with
-``if _tracing(): return _OP(...)`` (``torch.compiler.is_dynamo_compiling``: False in
-eager mode at the cost of one empty call, folded to True by Dynamo while tracing, so
-a compiled graph holds the registered op), and otherwise calls its kernel directly.
-The registered implementations call the same Python function, outside of tracing.
-An op with a backward (``autograd``) also takes the registered path when its input
-requires grad, so that ``.backward()`` works in eager mode; ops without one, and ops
-that write their arguments in place, call :func:`refuse_grad` first: a required grad
-(grad mode on) is a RuntimeError that says what to do, in eager mode as under
+The eager path does not go through torch's dispatcher: the generated eager function asks
+``torch.compiler.is_dynamo_compiling()`` first (False in eager mode at the cost of one
+empty call, folded to True by Dynamo while tracing, so a compiled graph holds the
+registered op) and otherwise calls its kernel directly. An op with a backward
+(``autograd``) also takes the registered path when its input requires grad, so that
+``.backward()`` works in eager mode; the registered implementation of an op without one,
+or of one that writes its arguments in place, refuses a required grad
+(:func:`refuse_grad`): a RuntimeError that says what to do, in eager mode as under
 torch.compile, never a result that silently drops the gradient.
 """
 

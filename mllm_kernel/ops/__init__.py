@@ -4,5 +4,5 @@ A module here holds an op family's declarations: the signature and docstring of 
 op, its fake, autograd and argument rules (the contract both devices share). The
 device packages (:mod:`mllm_kernel.cpu.jit`, :mod:`mllm_kernel.cuda.jit`) hold the
 kernel modules and give each op its kernel on that device; the public functions live
-there, as before. Nothing here imports a device package.
+there. Nothing here imports a device package.
 """

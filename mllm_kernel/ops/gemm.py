@@ -52,11 +52,11 @@ def gemm(
     bf16 or both fp16, with a contiguous last dim; a larger row stride (a slice of a
     bigger buffer) is fine when it is a multiple of 8 elements. ``N`` and ``K`` must
     be multiples of 8 (16-byte rows); any ``M``. Returns ``[M, N]`` in ``out_dtype``
-    (the input dtype by default, or ``torch.float32``; a dtype name such as
-    ``"float32"`` is taken too), written into ``out`` if given (which must then have
-    that dtype). ``bias`` (``[N]``, the output dtype) is added before the cast. The
-    torch op ``torch.ops.mllm_kernel.gemm`` takes ``bias`` and ``out_dtype`` after
-    ``b``, and ``out`` in its ``.out`` overload.
+    (the input dtype by default, or ``torch.float32``; in eager calls a dtype name such
+    as ``"float32"`` is taken too, under torch.compile a dtype only), written into
+    ``out`` if given (which must then have that dtype). ``bias`` (``[N]``, the output
+    dtype) is added before the cast. The torch op ``torch.ops.mllm_kernel.gemm`` takes
+    ``bias`` and ``out_dtype`` after ``b``, and ``out`` in its ``.out`` overload.
 
     Raises TypeError/ValueError naming the argument for bad inputs.
     """

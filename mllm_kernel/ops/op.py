@@ -80,6 +80,8 @@ class like:
     name: str
 
     def bound(self, signature: inspect.Signature) -> Callable[..., torch.Tensor]:
+        """The fake for an op of ``signature``, as torch calls it: the schema's
+        arguments (the declared ones without the ``out`` buffer)."""
         position = list(signature.parameters).index(self.name)
 
         def fake(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -126,7 +128,8 @@ class Op:
         if unknown:
             raise ValueError(f"op {self.name}: no parameter named {sorted(unknown)}")
         if isinstance(fake, like):
-            fake = fake.bound(self.signature)
+            schema_order = [p for name, p in self.signature.parameters.items() if name != out]
+            fake = fake.bound(self.signature.replace(parameters=schema_order))
         self.torch_op: TorchOp = torch_op(
             self.name, self.schema(), fake=fake, out=out, autograd=autograd
         )

@@ -12,11 +12,16 @@ import torch
 
 from mllm_kernel.cuda.jit.bounds_check import error_counter, raise_if_counted
 from mllm_kernel.jit_utils import env
+from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.ops.gdn import GDN_DECODE
 
 _GDN_DECODE = KernelModule(
-    "gdn_decode", device="cuda", sources=["gdn_decode.cu"], exports=["gdn_decode"]
+    "gdn_decode",
+    device="cuda",
+    sources=["gdn_decode.cu"],
+    exports=["gdn_decode"],
+    archs=AMPERE_OR_NEWER,
 )
 
 

@@ -36,9 +36,12 @@ def gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits):
     if perm is not None and perm.numel() == 0:
         perm = None  # the original's way of passing none
     # The values of perm are rows the kernel reads, checked here: reading them needs the
-    # GPU's result (a sync the kernel does not make), skipped while a graph captures.
+    # GPU's result (a sync the kernel does not make), skipped while a graph captures, and
+    # for a perm the kernel refuses anyway (its dtype and shape are checked there).
     if (
         perm is not None
+        and perm.dtype == torch.int32
+        and perm.shape == (size_k,)
         and not torch.cuda.is_current_stream_capturing()
         and bool(((perm < 0) | (perm >= size_k)).any())
     ):
