@@ -100,6 +100,24 @@ def write_script(path: Path, text: str) -> Path:
     return path
 
 
+def run_host_program(directory: Path, source: str) -> str:
+    """Builds ``source``, a host program that includes the package's headers (compiled
+    for sm_90a, so that every kernel header parses), with nvcc in ``directory``, runs it
+    and returns what it printed: how the nvcc tests read the C++ side's constants."""
+    import subprocess
+
+    from mllm_kernel.jit_utils import paths, toolchain
+
+    source_path, program = directory / "facts.cu", directory / "facts"
+    source_path.write_text(source)
+    nvcc = toolchain.find_cuda().nvcc.path
+    includes = [f"-I{d}" for d in (paths.include_dir(), *paths.tvm_ffi_include_dirs())]
+    command = [str(nvcc), "-std=c++20", "-arch=sm_90a", *includes, "-o", str(program)]
+    build = subprocess.run([*command, str(source_path)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    return subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout
+
+
 @pytest.fixture
 def reset_toolchain():
     """Forgets the compilers found before and after the test (PATH / CXX changes)."""

@@ -10,11 +10,9 @@ No GPU: the program runs on the host and calls no CUDA function.
 from __future__ import annotations
 
 import importlib
-import subprocess
 
 import pytest
-
-from mllm_kernel.jit_utils import paths, toolchain
+from conftest import run_host_program
 
 gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
 TILES = gemm_module.TILES
@@ -60,15 +58,7 @@ def _program() -> str:
 def kernel_facts(tmp_path_factory):
     """``({(element, tile name): (tile_p, tile_q, tile_k, shared bytes)}, limits)`` as the
     C++ header computes them."""
-    directory = tmp_path_factory.mktemp("gemm_constants")
-    source, program = directory / "facts.cu", directory / "facts"
-    source.write_text(_program())
-    nvcc = toolchain.find_cuda().nvcc.path
-    includes = [f"-I{d}" for d in (paths.include_dir(), *paths.tvm_ffi_include_dirs())]
-    command = [str(nvcc), "-std=c++20", "-arch=sm_90a", *includes, "-o", str(program), str(source)]
-    build = subprocess.run(command, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    lines = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout
+    lines = run_host_program(tmp_path_factory.mktemp("gemm_constants"), _program())
     facts, limits = {}, None
     for line in lines.splitlines():
         fields = line.split()

@@ -12,12 +12,10 @@ No GPU: the program runs on the host and calls no CUDA function.
 from __future__ import annotations
 
 import importlib
-import subprocess
 
 import pytest
 import torch
-
-from mllm_kernel.jit_utils import paths, toolchain
+from conftest import run_host_program
 
 gptq_marlin = importlib.import_module("mllm_kernel.cuda.jit.gptq_marlin")
 marlin_format = importlib.import_module("mllm_kernel.cuda.jit.marlin_format")
@@ -80,15 +78,7 @@ def _program() -> str:
 @pytest.fixture(scope="module")
 def kernel_facts(tmp_path_factory) -> dict[str, list[int]]:
     """``{name: values}`` as the C++ headers compute them."""
-    directory = tmp_path_factory.mktemp("marlin_constants")
-    source, program = directory / "facts.cu", directory / "facts"
-    source.write_text(_program())
-    nvcc = toolchain.find_cuda().nvcc.path
-    includes = [f"-I{d}" for d in (paths.include_dir(), *paths.tvm_ffi_include_dirs())]
-    command = [str(nvcc), "-std=c++20", "-arch=sm_90a", *includes, "-o", str(program), str(source)]
-    build = subprocess.run(command, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    lines = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout
+    lines = run_host_program(tmp_path_factory.mktemp("marlin_constants"), _program())
     return {name: [int(v) for v in values] for name, *values in map(str.split, lines.splitlines())}
 
 
