@@ -195,6 +195,16 @@ def _prototype(signature: inspect.Signature) -> Callable[..., Any]:
     return prototype
 
 
+# A scalar annotation: (the name of its exact type in the generated code, the name of
+# its op_inputs converter there).
+_SCALARS = {
+    float: ("float", "_number"),
+    int: ("int", "_integer"),
+    bool: ("bool", "_boolean"),
+    torch.dtype: ("_dtype_type", "_dtype"),
+}
+
+
 def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]]:
     """The generated line converting argument ``name``, and the names it uses."""
     written = name in op.writes or name == op.out
@@ -213,18 +223,11 @@ def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]
         return f"if not ({fast}): {name} = {check}({name}, {name!r})", {}
     if _is_optional(annotation, _Tensor):
         return f"if {name} is not None and not ({fast}): {name} = {check}({name}, {name!r})", {}
-    if annotation is float:
-        return f"if type({name}) is not float: {name} = _number({name}, {name!r})", {}
-    if _is_optional(annotation, float):
-        return f"if {name} is not None: {name} = _number({name}, {name!r})", {}
-    if annotation is int:
-        return f"if type({name}) is not int: {name} = _integer({name}, {name!r})", {}
-    if _is_optional(annotation, int):
-        return f"if {name} is not None: {name} = _integer({name}, {name!r})", {}
-    if annotation is bool:
-        return f"if type({name}) is not bool: {name} = _boolean({name}, {name!r})", {}
-    if annotation is torch.dtype:
-        return f"if type({name}) is not _dtype_type: {name} = _dtype({name}, {name!r})", {}
+    for kind, (exact, convert) in _SCALARS.items():
+        if annotation is kind:  # an exact value is taken as it is: one type() test
+            return f"if type({name}) is not {exact}: {name} = {convert}({name}, {name!r})", {}
+        if _is_optional(annotation, kind):
+            return f"if {name} is not None: {name} = {convert}({name}, {name!r})", {}
     raise TypeError(
         f"op {op.name}: argument {name!r} is annotated {annotation!r}; give it a converter "
         "(Op(convert={...}))"
