@@ -21,6 +21,13 @@
 // Scales and zero points are loaded one group ahead, and the zero mode and act-order
 // are template parameters.
 //
+// The kernel reads as its steps, each a device function or a small struct of them:
+// StreamSlice (the CTA's columns, rows and K slice), the producers (WeightRing, each
+// lane's ring of weight tiles; load_activation_chunk, the A chunks), the consumer
+// (StreamConsumer: multiply one tile, begin a group, finish; GroupSchedule: when the
+// constants change along K), stream_main_loop, and the epilogues (store_results,
+// cluster_split_k_sum, publish_partial + sum_partials).
+//
 // When the column tiles alone cannot fill the GPU, K is split over `split` CTAs, which
 // are summed in a fixed order (run-to-run identical results) in one of two ways:
 //   - on sm_90+, the split CTAs of a column tile form a thread-block cluster and sum
@@ -425,273 +432,405 @@ struct StreamLayout {
                 "a row of every split's partial sums fits (the global split-K sum)");
 };
 
-template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
-__global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
-                                                  : kDefersScales<T, Bits, Rows, ActOrder>
-                                                      ? kDeferredMinBlocks
-                                                      : kStreamMinBlocks)
-    marlin_stream_kernel(const Params p) {
+/// One build of the streaming kernel (activation type, weight bits, tokens per CTA, zero
+/// mode, act-order) and what follows from it: how it multiplies, its shared memory and
+/// the CTAs per SM it is built for.
+template <typename T_, int Bits, int Rows, int ZeroMode, bool ActOrder>
+struct StreamConfig {
+  using T = T_;
+  static constexpr int kBits = Bits;
+  static constexpr int kZeroMode = ZeroMode;
+  static constexpr bool kActOrder = ActOrder;
   static_assert(!ActOrder || ZeroMode == kBias, "act-order takes the type's zero");
-  constexpr bool kDeferred = kDefersScales<T, Bits, Rows, ActOrder>;
+  static constexpr bool kDeferred = kDefersScales<T, Bits, Rows, ActOrder>;
   static_assert(Rows != 8 || kDeferred, "8-token CTAs are for deferred scales");
-  constexpr int MBlocks = Rows > 16 ? Rows / 16 : 1;  // 16-row A blocks
-  constexpr int kTokenBlocks = Rows / 8;              // 8-token B blocks (deferred scales)
+  static constexpr int kMBlocks = Rows > 16 ? Rows / 16 : 1;  // 16-row A blocks
+  static constexpr int kTokenBlocks = Rows / 8;               // 8-token B blocks (deferred)
+  static constexpr int kMinBlocks =
+      Rows > 16 ? 2 : (kDeferred ? kDeferredMinBlocks : kStreamMinBlocks);
   using Layout = StreamLayout<Bits, Rows, kDeferred>;
-  constexpr int kRows = Layout::kRows;
-  constexpr int kDepth = Layout::kDepth;
-  constexpr int kLaneBytes = Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
-  extern __shared__ __align__(16) unsigned char smem[];
+  static constexpr int kDepth = Layout::kDepth;
+  using Constants = TileConstants<T, Bits, ActOrder>;
+  using Deferred = DeferredScales<T, Bits, ZeroMode, kDeferred ? kTokenBlocks : 1>;
+  using DeferredState = std::conditional_t<kDeferred, Deferred, NoDeferredScales>;
+};
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int m0 = blockIdx.z * kRows;
-  const int rows = min(kRows, p.m - m0);
-  // grid (split, column tiles, row blocks): the CTAs of one column tile are neighbours
-  // along x, so a cluster along x holds them.
-  const int slice = blockIdx.x, column_tile = blockIdx.y;
-  const int col0 = column_tile * kStreamCols + 64 * warp;
-  const bool warp_valid = col0 < p.n;  // uniform per warp
-  const int kt_begin = slice * p.k_tiles_per_split;
-  const int kt_end = min(kt_begin + p.k_tiles_per_split, p.k / 16);
-  const int tiles = kt_end - kt_begin;
+/// Where a CTA of the streaming kernel works, and this thread's place in it. grid (split,
+/// column tiles, row blocks): the CTAs of one column tile are neighbours along x, so a
+/// cluster along x holds them.
+struct StreamSlice {
+  int tid, lane, warp;
+  int m0;                // the CTA's first token
+  int rows;              // its tokens (at most the build's Rows)
+  int slice;             // its K slice: its rank in a split-K cluster
+  int column_tile;       // its kStreamCols columns
+  int col0;              // the warp's 64 columns
+  bool warp_valid;       // whether they exist (uniform per warp)
+  int kt_begin, kt_end;  // the slice's k16 tiles
+  int tiles;
 
-  // Weights: each lane copies its own bytes of each tile into its warp's ring and reads
-  // back only those, so no warp waits for another on weights. One cp.async group per
-  // tile (zero-filled past the slice), so "the group of tile r" is always kDepth groups
-  // back. `b_next` walks the slice's tile rows kDepth ahead of the tile being used.
-  const int64_t row_bytes = int64_t{p.n} * 16 * Bits / 8;
-  const unsigned char* b_next = reinterpret_cast<const unsigned char*>(p.b) +
-                                int64_t{warp_valid ? col0 / 64 : 0} * Layout::kTileBytes +
-                                lane * kLaneBytes + kt_begin * row_bytes;
-  unsigned char* ring = smem + (warp * kDepth * 32 + lane) * kLaneBytes;  // slot s: + s * 32 lanes
-  // Tile kt_begin + r into `slot` (ring slot r % kDepth); b_next moves on.
-  auto load_tile = [&](int r, unsigned char* slot) {
-    const bool valid = warp_valid && r < tiles;
-#pragma unroll
-    for (int v = 0; v < kLaneBytes / 16; ++v) {
-      cp_async_16_or_zero(slot + 16 * v, b_next + 16 * v, valid);
-    }
-    if (valid) b_next += row_bytes;
-  };
+  __device__ __forceinline__ StreamSlice(const Params& p, int cta_rows)
+      : tid(threadIdx.x),
+        lane(tid % 32),
+        warp(tid / 32),
+        m0(blockIdx.z * cta_rows),
+        rows(min(cta_rows, p.m - m0)),
+        slice(blockIdx.x),
+        column_tile(blockIdx.y),
+        col0(column_tile * kStreamCols + 64 * warp),
+        warp_valid(col0 < p.n),
+        kt_begin(slice * p.k_tiles_per_split),
+        kt_end(min(kt_begin + p.k_tiles_per_split, p.k / 16)),
+        tiles(kt_end - kt_begin) {}
+};
 
-  // Activations: chunks of 256 k for all rows, double-buffered; their copies join the
-  // group of a weight tile that is waited for before the chunk is used. A row of a chunk
-  // is 32 pieces of 8 k: warp w copies rows w, w + 4, ..., lane l piece l of each.
-  // Deriving row and piece from one flat index per copy cost ~14 instructions a tile
-  // with 16 tokens. (A loop fully unrolled over kRows / 4 rows ran 2-4% slower at M = 1
-  // on an H200, with the same main loop; this one runs as fast as the flat one there.)
-  static_assert(kChunkK / 8 == 32, "a warp copies one row of a chunk");
-  auto load_chunk = [&](int chunk) {
-    const int k = (kt_begin + chunk * kChunkTiles) * 16 + lane * 8;
-    if (k >= kt_end * 16) return;  // past the slice
-    unsigned char* dst = smem + Layout::kRingBytes + (chunk % 2) * Layout::kChunkBytes;
-    for (int row = warp; row < rows; row += kStreamWarps) {
-      cp_async_16(dst + 2 * (row * kChunkK + ((lane ^ (row % 8)) * 8)),
-                  static_cast<const T*>(p.a) + int64_t{m0 + row} * p.lda + k);
-    }
-  };
+/// The weights' producer. Each lane copies its own bytes of each k16 x n64 tile (its mma
+/// fragments, marlin_layout.cuh) into its warp's ring of kDepth tiles and reads back
+/// only those, so no warp waits for another on weights. One cp.async group per tile
+/// (zero-filled past the slice), so "the group of tile r" is always kDepth groups back.
+template <class C>
+struct WeightRing {
+  static constexpr int kLaneBytes = C::Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
+  static constexpr int kSlotStride = 32 * kLaneBytes;            // a slot, all lanes
+  int64_t row_bytes;          // a k16 row of b (every column's tile)
+  const unsigned char* next;  // the lane's bytes of the next tile to copy: kDepth ahead
+  unsigned char* slots;       // the lane's bytes of slot 0
 
-  // The first copies go out before anything waits on memory (the first group's scales).
-  load_chunk(0);
-#pragma unroll
-  for (int r = 0; r < kDepth; ++r) {
-    load_tile(r, ring + r * 32 * kLaneBytes);
-    cp_async_commit();
+  __device__ __forceinline__ WeightRing(const Params& p, const StreamSlice& s, unsigned char* smem)
+      : row_bytes(int64_t{p.n} * 16 * C::kBits / 8),
+        next(reinterpret_cast<const unsigned char*>(p.b) +
+             int64_t{s.warp_valid ? s.col0 / 64 : 0} * C::Layout::kTileBytes + s.lane * kLaneBytes +
+             s.kt_begin * row_bytes),
+        slots(smem + (s.warp * C::kDepth * 32 + s.lane) * kLaneBytes) {}
+
+  /// The lane's bytes of ring slot `index`.
+  __device__ __forceinline__ unsigned char* lane_slot(int index) const {
+    return slots + index * kSlotStride;
   }
 
-  float acc[MBlocks][8][4];
+  /// Copies slice tile `r`, the next one, into `slot` (zeros past the slice, or when the
+  /// warp's columns do not exist) and moves on.
+  __device__ __forceinline__ void load(int r, unsigned char* slot, const StreamSlice& s) {
+    const bool valid = s.warp_valid && r < s.tiles;
+#pragma unroll
+    for (int v = 0; v < kLaneBytes / 16; ++v) {
+      cp_async_16_or_zero(slot + 16 * v, next + 16 * v, valid);
+    }
+    if (valid) next += row_bytes;
+  }
+
+  /// The slice's first kDepth tiles, one group each.
+  __device__ __forceinline__ void fill(const StreamSlice& s) {
+#pragma unroll
+    for (int r = 0; r < C::kDepth; ++r) {
+      load(r, lane_slot(r), s);
+      cp_async_commit();
+    }
+  }
+
+  /// The lane's words of the tile in `slot` (whose group has landed).
+  __device__ __forceinline__ static LaneWords<C::kBits> words(const unsigned char* slot) {
+    return *reinterpret_cast<const LaneWords<C::kBits>*>(slot);
+  }
+};
+
+/// The activations' producer: chunk `chunk` of the slice (kChunkK k of every row) into
+/// its buffer (chunk % 2, after the rings). Its copies join the group of a weight tile
+/// that is waited for before the chunk is used. A row of a chunk is 32 pieces of 8 k:
+/// warp w copies rows w, w + 4, ..., lane l piece l of each. Deriving row and piece
+/// from one flat index per copy cost ~14 instructions a tile with 16 tokens. (A loop
+/// fully unrolled over rows / 4 rows ran 2-4% slower at M = 1 on an H200, with the same
+/// main loop; this one runs as fast as the flat one there.)
+template <class C>
+__device__ __forceinline__ void load_activation_chunk(const Params& p, const StreamSlice& s,
+                                                      unsigned char* smem, int chunk) {
+  static_assert(kChunkK / 8 == 32, "a warp copies one row of a chunk");
+  const int k = (s.kt_begin + chunk * kChunkTiles) * 16 + s.lane * 8;
+  if (k >= s.kt_end * 16) return;  // past the slice
+  unsigned char* dst = smem + C::Layout::kRingBytes + (chunk % 2) * C::Layout::kChunkBytes;
+  for (int row = s.warp; row < s.rows; row += kStreamWarps) {
+    cp_async_16(dst + 2 * (row * kChunkK + ((s.lane ^ (row % 8)) * 8)),
+                static_cast<const typename C::T*>(p.a) + int64_t{s.m0 + row} * p.lda + k);
+  }
+}
+
+/// The consumer's view of the activation chunks: where the lane's ldmatrix rows lie.
+/// The lane's row for tile 4 q + u of a chunk is at byte offset[mb][u] + 128 q: the
+/// swizzle only touches the low 3 bits of the 16-byte piece index, which 8 q leaves
+/// alone. The four 8 x 8 matrices of ldmatrix_x4 are tokens 0-7 and 8-15 of k 0-7, then
+/// of k 8-15 (an A fragment); the two of ldmatrix_x2 / _x4 (deferred scales) tokens 0-7
+/// of k 0-7 and 8-15 (a B fragment), then tokens 8-15 of the same.
+template <class C>
+struct ChunkFragments {
+  uint32_t offset[C::kMBlocks][4];
+  uint32_t base;  // the shared-memory address of the first chunk
+
+  __device__ __forceinline__ ChunkFragments(const StreamSlice& s, unsigned char* smem) {
+#pragma unroll
+    for (int mb = 0; mb < C::kMBlocks; ++mb) {
+      const int token = C::kDeferred ? s.lane % 8 + 8 * (s.lane / 16) : s.lane % 16;
+      const int k_half = C::kDeferred ? s.lane / 8 % 2 : s.lane / 16;
+      // Rows past the valid ones read the last valid row (their results are dropped).
+      const int row = min(mb * 16 + token, s.rows - 1);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        offset[mb][u] = 2 * (row * kChunkK + (((2 * u + k_half) ^ (row % 8)) * 8));
+      }
+    }
+    base = static_cast<uint32_t>(__cvta_generic_to_shared(smem + C::Layout::kRingBytes));
+  }
+
+  /// The shared-memory address of the four tiles of the turn from slice tile `r0`.
+  __device__ __forceinline__ uint32_t turn(int r0) const {
+    return base + (r0 / kChunkTiles % 2) * C::Layout::kChunkBytes + (r0 % kChunkTiles / 4) * 128;
+  }
+};
+
+/// The consumer's state: the warp's fp32 sums of its 64 columns (rows mb * 16 + g (+ 8),
+/// columns 8 jb + 2 t (+ 1) in acc[mb][jb]), the dequantization constants in force and,
+/// with deferred scales, the current group's sums before its scales.
+template <class C>
+struct StreamConsumer {
+  using T = typename C::T;
+  float acc[C::kMBlocks][8][4];
+  typename C::DeferredState deferred;
+  typename C::Constants constants;
+
+  /// Zero sums, and the zero every weight shares (the type's bias, or 0).
+  __device__ __forceinline__ void init(const Params& p, const StreamSlice& s, unsigned char* smem) {
+#pragma unroll
+    for (int mb = 0; mb < C::kMBlocks; ++mb)
+#pragma unroll
+      for (int jb = 0; jb < 8; ++jb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mb][jb][i] = 0.f;
+    if constexpr (C::kDeferred) {
+      using Deferred = typename C::Deferred;
+      static_assert(Deferred::kSharedFloatsPerWarp * kStreamWarps * 4 == C::Layout::kTotalsBytes);
+      deferred.init(reinterpret_cast<float*>(smem + C::Layout::kTotalsOffset) +
+                        s.warp * Deferred::kSharedFloatsPerWarp,
+                    s.lane);
+    }
+    constants.set_fixed_zero(fixed_zero(p));
+  }
+
+  /// Tile u of the turn at `a_tiles` times the lane's weight words: deferred scales take
+  /// the tokens as B fragments, the others dequantize the weights and take the 16-row
+  /// blocks of activations that hold any of the `rows` as A fragments.
+  __device__ __forceinline__ void multiply(const ChunkFragments<C>& chunks, uint32_t a_tiles, int u,
+                                           const LaneWords<C::kBits>& words, int rows) {
+    if constexpr (C::kDeferred) {
+      uint32_t b_frag[C::kTokenBlocks][2];
+      if constexpr (C::kTokenBlocks == 1) {
+        ldmatrix_x2(b_frag[0], a_tiles + chunks.offset[0][u]);
+      } else {
+        ldmatrix_x4(reinterpret_cast<uint32_t (&)[4]>(b_frag), a_tiles + chunks.offset[0][u]);
+      }
+      deferred.tile(b_frag, words);
+    } else {
+      uint32_t a_frag[C::kMBlocks][4];
+#pragma unroll
+      for (int mb = 0; mb < C::kMBlocks; ++mb) {
+        ldmatrix_x4(a_frag[mb], a_tiles + chunks.offset[mb][u]);
+      }
+      tile_mma<T, C::kBits, C::kMBlocks, C::kActOrder, C::kZeroMode == kFloatZero>(
+          acc, a_frag, words, constants, rows);
+    }
+  }
+
+  /// A group's values take over (deferred scales: the finished group's sums are scaled
+  /// into the totals first).
+  __device__ __forceinline__ void begin_group(
+      const GroupValues<T, C::kBits, C::kZeroMode>& values) {
+    if constexpr (C::kDeferred) deferred.close_group(constants);
+    values.apply(constants);
+  }
+
+  /// After the last tile (deferred scales): the last group scaled, and the totals in
+  /// acc's layout.
+  __device__ __forceinline__ void finish(bool warp_valid) {
+    if constexpr (C::kDeferred) {
+      if (warp_valid) deferred.close_group(constants);
+      deferred.to_rows(acc);
+    }
+  }
+};
+
+/// When the dequantization constants change along K. Grouped: each group's values are
+/// loaded one group ahead and take over at the group's first tile. Slices start at a
+/// multiple of 4 tiles and groups span a power of two >= 2 of them, so groups change
+/// only at the first (or, for 2-tile groups, the third) tile of a turn: checked there
+/// alone, the switch costs nothing on the other tiles. Per-channel constants never
+/// change; act-order's are each tile's own (act_order_constants, in the main loop).
+template <class C>
+struct GroupSchedule {
+  int group_tiles;        // k16 tiles per group (groups are >= 32 rows); 0: none
+  int next_kt = INT_MAX;  // the next group's first tile (never reached ungrouped)
+  int next_index = 0;     // and its index
+  GroupValues<typename C::T, C::kBits, C::kZeroMode> next;  // and its values
+
+  /// The slice's first constants into `consumer`'s: its first group's (the next
+  /// group's values on their way), or the per-channel ones.
+  __device__ __forceinline__ void start(StreamConsumer<C>& consumer, const Params& p,
+                                        const StreamSlice& s) {
+    const bool grouped = !C::kActOrder && p.group_shift >= 0;
+    group_tiles = grouped ? max(1, (1 << p.group_shift) / 16) : 0;
+    if (!s.warp_valid) return;
+    if (grouped) {
+      const int group = s.kt_begin / group_tiles;
+      GroupValues<typename C::T, C::kBits, C::kZeroMode> first;
+      first.load(p, group, s.col0, s.lane);
+      first.apply(consumer.constants);
+      next_index = min(group + 1, p.groups - 1);
+      next.load(p, next_index, s.col0, s.lane);
+      next_kt = (group + 1) * group_tiles;
+    } else if (!C::kActOrder) {
+      channel_constants(consumer.constants, p, s.col0, s.lane);
+    }
+  }
+
+  /// At slice tile `kt`: if a group starts there, its values take over and the next
+  /// group's are loaded.
+  __device__ __forceinline__ void switch_at(int kt, StreamConsumer<C>& consumer, const Params& p,
+                                            const StreamSlice& s) {
+    if (kt != next_kt) return;  // never equal unless grouped
+    consumer.begin_group(next);
+    next_index = min(next_index + 1, p.groups - 1);
+    next.load(p, next_index, s.col0, s.lane);
+    next_kt += group_tiles;
+  }
+};
+
+/// The main loop over the slice's k16 tiles, four a turn (slots, chunk offsets and loop
+/// tests are paid once per four). Each tile: wait for its copies (and any A chunk sent
+/// with them), multiply, and send the copy of the tile kDepth ahead into the slot just
+/// read. Built twice: only 2-tile groups (32 rows) check for a new group mid-turn.
+template <class C, bool TwoTileGroups>
+__device__ __forceinline__ void stream_main_loop(const Params& p, const StreamSlice& s,
+                                                 unsigned char* smem, WeightRing<C>& weights,
+                                                 const ChunkFragments<C>& chunks,
+                                                 GroupSchedule<C>& groups,
+                                                 StreamConsumer<C>& consumer) {
+  for (int r0 = 0; r0 < s.tiles; r0 += kTurnTiles) {
+    const uint32_t a_tiles = chunks.turn(r0);
+    unsigned char* ring_turn = weights.lane_slot(r0 % C::kDepth);
+    if (s.warp_valid && !C::kActOrder) groups.switch_at(s.kt_begin + r0, consumer, p, s);
+#pragma unroll
+    for (int u = 0; u < kTurnTiles; ++u) {
+      const int r = r0 + u;
+      cp_async_wait<C::kDepth - 1>();  // tile r, and any A chunk sent with it, landed
+      if (u == 0 && r0 % kChunkTiles == 0) {
+        __syncthreads();  // the chunk is visible to all; all are done with the other buffer
+        if (r0 + kChunkTiles < s.tiles) load_activation_chunk<C>(p, s, smem, r0 / kChunkTiles + 1);
+      }
+      unsigned char* slot = ring_turn + u * WeightRing<C>::kSlotStride;
+      const int kt = s.kt_begin + r;
+      if (s.warp_valid && r < s.tiles) {
+        if constexpr (C::kActOrder) {
+          act_order_constants(consumer.constants, p, int64_t{kt} * 16 + 2 * (s.lane % 4), s.col0,
+                              s.lane);
+        } else if constexpr (TwoTileGroups) {
+          if (u == 2) groups.switch_at(kt, consumer, p, s);
+        }
+        consumer.multiply(chunks, a_tiles, u, WeightRing<C>::words(slot), s.rows);
+      }
+      // Into the slot just read (its reads have completed).
+      weights.load(r + C::kDepth, slot, s);
+      cp_async_commit();
+    }
+  }
+}
+
+/// Calls visit(row, col, x, y) for each pair of the lane's results in c's rows: rows
+/// mb * 16 + g (+ 8) of the CTA's, columns col0 + 8 jb + 2 t (+ 1).
+template <int MBlocks, typename Visit>
+__device__ __forceinline__ void for_each_result_pair(const float (&acc)[MBlocks][8][4],
+                                                     const StreamSlice& s, Visit&& visit) {
 #pragma unroll
   for (int mb = 0; mb < MBlocks; ++mb)
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mb][jb][i] = 0.f;
-  using Deferred = DeferredScales<T, Bits, ZeroMode, kDeferred ? kTokenBlocks : 1>;
-  std::conditional_t<kDeferred, Deferred, NoDeferredScales> deferred;
-  if constexpr (kDeferred) {
-    static_assert(Deferred::kSharedFloatsPerWarp * kStreamWarps * 4 == Layout::kTotalsBytes);
-    deferred.init(reinterpret_cast<float*>(smem + Layout::kTotalsOffset) +
-                      warp * Deferred::kSharedFloatsPerWarp,
-                  lane);
-  }
-
-  TileConstants<T, Bits, ActOrder> constants;
-  constants.set_fixed_zero(fixed_zero(p));
-  const bool grouped = !ActOrder && p.group_shift >= 0;
-  // k16 tiles per group (groups are >= 32 rows), the first tile of the next group, and
-  // that group's values, loaded one group ahead.
-  const int group_tiles = grouped ? max(1, (1 << p.group_shift) / 16) : 0;
-  int next_group_kt = INT_MAX, next_group_index = 0;
-  GroupValues<T, Bits, ZeroMode> next_group;
-  if (warp_valid) {
-    if (grouped) {
-      const int group = kt_begin / group_tiles;
-      GroupValues<T, Bits, ZeroMode> first;
-      first.load(p, group, col0, lane);
-      first.apply(constants);
-      next_group_index = min(group + 1, p.groups - 1);
-      next_group.load(p, next_group_index, col0, lane);
-      next_group_kt = (group + 1) * group_tiles;
-    } else if (!ActOrder) {
-      channel_constants(constants, p, col0, lane);  // they do not change along K
-    }
-  }
-
-  // Per lane, the byte offset of its ldmatrix row for tile 4 q + u of a chunk is
-  // a_offset[mb][u] + 128 q: the swizzle only touches the low 3 bits of the 16-byte
-  // piece index, which 8 q leaves alone. The four 8 x 8 matrices of ldmatrix_x4 are
-  // tokens 0-7 and 8-15 of k 0-7, then of k 8-15 (an A fragment); the two of
-  // ldmatrix_x2 / _x4 (deferred scales) tokens 0-7 of k 0-7 and 8-15 (a B fragment),
-  // then tokens 8-15 of the same.
-  uint32_t a_offset[MBlocks][4];
-#pragma unroll
-  for (int mb = 0; mb < MBlocks; ++mb) {
-    const int token = kDeferred ? lane % 8 + 8 * (lane / 16) : lane % 16;
-    const int k_half = kDeferred ? lane / 8 % 2 : lane / 16;
-    // Rows past the valid ones read the last valid row (their results are dropped).
-    const int row = min(mb * 16 + token, rows - 1);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      a_offset[mb][u] = 2 * (row * kChunkK + (((2 * u + k_half) ^ (row % 8)) * 8));
-    }
-  }
-  const uint32_t a_shared =
-      static_cast<uint32_t>(__cvta_generic_to_shared(smem + Layout::kRingBytes));
-
-  // The next group's values take over at its first tile. Slices start at a multiple of
-  // 4 tiles and groups span a power of two >= 2 of them, so groups change only at the
-  // first (or, for 2-tile groups, the third) tile of a turn: checked there alone, the
-  // switch costs nothing on the other tiles.
-  auto switch_group = [&](int kt) {
-    if (kt != next_group_kt) return;  // never equal unless grouped
-    if constexpr (kDeferred) deferred.close_group(constants);
-    next_group.apply(constants);
-    next_group_index = min(next_group_index + 1, p.groups - 1);
-    next_group.load(p, next_group_index, col0, lane);
-    next_group_kt += group_tiles;
-  };
-
-  // Four tiles per turn: slots, chunk offsets and loop tests are paid once per four.
-  // Built twice: only 2-tile groups (32 rows) check for a new group mid-turn.
-  auto main_loop = [&](auto two_tile_groups) {
-    for (int r0 = 0; r0 < tiles; r0 += 4) {
-      const uint32_t a_tiles =
-          a_shared + (r0 / kChunkTiles % 2) * Layout::kChunkBytes + (r0 % kChunkTiles / 4) * 128;
-      unsigned char* ring_turn = ring + (r0 % kDepth) * 32 * kLaneBytes;
-      if (warp_valid && !ActOrder) switch_group(kt_begin + r0);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int r = r0 + u;
-        cp_async_wait<kDepth - 1>();  // tile r, and any A chunk sent with it, landed
-        if (u == 0 && r0 % kChunkTiles == 0) {
-          __syncthreads();  // the chunk is visible to all; all are done with the other buffer
-          if (r0 + kChunkTiles < tiles) load_chunk(r0 / kChunkTiles + 1);
+      for (int half = 0; half < 2; ++half) {
+        const int row = mb * 16 + s.lane / 4 + 8 * half;
+        if (row < s.rows) {
+          visit(row, s.col0 + 8 * jb + 2 * (s.lane % 4), acc[mb][jb][2 * half],
+                acc[mb][jb][2 * half + 1]);
         }
-        unsigned char* slot = ring_turn + u * 32 * kLaneBytes;
-        const int kt = kt_begin + r;
-        if (warp_valid && r < tiles) {
-          if constexpr (ActOrder) {
-            act_order_constants(constants, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
-          } else if constexpr (decltype(two_tile_groups)::value) {
-            if (u == 2) switch_group(kt);
-          }
-          const LaneWords<Bits> words = *reinterpret_cast<const LaneWords<Bits>*>(slot);
-          if constexpr (kDeferred) {
-            uint32_t b_frag[kTokenBlocks][2];
-            if constexpr (kTokenBlocks == 1) {
-              ldmatrix_x2(b_frag[0], a_tiles + a_offset[0][u]);
-            } else {
-              ldmatrix_x4(reinterpret_cast<uint32_t (&)[4]>(b_frag), a_tiles + a_offset[0][u]);
-            }
-            deferred.tile(b_frag, words);
-          } else {
-            uint32_t a_frag[MBlocks][4];
-#pragma unroll
-            for (int mb = 0; mb < MBlocks; ++mb) ldmatrix_x4(a_frag[mb], a_tiles + a_offset[mb][u]);
-            tile_mma<T, Bits, MBlocks, ActOrder, ZeroMode == kFloatZero>(acc, a_frag, words,
-                                                                         constants, rows);
-          }
-        }
-        load_tile(r + kDepth, slot);  // into the slot just read (its reads have completed)
-        cp_async_commit();
       }
-    }
-  };
-  if (group_tiles == 2) {
-    main_loop(std::true_type{});
-  } else {
-    main_loop(std::false_type{});
-  }
-  cp_async_wait<0>();  // also before the split-K flag reuses the ring's first bytes
-  if constexpr (kDeferred) {
-    if (warp_valid) deferred.close_group(constants);
-    deferred.to_rows(acc);
-  }
+}
 
-  // Lane's results: rows mb * 16 + g (+ 8), columns col0 + 8 jb + 2 t (+ 1).
-  auto for_each_pair = [&](auto&& visit) {
-#pragma unroll
-    for (int mb = 0; mb < MBlocks; ++mb)
-#pragma unroll
-      for (int jb = 0; jb < 8; ++jb)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = mb * 16 + lane / 4 + 8 * half;
-          if (row < rows) {
-            visit(row, col0 + 8 * jb + 2 * (lane % 4), acc[mb][jb][2 * half],
-                  acc[mb][jb][2 * half + 1]);
-          }
-        }
-  };
+/// The epilogue without split-K: the warp's sums, cast to T, straight into c.
+template <class C>
+__device__ __forceinline__ void store_results(const Params& p, const StreamSlice& s,
+                                              const float (&acc)[C::kMBlocks][8][4]) {
+  using T = typename C::T;
+  if (!s.warp_valid) return;
   T* c = static_cast<T*>(p.c);
-  if (p.split == 1) {
-    if (warp_valid) {
-      for_each_pair([&](int row, int col, float x, float y) {
-        *reinterpret_cast<Pair<T>*>(c + (m0 + row) * p.ldc + col) = pair_of<T>(x, y);
-      });
-    }
-    return;
-  }
-  const int n0 = column_tile * kStreamCols;
-  const int quads = min(kStreamCols, p.n - n0) / 4;  // n is a multiple of 64
-  float* staging = reinterpret_cast<float*>(smem);
-  if (p.cluster_reduce) {
-    // Split K over a cluster (sm_90): each CTA leaves its partial in its own shared
-    // memory, then sums a 1/split share of the outputs over all of them, read through
-    // distributed shared memory in rank order. No global round trip, no counter.
+  for_each_result_pair(acc, s, [&](int row, int col, float x, float y) {
+    *reinterpret_cast<Pair<T>*>(c + (s.m0 + row) * p.ldc + col) = pair_of<T>(x, y);
+  });
+}
+
+/// The CTA's columns of c as the split-K sums take them: from n0, `quads` float4 of
+/// fp32 sums (kStreamCols / 4, fewer at the right edge; N is a multiple of 64).
+struct SplitKColumns {
+  int n0, quads;
+
+  __device__ __forceinline__ SplitKColumns(const Params& p, const StreamSlice& s)
+      : n0(s.column_tile * kStreamCols), quads(min(kStreamCols, p.n - n0) / 4) {}
+};
+
+/// Split-K over a cluster (sm_90): each CTA leaves its partial in its own shared
+/// memory, then sums a 1/split share of the outputs over all of them, read through
+/// distributed shared memory in rank order. No global round trip, no counter.
+template <class C>
+__device__ __forceinline__ void cluster_split_k_sum(const Params& p, const StreamSlice& s,
+                                                    const SplitKColumns& columns,
+                                                    const float (&acc)[C::kMBlocks][8][4],
+                                                    unsigned char* smem) {
 #if __CUDA_ARCH__ >= 900
-    cp_async_wait<0>();
-    __syncthreads();  // the ring and chunks are free
-    if (warp_valid) {
-      for_each_pair([&](int row, int col, float x, float y) {
-        *reinterpret_cast<float2*>(staging + row * kStreamCols + col - n0) = float2{x, y};
-      });
-    }
-    cluster_sync();
-    // CTA `slice` sums the slice-th of split contiguous shares of the outputs (with one
-    // token, 4 float4 per CTA: spread over the cluster, not all in the first CTAs).
-    const int outputs = rows * quads, share = div_ceil(outputs, p.split);
-    const int end = min((slice + 1) * share, outputs);
-    for (int i = slice * share + tid; i < end; i += kStreamThreads) {
-      const int row = i / quads, quad = i % quads;
-      const float4 sum = cluster_sum(
-          reinterpret_cast<const float4*>(staging + row * kStreamCols + 4 * quad), p.split);
-      T* out = c + (m0 + row) * p.ldc + n0 + 4 * quad;
-      *reinterpret_cast<Pair<T>*>(out) = pair_of<T>(sum.x, sum.y);
-      *reinterpret_cast<Pair<T>*>(out + 2) = pair_of<T>(sum.z, sum.w);
-    }
-    cluster_sync();  // no CTA leaves while another reads its shared memory
-#else
-    __trap();  // the host launches clusters only on sm_90 and newer
-#endif
-    return;
+  using T = typename C::T;
+  const int n0 = columns.n0, quads = columns.quads;
+  float* staging = reinterpret_cast<float*>(smem);
+  cp_async_wait<0>();
+  __syncthreads();  // the ring and chunks are free
+  if (s.warp_valid) {
+    for_each_result_pair(acc, s, [&](int row, int col, float x, float y) {
+      *reinterpret_cast<float2*>(staging + row * kStreamCols + col - n0) = float2{x, y};
+    });
   }
-  // Split K through global memory: publish this CTA's partial, then the last CTA of the
-  // column tile sums all of them in split order (the same result whichever CTA
-  // finishes last).
-  if (warp_valid) {
-    float* partial = p.partials + int64_t{slice} * p.m * p.n;
-    for_each_pair([&](int row, int col, float x, float y) {
-      __stcg(reinterpret_cast<float2*>(partial + int64_t{m0 + row} * p.n + col), float2{x, y});
+  cluster_sync();
+  // CTA `slice` sums the slice-th of split contiguous shares of the outputs (with one
+  // token, 4 float4 per CTA: spread over the cluster, not all in the first CTAs).
+  const int outputs = s.rows * quads, share = div_ceil(outputs, p.split);
+  const int end = min((s.slice + 1) * share, outputs);
+  T* c = static_cast<T*>(p.c);
+  for (int i = s.slice * share + s.tid; i < end; i += kStreamThreads) {
+    const int row = i / quads, quad = i % quads;
+    const float4 sum = cluster_sum(
+        reinterpret_cast<const float4*>(staging + row * kStreamCols + 4 * quad), p.split);
+    T* out = c + (s.m0 + row) * p.ldc + n0 + 4 * quad;
+    *reinterpret_cast<Pair<T>*>(out) = pair_of<T>(sum.x, sum.y);
+    *reinterpret_cast<Pair<T>*>(out + 2) = pair_of<T>(sum.z, sum.w);
+  }
+  cluster_sync();  // no CTA leaves while another reads its shared memory
+#else
+  __trap();  // the host launches clusters only on sm_90 and newer
+#endif
+}
+
+/// Split-K through global memory, first step: this CTA's partial (fp32, past L1) into
+/// `partials`, counted in on the column tile's counter. Returns whether this CTA came
+/// last, and so sums them all.
+template <class C>
+__device__ __forceinline__ bool publish_partial(const Params& p, const StreamSlice& s,
+                                                const float (&acc)[C::kMBlocks][8][4],
+                                                unsigned char* smem) {
+  if (s.warp_valid) {
+    float* partial = p.partials + int64_t{s.slice} * p.m * p.n;
+    for_each_result_pair(acc, s, [&](int row, int col, float x, float y) {
+      __stcg(reinterpret_cast<float2*>(partial + int64_t{s.m0 + row} * p.n + col), float2{x, y});
     });
   }
   __threadfence();
@@ -699,37 +838,89 @@ __global__ void __launch_bounds__(kStreamThreads, Rows > 16 ? 2
   // read, the ring's first bytes are free for the flag.
   __syncthreads();
   int& is_last = *reinterpret_cast<int*>(smem);  // read by all before staging overwrites it
-  if (tid == 0) is_last = atomicAdd(p.counters + column_tile, 1) == p.split - 1;
+  if (s.tid == 0) is_last = atomicAdd(p.counters + s.column_tile, 1) == p.split - 1;
   __syncthreads();
-  if (!is_last) return;
+  return is_last;
+}
+
+/// Split-K through global memory, last CTA of the column tile: sums the partials in
+/// split order (the same result whichever CTA finishes last) into c, through shared
+/// memory (free now), as many rows at a time as fit: every thread first issues all its
+/// copies (one memory round trip in all, not one per split), then each sums its
+/// columns over the splits. Leaves the tile's counter zeroed for the next launch.
+template <class C>
+__device__ __forceinline__ void sum_partials(const Params& p, const StreamSlice& s,
+                                             const SplitKColumns& columns, unsigned char* smem) {
+  using T = typename C::T;
+  const int n0 = columns.n0, quads = columns.quads;
   __threadfence();
-  // Sum the partials through shared memory (free now), as many rows at a time as fit:
-  // every thread first issues all its copies (one memory round trip in all, not one
-  // per split), then each sums its columns over the splits in split order.
-  float4* staged = reinterpret_cast<float4*>(staging);
-  const int pass_rows = max(1, Layout::kStagingBytes / (p.split * quads * 16));
-  for (int row0 = 0; row0 < rows; row0 += pass_rows) {
-    const int pass = min(pass_rows, rows - row0);
+  float4* staged = reinterpret_cast<float4*>(smem);
+  T* c = static_cast<T*>(p.c);
+  const int pass_rows = max(1, C::Layout::kStagingBytes / (p.split * quads * 16));
+  for (int row0 = 0; row0 < s.rows; row0 += pass_rows) {
+    const int pass = min(pass_rows, s.rows - row0);
     __syncthreads();  // the previous pass is done with the staging area
-    for (int i = tid; i < p.split * pass * quads; i += kStreamThreads) {
+    for (int i = s.tid; i < p.split * pass * quads; i += kStreamThreads) {
       const int split = i / (pass * quads), row = (i / quads) % pass, quad = i % quads;
       cp_async_16(staged + i,
-                  p.partials + (int64_t{split} * p.m + m0 + row0 + row) * p.n + n0 + 4 * quad);
+                  p.partials + (int64_t{split} * p.m + s.m0 + row0 + row) * p.n + n0 + 4 * quad);
     }
     cp_async_wait_all();
     __syncthreads();
-    for (int i = tid; i < pass * quads; i += kStreamThreads) {
+    for (int i = s.tid; i < pass * quads; i += kStreamThreads) {
       float4 sum = staged[i];
       for (int split = 1; split < p.split; ++split) {
         const float4 v = staged[split * pass * quads + i];
         sum = float4{sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w};
       }
-      T* out = c + (m0 + row0 + i / quads) * p.ldc + n0 + 4 * (i % quads);
+      T* out = c + (s.m0 + row0 + i / quads) * p.ldc + n0 + 4 * (i % quads);
       *reinterpret_cast<Pair<T>*>(out) = pair_of<T>(sum.x, sum.y);
       *reinterpret_cast<Pair<T>*>(out + 2) = pair_of<T>(sum.z, sum.w);
     }
   }
-  if (tid == 0) p.counters[column_tile] = 0;  // ready for the next launch
+  if (s.tid == 0) p.counters[s.column_tile] = 0;  // ready for the next launch
+}
+
+/// The streaming kernel (see the file comment): the producers start the weight ring
+/// and the first activation chunk, the group schedule sets the first constants, the
+/// main loop multiplies the slice's tiles, and the sums leave through one of the three
+/// epilogues (no split, split-K in a cluster, split-K through global memory).
+template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
+__global__ void __launch_bounds__(kStreamThreads,
+                                  StreamConfig<T, Bits, Rows, ZeroMode, ActOrder>::kMinBlocks)
+    marlin_stream_kernel(const Params p) {
+  using C = StreamConfig<T, Bits, Rows, ZeroMode, ActOrder>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const StreamSlice s(p, Rows);
+
+  // The first copies go out before anything waits on memory (the first group's scales).
+  WeightRing<C> weights(p, s, smem);
+  load_activation_chunk<C>(p, s, smem, 0);
+  weights.fill(s);
+
+  StreamConsumer<C> consumer;
+  consumer.init(p, s, smem);
+  GroupSchedule<C> groups;
+  groups.start(consumer, p, s);
+  const ChunkFragments<C> chunks(s, smem);
+  if (groups.group_tiles == 2) {
+    stream_main_loop<C, true>(p, s, smem, weights, chunks, groups, consumer);
+  } else {
+    stream_main_loop<C, false>(p, s, smem, weights, chunks, groups, consumer);
+  }
+  cp_async_wait<0>();  // also before the split-K flag reuses the ring's first bytes
+  consumer.finish(s.warp_valid);
+
+  if (p.split == 1) {
+    store_results<C>(p, s, consumer.acc);
+    return;
+  }
+  const SplitKColumns columns(p, s);
+  if (p.cluster_reduce) {
+    cluster_split_k_sum<C>(p, s, columns, consumer.acc, smem);
+  } else if (publish_partial<C>(p, s, consumer.acc, smem)) {
+    sum_partials<C>(p, s, columns, smem);
+  }
 }
 
 // grid (N / 64, ceil(K / 64)), 4 warps: warp w dequantizes k16 tile 4 y + w of the

@@ -31,6 +31,12 @@
 // in a launch that starts on the SMs the first one's last CTAs leave. The epilogue
 // transposes the accumulators into c's rows in shared memory (stmatrix) and writes
 // them with TMA stores.
+//
+// The kernel reads as its steps: fused_work (the CTA's output tile and k-blocks),
+// StageRing (the stages and their barriers), the producer (produce_k_blocks,
+// run_producer), the consumers' main loop (consume_k_blocks over run_k_block and
+// dequant_k_block), the cluster's split-K sum (sum_over_cluster) and the epilogue
+// (store_output_tile).
 #include <tvm/ffi/optional.h>
 
 #include "mllm_kernel/cuda/cluster.cuh"
@@ -92,13 +98,364 @@ __device__ __forceinline__ void dequant_a(uint32_t (&a)[4], uint32_t word,
   }
 }
 
-/// Keeps the compiler from reusing an A register set's registers while a wgmma that
-/// reads them asynchronously may still run (the asm names them as inputs only).
-__device__ __forceinline__ void keep_live(uint32_t (&a)[4]) {
+/// Keeps the compiler from reusing the registers of a k-block's A register sets while
+/// a wgmma that reads them asynchronously may still run (the asm names them as inputs
+/// only).
+__device__ __forceinline__ void keep_live(uint32_t (&a)[4][4]) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[r])::"memory");
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[s][r])::"memory");
 }
 
+/// Four k16 wgmmas of one k-block, A from registers `a`, B the activation tile of
+/// `stage`, closed into one commit group.
+template <typename T, int kTokens, int N>
+__device__ __forceinline__ void wgmma_k_block_rs(float (&acc)[N], const uint32_t (&a)[4][4],
+                                                 const uint8_t* stage) {
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    wgmma_m64k16_rs<T, kTokens>(acc, a[s], smem_desc_k_major_sw128(stage, s));
+  }
+  wgmma_commit_group();
+}
+
+/// The ring of stages in dynamic shared memory, 1024-byte aligned (the 128-byte
+/// swizzle), and after it each stage's barriers: `full` (the producer's copies have
+/// landed) and `empty` (every consumer warp is done with the stage).
+template <class Config>
+struct StageRing {
+  uint8_t* shared;
+  MBarrier* full;
+  MBarrier* empty;
+
+  // Aligned by an offset from `raw`, so that the compiler still knows the pointers
+  // address shared memory (LDS, not generic loads).
+  __device__ __forceinline__ explicit StageRing(uint8_t* raw)
+      : shared(raw + ((1024 - shared_address(raw) % 1024) % 1024)),
+        full(reinterpret_cast<MBarrier*>(shared + Config::kStages * Config::kStageBytes)),
+        empty(full + Config::kStages) {}
+
+  __device__ __forceinline__ uint8_t* stage(int index) const {
+    return shared + index * Config::kStageBytes;
+  }
+
+  /// One thread, before any use: a full phase takes the producer's arrival (and its
+  /// copies' bytes), an empty phase lane 0 of every consumer warp.
+  __device__ __forceinline__ void init_barriers() const {
+    for (int s = 0; s < Config::kStages; ++s) {
+      full[s].init(1);
+      empty[s].init(Config::kConsumers * 4);
+    }
+    mbarrier_init_fence();
+  }
+};
+
+/// What a CTA computes: its output tile (tokens from token0, weight columns from col0)
+/// over its share [kb_begin, kb_end) of the k-blocks.
+struct FusedWork {
+  int split, rank;  // the cluster of CTAs sharing the tile, and this CTA's place in it
+  int token0, col0;
+  int kb_begin, kb_end;
+  bool grouped;        // grouped scales (else per-channel ones, applied in the epilogue)
+  int rows_per_block;  // group rows a k-block's scale box covers
+};
+
+/// This CTA's FusedWork. A cluster of `split` CTAs along x shares one output tile, each
+/// summing its share of the k-blocks; output tiles are numbered token tile first, and
+/// this launch runs first_tile + y.
+template <class Config>
+__device__ __forceinline__ FusedWork fused_work(const marlin::Params& p, int first_tile) {
+  FusedWork work;
+  work.split = static_cast<int>(cluster_size());
+  work.rank = static_cast<int>(cluster_rank());
+  const int token_tiles = (p.m + Config::kTokens - 1) / Config::kTokens;
+  const int tile = first_tile + static_cast<int>(blockIdx.y);
+  work.token0 = tile % token_tiles * Config::kTokens;
+  work.col0 = tile / token_tiles * Config::kCols;
+  const int k_blocks = (p.k + Config::kTileK - 1) / Config::kTileK;
+  work.kb_begin = work.rank * k_blocks / work.split;
+  work.kb_end = (work.rank + 1) * k_blocks / work.split;
+  work.grouped = p.group_shift >= 0;
+  work.rows_per_block = group_rows_per_block(p.group_shift);
+  return work;
+}
+
+/// The producer's loop (one thread): for each of the CTA's k-blocks, once its stage is
+/// free, TMA loads of the activation tile (kTokens rows x 64 k), the weight words (4 k16
+/// rows x the CTA's columns) and the k-block's group rows of scales and zero points, all
+/// counted on the stage's full barrier.
+template <class Config>
+__device__ __forceinline__ void produce_k_blocks(const StageRing<Config>& ring,
+                                                 const FusedWork& work, const marlin::Params& p,
+                                                 const CUtensorMap& map_a, const CUtensorMap& map_w,
+                                                 const CUtensorMap& map_s,
+                                                 const CUtensorMap& map_z) {
+  const uint32_t bytes =
+      Config::kActBytes + Config::kWeightBytes +
+      (work.grouped ? work.rows_per_block * Config::kScaleRowBytes : 0) +
+      (Config::kZeroMode == kIntZero ? work.rows_per_block * Config::kZeroRowBytes : 0);
+  PipelineState state;
+  for (int kb = work.kb_begin; kb < work.kb_end; ++kb) {
+    ring.empty[state.stage].wait(state.phase ^ 1);
+    uint8_t* stage = ring.stage(state.stage);
+    MBarrier* barrier = &ring.full[state.stage];
+    barrier->arrive_expect_tx(bytes);
+    tma_load_2d(stage, &map_a, barrier, kb * Config::kTileK, work.token0);
+    // Weight words: k16 rows 4 kb .. 4 kb + 3, 2 words per column.
+    tma_load_2d(stage + Config::kWeightOffset, &map_w, barrier, work.col0 * 2, kb * 4);
+    if (work.grouped) {
+      tma_load_2d(stage + Config::kScaleOffset, &map_s, barrier, work.col0, group_row(p, kb));
+    }
+    if constexpr (Config::kZeroMode == kIntZero) {
+      tma_load_2d(stage + Config::kZeroOffset, &map_z, barrier, work.col0 / 8, group_row(p, kb));
+    }
+    state.advance(Config::kStages);
+  }
+}
+
+/// The producer warpgroup: gives its registers to the consumers, streams the k-blocks
+/// (one thread), and meets the consumers' cluster barriers (split-K), which every
+/// thread of the cluster must.
+template <class Config>
+__device__ __forceinline__ void run_producer(const StageRing<Config>& ring, const FusedWork& work,
+                                             const marlin::Params& p, const CUtensorMap& map_a,
+                                             const CUtensorMap& map_w, const CUtensorMap& map_s,
+                                             const CUtensorMap& map_z) {
+  warpgroup_release_registers<Config::kProducerRegisters>();
+  if (threadIdx.x == 0) produce_k_blocks(ring, work, p, map_a, map_w, map_s, map_z);
+  if (work.split > 1) {  // the consumers' two reduction barriers
+    cluster_sync();
+    cluster_sync();
+  }
+  // A tail launch ends no sooner than the launch before it: what follows on the
+  // stream then follows both.
+  if (threadIdx.x == 0) wait_for_previous_grid();
+}
+
+/// A consumer thread: its warpgroup `consumer` (weight columns 64 consumer ..), its
+/// warp (A rows 16 warp ..) and lane (g = lane / 4).
+struct ConsumerThread {
+  int consumer, warp, lane, g;
+
+  __device__ __forceinline__ explicit ConsumerThread(int warpgroup)
+      : consumer(warpgroup - 1),
+        warp((static_cast<int>(threadIdx.x) / 32) % 4),
+        lane(static_cast<int>(threadIdx.x) % 32),
+        g(lane / 4) {}
+};
+
+/// The constants of group row `row` of `stage` for the thread's two n8 blocks: the
+/// scales of columns 16 w + g and 16 w + 8 + g sit side by side (permuted positions
+/// 8 g + 2 w, + 1); their zero points are nibbles w and w + 4 of the row's word g.
+template <typename T, class Config>
+__device__ __forceinline__ void load_group_constants(BlockConstants<T>& bc, const uint8_t* stage,
+                                                     int row, const ConsumerThread& id,
+                                                     bool grouped) {
+  using Deq = IntDequant<T, 4>;
+  if (grouped) {
+    const Pair<T> s = *reinterpret_cast<const Pair<T>*>(
+        stage + Config::kScaleOffset + row * Config::kScaleRowBytes +
+        (id.consumer * 64 + 8 * id.g + 2 * id.warp) * 2);
+    bc.scale[0] = Pair<T>{s.x, s.x};
+    bc.scale[1] = Pair<T>{s.y, s.y};
+  }
+  if constexpr (Config::kZeroMode == kIntZero) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(
+        stage + Config::kZeroOffset + row * Config::kZeroRowBytes + (id.consumer * 8 + id.g) * 4);
+    bc.offset[0] = Deq::int_offset((word >> (4 * id.warp)) & 0xf);
+    bc.offset[1] = Deq::int_offset((word >> (4 * (id.warp + 4))) & 0xf);
+  }
+}
+
+/// Dequantizes the k-block in `stage` into the A registers `a`: the thread's word of
+/// each k16 row, with the constants of the row's group (`bc`, loaded here).
+template <typename T, class Config>
+__device__ __forceinline__ void dequant_k_block(uint32_t (&a)[4][4], const uint8_t* stage,
+                                                BlockConstants<T>& bc, const ConsumerThread& id,
+                                                const FusedWork& work) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Config::kWeightOffset) +
+                          id.consumer * 128 + id.lane * 4 + id.warp;
+  uint32_t word[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) word[s] = words[s * 2 * 128];  // k16 row s: 1 KB
+  load_group_constants<T, Config>(bc, stage, 0, id, work.grouped);
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    if (s == 2 && work.rows_per_block == 2) {
+      load_group_constants<T, Config>(bc, stage, 1, id, work.grouped);
+    }
+    if (work.grouped) {
+      dequant_a<T, true>(a[s], word[s], bc);
+    } else {
+      dequant_a<T, false>(a[s], word[s], bc);
+    }
+  }
+}
+
+/// Releases the stage before `state`'s to the producer (lane 0 of each consumer warp:
+/// the empty barrier counts warps).
+template <class Config>
+__device__ __forceinline__ void release_previous_stage(const StageRing<Config>& ring,
+                                                       const PipelineState& state) {
+  ring.empty[(state.stage + Config::kStages - 1) % Config::kStages].arrive();
+}
+
+/// One turn of the consumers' pipeline: runs k-block kb (the stage at `state`), whose
+/// registers `a` are ready, and, while its wgmmas run, waits for block kb + 1 and
+/// dequantizes it into `next`.
+template <typename T, class Config>
+__device__ __forceinline__ void run_k_block(float (&acc)[Config::kAccumulators], int kb,
+                                            uint32_t (&a)[4][4], uint32_t (&next)[4][4],
+                                            PipelineState& state, const StageRing<Config>& ring,
+                                            const FusedWork& work, BlockConstants<T>& bc,
+                                            const ConsumerThread& id) {
+  wgmma_k_block_rs<T, Config::kTokens>(acc, a, ring.stage(state.stage));
+  // The previous block's wgmmas have finished: its registers may be rewritten and its
+  // stage released.
+  wgmma_wait_group<1>();
+  keep_live(next);
+  if (kb > work.kb_begin && id.lane == 0) release_previous_stage(ring, state);
+  state.advance(Config::kStages);
+  if (kb + 1 < work.kb_end) {
+    ring.full[state.stage].wait(state.phase);
+    dequant_k_block<T, Config>(next, ring.stage(state.stage), bc, id, work);
+  }
+}
+
+/// The consumers' main loop over the CTA's k-blocks into `acc` (zeroed first). A
+/// registers of two k-blocks (4 k16 steps each): one block's wgmmas run while the next
+/// block is dequantized into the other set; two blocks a turn, so that each register
+/// set is named at compile time. The loop's state (`bc`, `state`) goes to its steps as
+/// arguments: gathered with the rest in one struct, it compiled to other code (12-15%
+/// fewer instructions in SASS with int zero points, 1-2% more without; unmeasured).
+template <typename T, class Config>
+__device__ __forceinline__ void consume_k_blocks(float (&acc)[Config::kAccumulators],
+                                                 const StageRing<Config>& ring,
+                                                 const FusedWork& work, const marlin::Params& p,
+                                                 const ConsumerThread& id) {
+  using Deq = IntDequant<T, 4>;
+  BlockConstants<T> bc;
+  const Pair<T> fixed = Deq::offset(static_cast<float>(Config::kZeroMode == kBias ? p.bias : 0));
+  bc.offset[0] = bc.offset[1] = fixed;
+#pragma unroll
+  for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.f;
+  // Pins the zeroing before the first wgmma: ptxas otherwise may sink it into the
+  // pipeline and then serializes every wgmma (warning C7515).
+  wgmma_fence_operands(acc);
+  uint32_t a_regs[2][4][4];
+  PipelineState state;
+  if (work.kb_begin < work.kb_end) {
+    ring.full[state.stage].wait(state.phase);
+    dequant_k_block<T, Config>(a_regs[0], ring.stage(state.stage), bc, id, work);
+  }
+  for (int kb = work.kb_begin; kb < work.kb_end; kb += 2) {
+    run_k_block<T, Config>(acc, kb, a_regs[0], a_regs[1], state, ring, work, bc, id);
+    if (kb + 1 < work.kb_end) {
+      run_k_block<T, Config>(acc, kb + 1, a_regs[1], a_regs[0], state, ring, work, bc, id);
+    }
+  }
+  wgmma_wait_group<0>();
+  wgmma_fence_operands(acc);
+  keep_live(a_regs[0]);
+  keep_live(a_regs[1]);
+  if (work.kb_begin < work.kb_end && id.lane == 0) release_previous_stage(ring, state);
+}
+
+/// Split-K over the cluster: every CTA is done with its ring, so the partners write
+/// their sums into the first CTA's, which adds them in rank order (run-to-run
+/// identical). Returns whether this CTA holds the sum (rank 0) and goes on to store it.
+template <class Config>
+__device__ __forceinline__ bool sum_over_cluster(float (&acc)[Config::kAccumulators],
+                                                 const StageRing<Config>& ring,
+                                                 const FusedWork& work) {
+  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;
+  auto* partials = reinterpret_cast<float4*>(ring.shared);
+  cluster_sync();
+  if (work.rank != 0) {
+    send_cluster_partials(acc, partials, work.rank, thread, Config::kConsumerThreads);
+  }
+  cluster_sync();
+  if (work.rank != 0) return false;
+  add_cluster_partials(acc, partials, work.split - 1, thread, Config::kConsumerThreads);
+  // Both consumers have read the partials before the epilogue writes over them.
+  named_barrier(kConsumersBarrier, Config::kConsumerThreads);
+  return true;
+}
+
+/// The per-channel scales (one group over K) of the thread's weight columns
+/// 16 w + g + 8 h of the 64 from `col_base` into `scale` (left alone with grouped
+/// scales, which the dequantized weights already carry, and past N).
+template <typename T>
+__device__ __forceinline__ void channel_scales(float (&scale)[2], const marlin::Params& p,
+                                               const FusedWork& work, const ConsumerThread& id,
+                                               int col_base) {
+  if (!work.grouped) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = col_base + 16 * id.warp + 8 * h + id.g;
+      if (col < p.n) {
+        const int position = col / 64 * 64 + marlin::channel_scale_position(col % 64);
+        scale[h] = to_float(static_cast<const T*>(p.scales)[position]);
+      }
+    }
+  }
+}
+
+/// The thread's sums, scaled, cast to T and transposed by stmatrix into `box`: acc[4 j +
+/// 2 h + e] is weight column 16 w + g + 8 h (of the consumer's 64) and token
+/// 8 j + 2 t + e, and the box holds c's rows, [kTokens][64] 128-byte swizzled (the 8
+/// rows a matrix writes fall in 8 different 16-byte columns).
+template <typename T, class Config>
+__device__ __forceinline__ void stage_output_box(uint8_t* box,
+                                                 const float (&acc)[Config::kAccumulators],
+                                                 const float (&scale)[2],
+                                                 const ConsumerThread& id) {
+  // This lane addresses row `lane % 8` of matrix `lane / 8` = (token block j + m / 2,
+  // columns 16 w + 8 (m % 2) ..: the box row's 16-byte piece 2 w + m % 2).
+  const int matrix = id.lane / 8;
+#pragma unroll
+  for (int j = 0; j < Config::kTokens / 8; j += 2) {
+    uint32_t frag[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int i = 4 * (j + m / 2) + 2 * (m % 2);
+      frag[m] = bits_of<T>(pair_of<T>(acc[i] * scale[m % 2], acc[i + 1] * scale[m % 2]));
+    }
+    const int token = 8 * (j + matrix / 2) + id.lane % 8;
+    const int piece = (2 * id.warp + matrix % 2) ^ (token % 8);
+    stmatrix_x4_trans(shared_address(box) + token * kSwizzle128Bytes + piece * 16, frag);
+  }
+}
+
+/// The epilogue: each consumer's 64 columns go through a box in shared memory (the
+/// ring's first bytes) and leave with one TMA store, which writes whole 128-byte row
+/// pieces and clips the rows past M; 2-byte stores straight from the accumulators
+/// half-filled every sector they touched.
+template <typename T, class Config>
+__device__ __forceinline__ void store_output_tile(const float (&acc)[Config::kAccumulators],
+                                                  const StageRing<Config>& ring,
+                                                  const FusedWork& work, const ConsumerThread& id,
+                                                  const marlin::Params& p,
+                                                  const CUtensorMap& map_c) {
+  const int col_base = work.col0 + id.consumer * 64;
+  float scale[2] = {1.f, 1.f};
+  channel_scales<T>(scale, p, work, id, col_base);
+  uint8_t* box = ring.shared + id.consumer * Config::kOutBoxBytes;
+  stage_output_box<T, Config>(box, acc, scale, id);
+  fence_shared_for_tma();
+  warpgroup_barrier(1 + id.consumer);
+  if (threadIdx.x % kWarpgroupThreads == 0 && col_base < p.n) {
+    tma_store_2d(&map_c, box, col_base, work.token0);
+    tma_store_commit();
+    // Shared memory must outlive the store's reads; the writes complete with the grid.
+    tma_store_wait_read<0>();
+  }
+}
+
+/// The fused kernel (see the file comment): warpgroup 0 produces, warpgroups 1 and 2
+/// consume the ring, sum over the cluster when K is split, and store their columns.
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     marlin_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
@@ -108,37 +465,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                         const __grid_constant__ CUtensorMap map_c, const marlin::Params p,
                         const int first_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStages = Config::kStages;
-  using Deq = IntDequant<T, 4>;
   extern __shared__ uint8_t shared_raw[];
-  // Aligned by an offset from shared_raw, so that the compiler still knows the pointers
-  // below address shared memory (LDS, not generic loads).
-  uint8_t* shared = shared_raw + ((1024 - shared_address(shared_raw) % 1024) % 1024);
-  MBarrier* full = reinterpret_cast<MBarrier*>(shared + kStages * Config::kStageBytes);
-  MBarrier* empty = full + kStages;
-
-  // A cluster of `split` CTAs along x shares one output tile, each summing its share
-  // of the k-blocks.
-  const int split = static_cast<int>(cluster_size());
-  const int rank = static_cast<int>(cluster_rank());
-  // Output tiles are numbered token tile first; this launch runs first_tile + y.
-  const int token_tiles = (p.m + Config::kTokens - 1) / Config::kTokens;
-  const int tile = first_tile + static_cast<int>(blockIdx.y);
-  const int token0 = tile % token_tiles * Config::kTokens;
-  const int col0 = tile / token_tiles * Config::kCols;
-  const int k_blocks = (p.k + Config::kTileK - 1) / Config::kTileK;
-  const int kb_begin = rank * k_blocks / split;
-  const int kb_end = (rank + 1) * k_blocks / split;
-  const bool grouped = p.group_shift >= 0;
-  const int rows_per_block = group_rows_per_block(p.group_shift);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      full[s].init(1);
-      empty[s].init(Config::kConsumers * 4);  // lane 0 of every consumer warp
-    }
-    mbarrier_init_fence();
-  }
+  const StageRing<Config> ring(shared_raw);
+  const FusedWork work = fused_work<Config>(p, first_tile);
+  if (threadIdx.x == 0) ring.init_barriers();
   __syncthreads();
   // A tail launch (overlap_previous) of this kernel may take the SMs this launch's CTAs
   // leave: it writes other output tiles.
@@ -146,192 +476,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   if (warpgroup == 0) {
-    warpgroup_release_registers<Config::kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      const uint32_t bytes =
-          Config::kActBytes + Config::kWeightBytes +
-          (grouped ? rows_per_block * Config::kScaleRowBytes : 0) +
-          (Config::kZeroMode == kIntZero ? rows_per_block * Config::kZeroRowBytes : 0);
-      PipelineState state;
-      for (int kb = kb_begin; kb < kb_end; ++kb) {
-        empty[state.stage].wait(state.phase ^ 1);
-        uint8_t* stage = shared + state.stage * Config::kStageBytes;
-        MBarrier* barrier = &full[state.stage];
-        barrier->arrive_expect_tx(bytes);
-        tma_load_2d(stage, &map_a, barrier, kb * Config::kTileK, token0);
-        // Weight words: k16 rows 4 kb .. 4 kb + 3, 2 words per column.
-        tma_load_2d(stage + Config::kWeightOffset, &map_w, barrier, col0 * 2, kb * 4);
-        if (grouped) {
-          tma_load_2d(stage + Config::kScaleOffset, &map_s, barrier, col0, group_row(p, kb));
-        }
-        if constexpr (Config::kZeroMode == kIntZero) {
-          tma_load_2d(stage + Config::kZeroOffset, &map_z, barrier, col0 / 8, group_row(p, kb));
-        }
-        state.advance(kStages);
-      }
-    }
-    if (split > 1) {  // the consumers' two reduction barriers, for every thread
-      cluster_sync();
-      cluster_sync();
-    }
-    // A tail launch ends no sooner than the launch before it: what follows on the
-    // stream then follows both.
-    if (threadIdx.x == 0) wait_for_previous_grid();
+    run_producer(ring, work, p, map_a, map_w, map_s, map_z);
   } else {
     warpgroup_claim_registers<Config::kConsumerRegisters>();
-    const int consumer = warpgroup - 1;
-    const int warp = (static_cast<int>(threadIdx.x) / 32) % 4;
-    const int lane = static_cast<int>(threadIdx.x) % 32;
-    const int g = lane / 4;
-
-    BlockConstants<T> bc;
-    const Pair<T> fixed = Deq::offset(static_cast<float>(Config::kZeroMode == kBias ? p.bias : 0));
-    bc.offset[0] = bc.offset[1] = fixed;
-    // Load the group constants of group row `row` of a stage: the scales of columns
-    // 16 w + g and 16 w + 8 + g sit side by side (permuted positions 8 g + 2 w, + 1);
-    // their zero points are nibbles w and w + 4 of the row's word g.
-    auto load_constants = [&](const uint8_t* stage, int row) {
-      if (grouped) {
-        const Pair<T> s = *reinterpret_cast<const Pair<T>*>(stage + Config::kScaleOffset +
-                                                            row * Config::kScaleRowBytes +
-                                                            (consumer * 64 + 8 * g + 2 * warp) * 2);
-        bc.scale[0] = Pair<T>{s.x, s.x};
-        bc.scale[1] = Pair<T>{s.y, s.y};
-      }
-      if constexpr (Config::kZeroMode == kIntZero) {
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(
-            stage + Config::kZeroOffset + row * Config::kZeroRowBytes + (consumer * 8 + g) * 4);
-        bc.offset[0] = Deq::int_offset((word >> (4 * warp)) & 0xf);
-        bc.offset[1] = Deq::int_offset((word >> (4 * (warp + 4))) & 0xf);
-      }
-    };
-
+    const ConsumerThread id(warpgroup);
     float acc[Config::kAccumulators];
-#pragma unroll
-    for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.f;
-    // Pins the zeroing before the first wgmma: ptxas otherwise may sink it into the
-    // pipeline and then serializes every wgmma (warning C7515).
-    wgmma_fence_operands(acc);
-    // A registers of two k-blocks (4 k16 steps each): one block's wgmmas run while the
-    // next block is dequantized into the other set.
-    uint32_t a_regs[2][4][4];
-    const bool lane0 = lane == 0;
-    // Dequantizes the k-block in `stage` into `a`.
-    auto dequant_block = [&](const uint8_t* stage, uint32_t (&a)[4][4]) {
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Config::kWeightOffset) +
-                              consumer * 128 + lane * 4 + warp;
-      uint32_t word[4];
-#pragma unroll
-      for (int s = 0; s < 4; ++s) word[s] = words[s * 2 * 128];  // k16 row s: 1 KB
-      load_constants(stage, 0);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        if (s == 2 && rows_per_block == 2) load_constants(stage, 1);
-        if (grouped) {
-          dequant_a<T, true>(a[s], word[s], bc);
-        } else {
-          dequant_a<T, false>(a[s], word[s], bc);
-        }
-      }
-    };
-    auto keep_block_live = [&](uint32_t (&a)[4][4]) {
-#pragma unroll
-      for (int s = 0; s < 4; ++s) keep_live(a[s]);
-    };
-
-    PipelineState state;
-    // Runs block kb, whose registers `a` are ready, and readies block kb + 1's in `next`.
-    auto run_block = [&](int kb, uint32_t (&a)[4][4], uint32_t (&next)[4][4]) {
-      const uint8_t* stage = shared + state.stage * Config::kStageBytes;
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        wgmma_m64k16_rs<T, Config::kTokens>(acc, a[s], smem_desc_k_major_sw128(stage, s));
-      }
-      wgmma_commit_group();
-      // The previous block's wgmmas have finished: its registers may be rewritten and
-      // its stage released.
-      wgmma_wait_group<1>();
-      keep_block_live(next);
-      if (kb > kb_begin && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
-      state.advance(kStages);
-      if (kb + 1 < kb_end) {
-        full[state.stage].wait(state.phase);
-        dequant_block(shared + state.stage * Config::kStageBytes, next);
-      }
-    };
-    if (kb_begin < kb_end) {
-      full[state.stage].wait(state.phase);
-      dequant_block(shared + state.stage * Config::kStageBytes, a_regs[0]);
-    }
-    // Two blocks a turn, so that each register set is named at compile time.
-    for (int kb = kb_begin; kb < kb_end; kb += 2) {
-      run_block(kb, a_regs[0], a_regs[1]);
-      if (kb + 1 < kb_end) run_block(kb + 1, a_regs[1], a_regs[0]);
-    }
-    wgmma_wait_group<0>();
-    wgmma_fence_operands(acc);
-    keep_block_live(a_regs[0]);
-    keep_block_live(a_regs[1]);
-    if (kb_begin < kb_end && lane0) empty[(state.stage + kStages - 1) % kStages].arrive();
-
-    if (split > 1) {
-      // Every CTA of the cluster is done with its ring, so the partners write their sums
-      // into the first CTA's, which adds them in rank order (run-to-run identical).
-      const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;
-      auto* partials = reinterpret_cast<float4*>(shared);
-      cluster_sync();
-      if (rank != 0) {
-        send_cluster_partials(acc, partials, rank, thread, Config::kConsumerThreads);
-      }
-      cluster_sync();
-      if (rank != 0) return;
-      add_cluster_partials(acc, partials, split - 1, thread, Config::kConsumerThreads);
-    }
-
-    // Epilogue: acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of this consumer's
-    // 64) and token 8 j + 2 t + e. Transposed by stmatrix, each consumer's 64 columns
-    // land in shared memory as c's rows, the [kTokens][64] box of a TMA store, 128-byte
-    // swizzled (the 8 rows a matrix writes fall in 8 different 16-byte columns). The
-    // store writes whole 128-byte row pieces and clips the rows past M; 2-byte stores
-    // straight from the accumulators half-filled every sector they touched.
-    if (split > 1) named_barrier(kConsumersBarrier, Config::kConsumerThreads);  // partials read
-    const int col_base = col0 + consumer * 64;
-    float scale[2] = {1.f, 1.f};
-    if (!grouped) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = col_base + 16 * warp + 8 * h + g;
-        if (col < p.n) {
-          const int position = col / 64 * 64 + marlin::channel_scale_position(col % 64);
-          scale[h] = to_float(static_cast<const T*>(p.scales)[position]);
-        }
-      }
-    }
-    uint8_t* box = shared + consumer * Config::kOutBoxBytes;
-    // This lane addresses row `lane % 8` of matrix `lane / 8` = (token block j + m / 2,
-    // columns 16 w + 8 (m % 2) ..: the box row's 16-byte piece 2 w + m % 2).
-    const int matrix = lane / 8;
-#pragma unroll
-    for (int j = 0; j < Config::kTokens / 8; j += 2) {
-      uint32_t frag[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int i = 4 * (j + m / 2) + 2 * (m % 2);
-        frag[m] = bits_of<T>(pair_of<T>(acc[i] * scale[m % 2], acc[i + 1] * scale[m % 2]));
-      }
-      const int token = 8 * (j + matrix / 2) + lane % 8;
-      const int piece = (2 * warp + matrix % 2) ^ (token % 8);
-      stmatrix_x4_trans(shared_address(box) + token * kSwizzle128Bytes + piece * 16, frag);
-    }
-    fence_shared_for_tma();
-    warpgroup_barrier(1 + consumer);
-    if (threadIdx.x % kWarpgroupThreads == 0 && col_base < p.n) {
-      tma_store_2d(&map_c, box, col_base, token0);
-      tma_store_commit();
-      // Shared memory must outlive the store's reads; the writes complete with the grid.
-      tma_store_wait_read<0>();
-    }
+    consume_k_blocks<T>(acc, ring, work, p, id);
+    if (work.split > 1 && !sum_over_cluster(acc, ring, work)) return;
+    store_output_tile<T>(acc, ring, work, id, p, map_c);
   }
 #endif
 }
