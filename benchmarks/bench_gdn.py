@@ -2,13 +2,19 @@
 state-traffic floor: Qwen3-Next's linear-attention heads (H=16, HV=32, K=V=128), one
 decode token per sequence, batch 1 to 512.
 
-    python benchmarks/bench_gdn.py [--batches 1,8,32,128,512] [--out FILE]
+    python benchmarks/bench_gdn.py [--batches 1,8,32,128,512] [--bf16-state-batches 128,512]
+                                   [--configs 0,1,...] [--out FILE]
                                    [--original _peers/mllm-kernel]
 
 The contenders, each on bf16 q, k, v, a, b and fp32 A_log, dt_bias:
 
 * ours: ``gdn_decode(q, k, v, a, b, A_log, dt_bias, pool, indices)``, the pool updated in
-  place.
+  place. As in a serving step, where the engine writes the step's indices just before
+  the layer runs, the indices are warm in L2: every call of a graph reads the same index
+  tensor, on a view of the pool that moves by ``batch`` states each call (so the states
+  still rotate through HBM). 'ours, cold indices' is the same with a tensor of indices
+  per call instead, read from HBM. With ``--configs``, also each launch configuration
+  named there, forced (``ours cN``: what the kernel's choice picks from).
 * fla: ``fused_recurrent_gated_delta_rule`` with the gates fused in its kernel as a
   serving engine calls it (``use_gate_in_kernel``: g = -exp(A_log) softplus(a +
   dt_bias); ``use_beta_sigmoid_in_kernel``: beta = sigmoid(b);
@@ -17,9 +23,12 @@ The contenders, each on bf16 q, k, v, a, b and fp32 A_log, dt_bias:
   no gather) and its final state a new fp32 tensor, so it moves the bytes ours does; the
   scatter back into the pool that a serving engine adds is not counted.
 * original: the original mllm-kernel's ``gdn_decode``, imported from its source tree
-  (``--original``) and built by its own JIT on first use; fp32 pools only.
+  (``--original``) and built by its own JIT on first use; fp32 pools only; warm indices
+  as ours.
 * floor: a torch ``copy_`` of the state bytes (read once, written once): the time the
   state traffic takes at this device's copy bandwidth.
+* launch: a one-element ``zero_``: the time of a kernel that moves nothing, in the same
+  graphs (what batch 1 is measured against).
 
 Every contender runs as a CUDA graph of calls whose pool rows rotate through at least
 3x L2 of states, so states come from HBM as in a serving step and host overhead is out
@@ -54,7 +63,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from gdn_reference import gdn_reference  # noqa: E402
 
-from mllm_kernel.cuda.jit.gdn_decode import gdn_decode  # noqa: E402
+from mllm_kernel.cuda.device_facts import device_facts  # noqa: E402
+from mllm_kernel.cuda.jit.gdn_decode import _GDN_DECODE, gdn_decode  # noqa: E402
 
 H, HV, K, V = 16, 32, 128, 128
 BF16 = torch.bfloat16
@@ -221,16 +231,44 @@ def fla_call(fused_recurrent: Callable, case: dict, first: int) -> Callable[[], 
     return call
 
 
-def contenders(case: dict, fused_recurrent, original) -> dict[str, list[Callable[[], object]]]:
+def forced_call(tensors: dict, indices: torch.Tensor, config: int) -> Callable[[], object]:
+    """gdn_decode's kernel with launch configuration ``config`` instead of its choice."""
+    t = tensors
+    device = t["q"].get_device()
+    module, sm_count = _GDN_DECODE[device], device_facts(device).sm_count
+    out = torch.empty_like(t["v"])
+
+    def call():
+        module.gdn_decode(
+            out, t["q"], t["k"], t["v"], t["a"], t["b"], t["A_log"], t["dt_bias"], None, None,
+            t["state_pool"], indices, None, None, True, None, sm_count, config,
+        )  # fmt: skip
+        return out
+
+    return call
+
+
+def contenders(
+    case: dict, fused_recurrent, original, configs: list[int]
+) -> dict[str, list[Callable[[], object]]]:
     """Each contender as its calls, one per index set."""
     tensors = {name: value for name, value in case.items() if name != "state_bytes"}
     batch, pool = len(case["q"]), case["state_pool"]
     sets = blocks(batch, len(pool))
-    found = {"ours": [lambda i=i: gdn_decode(**tensors, cache_indices=i) for _, i in sets]}
+    index = torch.arange(batch, device="cuda")
+    views = [{**tensors, "state_pool": pool[first : first + batch]} for first, _ in sets]
+    found = {"ours": [lambda t=t: gdn_decode(**t, cache_indices=index) for t in views]}
+    found["ours, cold indices"] = [
+        lambda i=i: gdn_decode(**tensors, cache_indices=i) for _, i in sets
+    ]
+    for config in configs:
+        found[f"ours c{config}"] = [forced_call(t, index, config) for t in views]
     if fused_recurrent is not None:
         found["fla"] = [fla_call(fused_recurrent, case, first) for first, _ in sets]
     if original is not None and pool.dtype == torch.float32:
-        found["original"] = [lambda i=i: original(**tensors, cache_indices=i) for _, i in sets]
+        found["original"] = [lambda t=t: original(**t, cache_indices=index) for t in views]
+    flag = torch.zeros(1, device="cuda")
+    found["launch"] = [flag.zero_]
     copy_dst = torch.empty_like(pool)
     found["floor"] = [
         lambda f=first: copy_dst[f : f + batch].copy_(pool[f : f + batch]) for first, _ in sets
@@ -248,18 +286,19 @@ def errors(found: dict[str, list[Callable[[], object]]], case: dict) -> str:
         a=case["a"], b=case["b"], A_log=case["A_log"], dt_bias=case["dt_bias"],
     )  # fmt: skip
     found_errors = []
-    for name in ("ours", "fla", "original"):
-        if name in found:
-            pool[:batch].copy_(saved)
-            error = (found[name][0]().double() - expected).abs().max().item()
-            found_errors.append(f"{name} {error:.2g}")
+    for name in [name for name in found if name not in ("floor", "launch")]:
+        pool[:batch].copy_(saved)
+        error = (found[name][0]().double() - expected).abs().max().item()
+        found_errors.append(f"{name} {error:.2g}")
     pool[:batch].copy_(saved)
     return ", ".join(found_errors)
 
 
-def measure(batch: int, state_dtype: torch.dtype, fused_recurrent, original) -> dict:
+def measure(
+    batch: int, state_dtype: torch.dtype, fused_recurrent, original, configs: list[int]
+) -> dict:
     case = inputs(batch, state_dtype)
-    found = contenders(case, fused_recurrent, original)
+    found = contenders(case, fused_recurrent, original, configs)
     check = errors(found, case)
     graphs = {}
     for name, calls in found.items():
@@ -289,14 +328,15 @@ def render(rows: list[dict], copy_gbs: float, notes: list[str]) -> str:
         "",
         f"- {now}; torch {torch.__version__}; H={H}, HV={HV}, K=V={V}, one token per sequence,",
         "  bf16 q/k/v/a/b; times in us per call, CUDA graphs (module docstring).",
-        "- 'floor': a copy_ of the states' bytes (read + written) in the same run; 'x floor':",
+        "- 'launch': a kernel that moves nothing; 'floor': a copy_ of the states' bytes (read",
+        "  + written), both in the same run; 'x floor':",
         f"  ours over it. 1 GiB copy: {copy_gbs:.0f} GB/s. 'fla / ours', 'original / ours':",
         "  their time over ours (> 1: ours is faster).",
         *notes,
         "",
-        "| batch | state | state MB | floor | ours | x floor | ours GB/s | fla | fla / ours "
-        "| original | original / ours | max abs error vs float64 |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| batch | state | state MB | launch | floor | ours | x floor | ours GB/s | fla "
+        "| fla / ours | original | original / ours | max abs error vs float64 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
 
     def us(seconds):
@@ -310,18 +350,34 @@ def render(rows: list[dict], copy_gbs: float, notes: list[str]) -> str:
         gbs = 2 * row["bytes"] / ours / 1e9 if ours else None
         lines.append(
             f"| {row['batch']} | {str(row['state']).removeprefix('torch.')} | "
-            f"{row['bytes'] / 2**20:.0f} | {us(row.get('floor'))} | {us(ours)} | "
+            f"{row['bytes'] / 2**20:.0f} | {us(row.get('launch'))} | {us(row.get('floor'))} | "
+            f"{us(ours)} | "
             f"{ratio(ours, row.get('floor'))} | {gbs:.0f} | {us(row.get('fla'))} | "
             f"{ratio(row.get('fla'), ours)} | {us(row.get('original'))} | "
             f"{ratio(row.get('original'), ours)} | {row['check'] or '-'} |"
         )
+    forced = sorted({name for row in rows for name in row if name.startswith("ours c")})
+    if forced:
+        lines += [
+            "",
+            "Forced launch configurations (us; the kernel's choice is 'ours'):",
+            "",
+            "| batch | state | floor | ours | cold indices | " + " | ".join(forced) + " | fla |",
+            "|---:|---|" + "---:|" * (len(forced) + 4),
+        ]
+        for row in rows:
+            cells = [us(row.get(name)) for name in ["floor", "ours", *forced, "fla"]]
+            cells.insert(2, us(row.get("ours, cold indices")))
+            state = str(row["state"]).removeprefix("torch.")
+            lines.append(f"| {row['batch']} | {state} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32,128,512")
-    parser.add_argument("--bf16-state-batch", type=int, default=128)
+    parser.add_argument("--bf16-state-batches", default="128,512")
+    parser.add_argument("--configs", default="", help="launch configurations to force too")
     parser.add_argument("--original", type=Path, default=REPO / "_peers" / "mllm-kernel")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -346,12 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"- the original (from {args.original}) not available: see stderr.")
     copy_gbs = copy_bandwidth()
     cases = [(int(b), torch.float32) for b in args.batches.split(",") if b]
-    if args.bf16_state_batch:
-        cases.append((args.bf16_state_batch, BF16))
+    cases += [(int(b), BF16) for b in args.bf16_state_batches.split(",") if b]
+    configs = [int(c) for c in args.configs.split(",") if c]
     rows = []
     for batch, state_dtype in cases:
         print(f"batch {batch}, {state_dtype} state ...", file=sys.stderr, flush=True)
-        rows.append(measure(batch, state_dtype, fused_recurrent, original))
+        rows.append(measure(batch, state_dtype, fused_recurrent, original, configs))
     if any(row["state"] == BF16 for row in rows):
         notes.append("- bf16 state: fla reads it and writes its final state in fp32 (more bytes).")
     table = render(rows, copy_gbs, notes)

@@ -100,6 +100,24 @@ def bits(t):
     return t.contiguous().view(torch.uint8)
 
 
+# The kernel's launch configurations (kLayouts in gdn_decode.cu), and those that stream
+# the state through shared memory (one token per sequence).
+CONFIGS = range(3)
+STREAMED = (2,)
+
+
+def decode_with_config(args, config, errors=None):
+    """gdn_decode's kernel on make_inputs' ``args`` (raw gates, the defaults) with launch
+    configuration ``config`` instead of its own choice; the output poisoned first."""
+    out = torch.full_like(args["v"], float("nan"))
+    _GDN_DECODE[args["q"].get_device()].gdn_decode(
+        out, args["q"], args["k"], args["v"], args["a"], args["b"], args["A_log"],
+        args["dt_bias"], None, None, args["state_pool"], args["cache_indices"], None, None, True,
+        errors, 132, config,
+    )  # fmt: skip
+    return out
+
+
 # --------------------------------------------------------------------------- no GPU
 def test_schema_marks_the_pool_and_the_intermediate_states_written():
     schema = OPS.gdn_decode.default._schema
@@ -178,7 +196,7 @@ def test_module_builds_for_sm80_and_sm90a_and_takes_the_python_arguments():
         module.gdn_decode(
             out, args["q"], args["k"], args["v"], args["a"], args["b"], args["A_log"],
             args["dt_bias"], None, None, args["state_pool"], args["cache_indices"], None, None,
-            True, None,
+            True, None, 132, -1,
         )  # fmt: skip
 
 
@@ -195,6 +213,57 @@ def test_matches_the_float64_reference(dim_k, dim_v, ratio, dtype, state_dtype):
         state_dtype=state_dtype,
     )  # fmt: skip
     run_and_check(args, dtype, state_dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batch", [1, 67])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim_v", HEAD_DIMS)
+@pytest.mark.parametrize("dim_k", HEAD_DIMS)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_launch_configuration_matches_the_reference(config, dim_k, dim_v, state_dtype, batch):
+    """Each configuration, whichever batch the kernel would choose it for: one sequence,
+    and 67 with a padding index; two tokens where it takes several. Rows not addressed
+    stay bit-identical."""
+    tokens = None if config in STREAMED else 2
+    args = make_inputs(
+        batch=batch, tokens=tokens, heads=2, value_heads=4, dim_k=dim_k, dim_v=dim_v,
+        state_dtype=state_dtype, pool_size=batch + 4,
+    )  # fmt: skip
+    if batch > 1:
+        args["cache_indices"][batch // 2] = -1
+    before = args["state_pool"].clone()
+    o_ref, pool_ref, _ = reference(args)
+    o = decode_with_config(args, config)
+    assert_near(o, o_ref, UNIT[torch.bfloat16], "o")
+    assert_near(args["state_pool"], pool_ref, UNIT[state_dtype], "state_pool")
+    untouched = torch.ones(batch + 4, dtype=torch.bool, device="cuda")
+    untouched[args["cache_indices"][args["cache_indices"] >= 0]] = False
+    assert torch.equal(bits(args["state_pool"][untouched]), bits(before[untouched]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_launch_configuration_counts_an_index_past_the_pool(config):
+    args = make_inputs(batch=4, pool_size=6, state_dtype=torch.bfloat16)
+    args["cache_indices"][1] = 9
+    before = args["state_pool"].clone()
+    errors = torch.zeros(1, dtype=torch.int32, device="cuda")
+    o = decode_with_config(args, config, errors)
+    assert o[1].isnan().all() and not o[[0, 2, 3]].isnan().any()
+    assert errors.item() == 1
+    others = torch.ones(6, dtype=torch.bool, device="cuda")
+    others[args["cache_indices"][[0, 2, 3]]] = False
+    assert torch.equal(bits(args["state_pool"][others]), bits(before[others]))
+
+
+@pytest.mark.cuda
+def test_a_streamed_configuration_refuses_several_tokens():
+    args = make_inputs(batch=2, tokens=2)
+    with pytest.raises(ValueError, match=rf"^argument 'config': configuration {STREAMED[0]} "):
+        decode_with_config(args, STREAMED[0])
+    with pytest.raises(ValueError, match=r"^argument 'config': expected -1 \(chosen per call\)"):
+        decode_with_config(args, len(CONFIGS))
 
 
 @pytest.mark.cuda

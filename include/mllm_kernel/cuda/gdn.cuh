@@ -60,18 +60,27 @@ inline FloatType float_type(DLDataType dtype) {
   return FloatType::kF32;
 }
 
-/// Scalars at data + n * stride_n + t * stride_t + h * stride_h (in elements).
+/// Scalars at data + n * stride_n + t * stride_t + h * stride_h (in elements). A kernel
+/// that must not wait for them before its next loads takes them in two steps: raw()
+/// issues the load, value() converts what it gave (the first use, which waits).
 struct FloatTensor {
   const void* data = nullptr;
   FloatType type = FloatType::kF32;
   int64_t stride_n = 0, stride_t = 0, stride_h = 0;
 
-  __device__ __forceinline__ float at(int64_t n, int64_t t, int64_t h) const {
+  /// The element's bits (a 16-bit type in the low half), unconverted.
+  __device__ __forceinline__ uint32_t raw(int64_t n, int64_t t, int64_t h) const {
     const int64_t i = n * stride_n + t * stride_t + h * stride_h;
+    if (type == FloatType::kF32) return static_cast<const uint32_t*>(data)[i];
+    return static_cast<const uint16_t*>(data)[i];
+  }
+
+  /// The float of bits that raw() gave.
+  __device__ __forceinline__ float value(uint32_t bits) const {
     switch (type) {
-      case FloatType::kF16: return to_float(static_cast<const fp16_t*>(data)[i]);
-      case FloatType::kBF16: return to_float(static_cast<const bf16_t*>(data)[i]);
-      default: return static_cast<const float*>(data)[i];
+      case FloatType::kF16: return __half2float(__ushort_as_half(static_cast<uint16_t>(bits)));
+      case FloatType::kBF16: return __uint_as_float(bits << 16);
+      default: return __uint_as_float(bits);
     }
   }
 };
@@ -89,13 +98,30 @@ struct GateValues {
   float beta;
 };
 
-__device__ __forceinline__ GateValues load_gates(const Gates& gates, int64_t n, int64_t t,
-                                                 int64_t h) {
+/// A token's gate inputs as loaded (FloatTensor::raw bits), for gate_values().
+struct RawGates {
+  uint32_t decay, update, A_log, dt_bias;
+};
+
+/// Issues the loads of a token's gate inputs without waiting for them.
+__device__ __forceinline__ RawGates load_raw_gates(const Gates& gates, int64_t n, int64_t t,
+                                                   int64_t h) {
+  RawGates raw;
+  raw.decay = gates.decay.raw(n, t, h);
+  raw.update = gates.update.raw(n, t, h);
+  raw.A_log = gates.raw_decay ? gates.A_log.raw(0, 0, h) : 0u;
+  raw.dt_bias = gates.raw_decay ? gates.dt_bias.raw(0, 0, h) : 0u;
+  return raw;
+}
+
+/// The gates of loaded inputs.
+__device__ __forceinline__ GateValues gate_values(const Gates& gates, const RawGates& raw) {
   GateValues out;
-  const float d = gates.decay.at(n, t, h);
-  out.log_decay =
-      gates.raw_decay ? log_decay(d, gates.A_log.at(0, 0, h), gates.dt_bias.at(0, 0, h)) : d;
-  const float u = gates.update.at(n, t, h);
+  const float d = gates.decay.value(raw.decay);
+  out.log_decay = gates.raw_decay
+                      ? log_decay(d, gates.A_log.value(raw.A_log), gates.dt_bias.value(raw.dt_bias))
+                      : d;
+  const float u = gates.update.value(raw.update);
   out.beta = gates.raw_update ? sigmoid(u) : u;
   return out;
 }
@@ -129,20 +155,38 @@ __device__ __forceinline__ int64_t load_index(const void* indices, bool is_int64
 // ---------------------------------------------------------------------------
 // State I/O: 16-byte vectors of fp32 or bf16 state as fp32. A state is read once and
 // written once per call, so both go with evict-first hints (ld/st .cs), leaving L2 to
-// what is reused (q, k, the gates).
+// what is reused (q, k, the gates, the indices).
 // ---------------------------------------------------------------------------
 
 /// Elements of S per 16-byte vector.
 template <typename S>
 inline constexpr int kStateVec = 16 / static_cast<int>(sizeof(S));
 
+/// A 16-byte vector of state, as loaded, as fp32.
 template <typename S>
-__device__ __forceinline__ void load_state(const S* ptr, float* out) {
-  const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(ptr));
+__device__ __forceinline__ void state_to_float(const uint4& bits, float* out) {
   Vec<S, kStateVec<S>> v;
   memcpy(&v, &bits, sizeof(bits));
 #pragma unroll
   for (int i = 0; i < kStateVec<S>; ++i) out[i] = to_float(v[i]);
+}
+
+/// The 16-byte vector at `ptr` as fp32 where `valid`, else every element `fill`; `ptr`
+/// is not read when not `valid`. A predicated load, not a branch, so that the loads
+/// after it issue without waiting for the slot's test.
+template <typename S>
+__device__ __forceinline__ void load_state_or(const S* ptr, bool valid, float fill, float* out) {
+  uint4 bits = make_uint4(0, 0, 0, 0);
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %4, 0;\n"
+      "  @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%5];\n"
+      "}\n"
+      : "+r"(bits.x), "+r"(bits.y), "+r"(bits.z), "+r"(bits.w)
+      : "r"(static_cast<int>(valid)), "l"(ptr));
+  state_to_float<S>(bits, out);
+#pragma unroll
+  for (int i = 0; i < kStateVec<S>; ++i) out[i] = valid ? out[i] : fill;
 }
 
 template <typename S>
@@ -155,19 +199,18 @@ __device__ __forceinline__ void store_state(S* ptr, const float* in) {
   __stcs(reinterpret_cast<uint4*>(ptr), bits);
 }
 
-/// N consecutive elements of T as fp32: one vector load when `vector` (the address is
-/// aligned to N elements), else N scalar loads.
+/// N consecutive elements of T, unconverted (a first use waits for them): one vector
+/// load when `vector` (the address is aligned to N elements), else N scalar loads.
 template <typename T, int N>
-__device__ __forceinline__ void load_floats(const T* ptr, bool vector, float* out) {
+__device__ __forceinline__ Vec<T, N> load_elements(const T* ptr, bool vector) {
+  Vec<T, N> v;
   if (vector) {
-    Vec<T, N> v;
     v.load(ptr);
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_float(v[i]);
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_float(ptr[i]);
+    for (int i = 0; i < N; ++i) v[i] = ptr[i];
   }
+  return v;
 }
 
 // ---------------------------------------------------------------------------
@@ -188,12 +231,18 @@ __device__ __forceinline__ void group_reduce_sum(float (&values)[N]) {
   }
 }
 
+/// Two partial sums (even and odd elements): half the dependent chain of one, which is
+/// what a lane waits for between its state's arrival and its first shuffle.
 template <int N>
 __device__ __forceinline__ float dot(const float (&x)[N], const float (&y)[N]) {
-  float sum = 0.0f;
+  static_assert(N % 2 == 0);
+  float even = 0.0f, odd = 0.0f;
 #pragma unroll
-  for (int i = 0; i < N; ++i) sum = fmaf(x[i], y[i], sum);
-  return sum;
+  for (int i = 0; i < N; i += 2) {
+    even = fmaf(x[i], y[i], even);
+    odd = fmaf(x[i + 1], y[i + 1], odd);
+  }
+  return even + odd;
 }
 
 /// One token's update of a row's elements: s = decay * s + u_k * k, where u_k is the

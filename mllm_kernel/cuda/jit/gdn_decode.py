@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.cuda.device_facts import device_facts
 from mllm_kernel.cuda.jit.bounds_check import error_counter, raise_if_counted
 from mllm_kernel.jit_utils import env
 from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER
@@ -58,7 +59,8 @@ def gdn_decode(
     """
     out = torch.empty_like(v) if out is None else out
     errors = error_counter(q) if env.check_bounds() else None
-    _GDN_DECODE[q.get_device()].gdn_decode(
+    index = q.get_device()
+    _GDN_DECODE[index].gdn_decode(
         out,
         q,
         k,
@@ -75,6 +77,8 @@ def gdn_decode(
         scale,
         use_qk_l2norm,
         errors,
+        device_facts(index).sm_count,
+        -1,
     )
     if errors is not None:
         raise_if_counted(
