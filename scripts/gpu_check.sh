@@ -9,6 +9,9 @@
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
 #   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
 #   GPU_CHECK_BENCHES="bench_gemm bench_runtime"  # which benchmarks (default: all)
+#   GPU_CHECK_SM80=1                           # also the gemm and int8_scaled_mm grids again
+#                                                through their sm_80 kernels alone, as compute_80
+#                                                PTX (MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX)
 #   GPU_CHECK_BENCH_ARGS="--m 1,16"            # extra arguments, passed to every benchmark
 #                                                (so pick ones that all accept: here, with
 #                                                GPU_CHECK_BENCHES=bench_quant_gemm)
@@ -51,6 +54,18 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || status=$rc
   echo "- tests (${GPU_CHECK_MARKERS:-cuda}): $(tail -n 1 "$out/pytest.txt")" >> "$out/summary.md"
+fi
+if [ "${GPU_CHECK_SM80:-0}" = 1 ]; then
+  # The GEMM tests' sm80 cases (the gemm_path fixture's, and the sm_80 tiles') switch the
+  # arch list to 8.0+PTX themselves: the driver JIT-compiles the Ampere kernels here.
+  MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX python3 -m mllm_kernel precompile --device cuda \
+    -j "$(nproc)" --kernel gemm_sm80 --kernel int8_scaled_mm_sm80 2>&1 | tail -n 1
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-480}" python3 -m pytest tests/test_cuda_gemm.py \
+    tests/test_cuda_int8_gemm.py -q -m cuda -k sm80 -o addopts= -p no:cacheprovider -rs \
+    2>&1 | tee "$out/pytest_sm80.txt"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || status=$rc
+  echo "- sm_80 path (compute_80 PTX): $(tail -n 1 "$out/pytest_sm80.txt")" >> "$out/summary.md"
 fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
   for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_backward bench_jit bench_gemm bench_quant_gemm bench_runtime bench_decoder_layer}; do

@@ -165,3 +165,39 @@ def warnings_logged():
     logger.addHandler(handler)
     yield records
     logger.removeHandler(handler)
+
+
+# The arch list that makes the GEMMs run their sm_80 kernels on any GPU from sm_80 on:
+# compute_80 PTX, which the driver compiles for the GPU (an H100 runs the Ampere path).
+SM80_PATH_ARCH_LIST = "8.0+PTX"
+
+
+def force_sm80_path(monkeypatch) -> None:
+    """Until the test ends, ``gemm`` and ``int8_scaled_mm`` run their sm_80 kernels
+    (built as compute_80 PTX) whatever the GPU: the arch list has no sm_90a code, so
+    ``device_facts.matmul_path`` picks them, and the choices made before are forgotten."""
+    import importlib
+
+    facts = importlib.import_module("mllm_kernel.cuda.device_facts")
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", SM80_PATH_ARCH_LIST)
+    monkeypatch.setattr(facts, "_matmul_paths", {})
+    for name in ("gemm", "int8_scaled_mm"):
+        monkeypatch.setattr(importlib.import_module(f"mllm_kernel.cuda.jit.{name}"), "_plans", {})
+
+
+@pytest.fixture(params=["wgmma", "sm80"])
+def gemm_path(request, monkeypatch):
+    """Runs a GEMM test through each of the GEMMs' kernels: ``wgmma`` (an sm_90 GPU
+    with sm_90a code: skipped elsewhere) and ``sm80`` (mma.sync as compute_80 PTX, on
+    any GPU from sm_80 on: on an H100 the Ampere path, JIT-compiled by the driver)."""
+    import torch
+
+    capability = torch.cuda.get_device_capability() if HAS_GPU else (0, 0)
+    if request.param == "wgmma":
+        if capability != (9, 0):
+            pytest.skip("the wgmma kernels need an sm_90 GPU (H100/H200)")
+    else:
+        if capability < (8, 0):
+            pytest.skip("the sm_80 kernels need a GPU of compute capability 8.0 or newer")
+        force_sm80_path(monkeypatch)
+    return request.param

@@ -23,12 +23,13 @@ from mllm_kernel.jit_utils.cuda_arch import (
 from mllm_kernel.jit_utils.status import BuildOutcome
 
 # The package binds the op functions over their modules' names: import the modules.
-gemm_module, gptq_marlin, int8_scaled_mm = (
+gemm_module, gemm_sm80, gptq_marlin, int8_scaled_mm = (
     importlib.import_module(f"mllm_kernel.cuda.jit.{name}")
-    for name in ("gemm", "gptq_marlin", "int8_scaled_mm")
+    for name in ("gemm", "gemm_sm80", "gptq_marlin", "int8_scaled_mm")
 )
 HOPPER_MODULES = [gemm_module._GEMM, int8_scaled_mm._INT8_GEMM, gptq_marlin._FUSED]
-AMPERE_MODULES = [gptq_marlin._STREAM, gptq_marlin._DEQUANTIZE]
+SM80_MODULES = [gemm_sm80._GEMM_SM80, gemm_sm80._INT8_SM80]
+AMPERE_MODULES = [gptq_marlin._STREAM, gptq_marlin._DEQUANTIZE, *SM80_MODULES]
 
 
 @pytest.mark.parametrize(
@@ -73,9 +74,20 @@ def test_an_ampere_module_is_refused_below_sm80(module):
         module.spec(*module.variants[0])
 
 
-def test_precompile_skips_what_cannot_run_with_a_note(fresh_cache):
+def test_precompile_skips_what_cannot_run_with_a_note(fresh_cache, monkeypatch):
+    """sm_90 without the a: the wgmma kernels are skipped with a note; the ops' sm_80
+    kernels (mma.sync) are what such a build runs, and are built."""
+    built = []
+
+    def run_job(job, *args):
+        built.append(job.entry.name)
+        return precompile.JobResult(job, BuildOutcome.BUILT, 0.0)
+
+    monkeypatch.setattr(precompile, "run_job", run_job)
+    monkeypatch.setattr(precompile, "cuda_unavailable_reason", lambda: None)
     report = precompile.precompile(device="cuda", arch="9.0", kernels=["gemm", "int8_scaled_mm"])
-    assert report.results == []
+    assert set(built) == {"gemm_sm80", "int8_scaled_mm_sm80"}
+    assert len(built) == len(SM80_MODULES[0].variants) + len(SM80_MODULES[1].variants)
     assert report.skipped == [
         "gemm: skipped for sm_90: it runs on sm_90a only",
         "int8_scaled_mm: skipped for sm_90: it runs on sm_90a only",
@@ -93,7 +105,7 @@ def test_precompile_notes_the_archs_a_kernel_leaves_out(monkeypatch):
     monkeypatch.setattr(precompile, "cuda_unavailable_reason", lambda: None)
     report = precompile.precompile(device="cuda", arch="8.0;9.0a", kernels=["gemm"])
     assert "gemm: not built for sm_80: it runs on sm_90a only" in report.skipped
-    assert len(built) == len(gemm_module._GEMM.variants)
+    assert len(built) == len(gemm_module._GEMM.variants) + len(SM80_MODULES[0].variants)
 
 
 @pytest.mark.nvcc

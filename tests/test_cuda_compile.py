@@ -26,7 +26,14 @@ from mllm_kernel.jit_utils.spec import BuildSpec, Wrapper
 # Kernel name -> the SASS instruction every variant must contain (HGMMA / IGMMA: the
 # 16-bit / int8 wgmma ran through; a kernel on the slower mma.sync path would show only
 # HMMA / IMMA).
-EXPECTED_SASS = {"gemm": "HGMMA", "int8_scaled_mm": "IGMMA", "gptq_marlin_gemm_wgmma": "HGMMA"}
+EXPECTED_SASS = {
+    "gemm": "HGMMA",
+    "int8_scaled_mm": "IGMMA",
+    "gptq_marlin_gemm_wgmma": "HGMMA",
+    # The sm_80 path of the same ops: mma.sync's 16-bit and int8 instructions.
+    "gemm_sm80": "HMMA",
+    "int8_scaled_mm_sm80": "IMMA",
+}
 
 
 def _cuda_binary(name: str) -> Path | None:
@@ -139,3 +146,28 @@ def test_every_op_module_registers_a_variant():
         "int8_scaled_mm",
         "per_token_quant",
     } <= names
+
+
+@pytest.mark.nvcc
+@pytest.mark.compile_grid
+@pytest.mark.parametrize("arch", ["8.6", "8.7", "8.9"])
+def test_the_sm80_gemms_compile_for_every_ampere_and_ada_arch(arch, tmp_path):
+    """The sm_80 GEMMs' first variant (the decode tile) of each op, in one module, for
+    the other sm_80-89 archs the original served (A10/RTX 30, Orin, L4/RTX 40), their
+    SASS on mma.sync; the compile grid above builds every variant for sm_80."""
+    entries = {entry.name: entry for entry in registry.kernels("cuda")}
+    with cuda_arch_override(arch):
+        specs = [entries[name].spec(entries[name].variants[0]) for name in EXPECTED_SASS
+                 if name.endswith("_sm80")]  # fmt: skip
+    assert [str(a) for a in specs[0].cuda_archs] == [arch]
+    wrappers = tuple(w for spec in specs for w in spec.cuda_wrappers)
+    spec = dataclasses.replace(
+        specs[0],
+        cuda_files=tuple(dict.fromkeys(f for spec in specs for f in spec.cuda_files)),
+        template_args=("sm80_gemms", arch),
+        cuda_wrappers=wrappers,
+    )
+    result = build(spec, tmp_path, tmp_path / "build.log")
+    sass = _sass(result.artifact)
+    for instruction in ("HMMA", "IMMA"):
+        assert re.search(rf"\b{instruction}\.", sass), f"sm_{arch}: no {instruction} in the SASS"

@@ -12,10 +12,12 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from conftest import force_sm80_path
 
 # The module, not the function of the same name that mllm_kernel.cuda.jit exports.
 gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
 facts_module = importlib.import_module("mllm_kernel.cuda.device_facts")
+sm80_module = importlib.import_module("mllm_kernel.cuda.jit.gemm_sm80")
 
 DTYPES = [torch.bfloat16, torch.float16]
 # Not tile multiples: every M, N and K tail of every tile (M 1 and 7 are decode shapes).
@@ -66,7 +68,8 @@ def test_out_dtype_names_are_dtypes():
         ((4, -8, 16), {}, ValueError, r"^argument 'N': expected a non-negative int, got -8"),
         ((4, 8, 16), {"dtype": "fp32"}, ValueError, r"^argument 'dtype': expected bfloat16 or"),
         ((4, 8, 16), {"out_dtype": "fp16"}, ValueError, r"^argument 'out_dtype': expected"),
-        ((4, 8, 16), {"arch": "sm80"}, NotImplementedError, r"^Gemm is built for Hopper only"),
+        ((4, 8, 16), {"arch": "sm75"}, NotImplementedError, r"^Gemm runs on sm_80 and newer"),
+        ((4, 8, 16), {"arch": "7.0"}, NotImplementedError, r"got arch='7.0'"),
     ],
 )
 def test_gemm_object_refuses_bad_construction_arguments(args, kwargs, error, message):
@@ -106,12 +109,12 @@ def _check(out, a, b, bias=None):
     assert ours <= 2 * theirs + 1e-6, f"relative error {ours:.3g} vs cuBLAS {theirs:.3g}"
 
 
-@needs_hopper
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", SMALL_M)
 @pytest.mark.parametrize("n", SIZES_NK)
 @pytest.mark.parametrize("k", SIZES_NK)
-def test_gemm_tails(dtype, m, n, k):
+def test_gemm_tails(gemm_path, dtype, m, n, k):
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(m, n, k, dtype)
@@ -120,7 +123,7 @@ def test_gemm_tails(dtype, m, n, k):
     _check(out, a, b)
 
 
-@needs_hopper
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("m", "n", "k"),
@@ -133,7 +136,7 @@ def test_gemm_tails(dtype, m, n, k):
         (128, 28672, 8192),
     ],
 )
-def test_gemm_large(dtype, m, n, k):
+def test_gemm_large(gemm_path, dtype, m, n, k):
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(m, n, k, dtype)
@@ -157,10 +160,10 @@ def test_every_tile_and_split(config):
             _check(out, a, b, bias)
 
 
-@needs_hopper
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 7, 129, 1000])
-def test_gemm_fp32_out_and_bias(dtype, m):
+def test_gemm_fp32_out_and_bias(gemm_path, dtype, m):
     from mllm_kernel.cuda.jit import gemm
 
     n, k = 1000, 4104
@@ -179,8 +182,8 @@ def test_gemm_fp32_out_and_bias(dtype, m):
     _check(named, a, b, bias32)
 
 
-@needs_hopper
-def test_run_gemm_is_the_kernel_with_the_chosen_tile():
+@pytest.mark.cuda
+def test_run_gemm_is_the_kernel_with_the_chosen_tile(gemm_path):
     """run_gemm (for ops built on the GEMM) writes out in out's dtype, or in out_dtype;
     its tensors are checked in C++ as gemm's are."""
     from mllm_kernel.cuda.jit.gemm import run_gemm
@@ -197,9 +200,9 @@ def test_run_gemm_is_the_kernel_with_the_chosen_tile():
         run_gemm(a, b, out, out_dtype=torch.bfloat16)
 
 
-@needs_hopper
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 129])
-def test_gemm_k_zero(m):
+def test_gemm_k_zero(gemm_path, m):
     from mllm_kernel.cuda.jit import gemm
 
     a = torch.empty(m, 0, device="cuda", dtype=torch.bfloat16)
@@ -211,10 +214,10 @@ def test_gemm_k_zero(m):
     assert gemm(a, b).eq(0).all()
 
 
-@needs_hopper
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 7, 1000])
 @pytest.mark.parametrize("out_pad", [8, 2])
-def test_gemm_strided_rows(m, out_pad):
+def test_gemm_strided_rows(gemm_path, m, out_pad):
     """Slices of bigger buffers: row strides larger than the rows, for a, b and out. An
     out pitch of 16-byte multiples leaves through TMA stores, others (pad 2) directly."""
     from mllm_kernel.cuda.jit import gemm
@@ -229,8 +232,8 @@ def test_gemm_strided_rows(m, out_pad):
     assert out_big[:, n:].isnan().all(), "wrote outside out"
 
 
-@needs_hopper
-def test_gemm_cuda_graph_and_side_stream():
+@pytest.mark.cuda
+def test_gemm_cuda_graph_and_side_stream(gemm_path):
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(7, 4104, 1000, torch.bfloat16)
@@ -255,9 +258,9 @@ def test_gemm_cuda_graph_and_side_stream():
         _check(big_out, big_a, b)
 
 
-@needs_hopper
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_gemm_on_second_gpu():
+def test_gemm_on_second_gpu(gemm_path):
     from mllm_kernel.cuda.jit import gemm
 
     with torch.cuda.device(0):
@@ -269,13 +272,14 @@ def test_gemm_on_second_gpu():
             gemm(a, b.to("cuda:0"))
 
 
-@needs_hopper
-def test_gemm_object():
+@pytest.mark.cuda
+def test_gemm_object(gemm_path):
     from mllm_kernel.cuda import Gemm
-    from mllm_kernel.cuda.jit.gemm import choose_tile
+    from mllm_kernel.cuda.jit.gemm import plan_for
 
     op = Gemm(7, 4104, 1000)
-    assert op.tile_config == choose_tile(7, 4104, 1000, op.num_sms)
+    assert op.wgmma is (gemm_path == "wgmma")
+    assert op.tile_config == plan_for(7, 4104, 1000, op.wgmma, op.num_sms).choice
     assert Gemm.choose_tile(4096, 4096, 4096).tile.name == "128x256-mc2"
     a, b = _operands(7, 4104, 1000, torch.bfloat16)
     _check(op(a, b), a, b)
@@ -296,8 +300,8 @@ def test_gemm_object():
     _check(out, a16, b16)
 
 
-@needs_hopper
-def test_gemm_bad_inputs():
+@pytest.mark.cuda
+def test_gemm_bad_inputs(gemm_path):
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(16, 72, 136, torch.bfloat16)
@@ -348,12 +352,36 @@ def test_gemm_bad_inputs():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("config", sm80_module.SM80_TILES, ids=lambda t: t.name)
+def test_every_sm80_tile_and_split(config, monkeypatch):
+    """Each sm_80 configuration (unsplit, split in 2 and in 16: slices with no k-blocks
+    too), as compute_80 PTX, on shapes that cross its tails, with a bias and fp32 out."""
+    from mllm_kernel.cuda.jit.gemm_sm80 import Sm80Choice, launch_gemm
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the sm_80 kernels need a GPU of compute capability 8.0 or newer")
+    force_sm80_path(monkeypatch)
+    m, n, k = 2 * config.tile_m + 3, 2 * config.tile_n + 8, 1000
+    for split in (1, 2, 16):
+        for dtype in DTYPES:
+            a, b = _operands(m, n, k, dtype)
+            bias = torch.randn(n, device="cuda").to(dtype)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            launch_gemm(a, b, out, bias, Sm80Choice(config, split))
+            _check(out, a, b, bias)
+            out32 = torch.full((m, n), float("nan"), device="cuda")
+            launch_gemm(a, b, out32, None, Sm80Choice(config, split))
+            _check(out32, a, b)
+
+
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gemm_refuses_other_gpus(monkeypatch):
-    monkeypatch.setattr(gemm_module, "_choices", {})
+def test_gemm_refuses_gpus_before_sm80(monkeypatch):
+    monkeypatch.setattr(gemm_module, "_plans", {})
+    monkeypatch.setattr(facts_module, "_matmul_paths", {})
     index = torch.cuda.current_device()
-    ampere = dataclasses.replace(facts_module.device_facts(index), capability=(8, 0))
-    monkeypatch.setitem(facts_module._facts, index, ampere)
+    turing = dataclasses.replace(facts_module.device_facts(index), capability=(7, 5))
+    monkeypatch.setitem(facts_module._facts, index, turing)
     a, b = _operands(4, 8, 8, torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=r"compute capability 9\.0"):
+    with pytest.raises(NotImplementedError, match=r"^gemm runs on sm_80 and newer .*is sm_75"):
         gemm_module.gemm(a, b)

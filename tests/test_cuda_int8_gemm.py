@@ -13,9 +13,11 @@ import importlib
 
 import pytest
 import torch
+from conftest import force_sm80_path
 
 from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile
+from mllm_kernel.cuda.jit.gemm_sm80 import SM80_TILES, Sm80Choice, launch_int8_scaled_mm
 
 int8_module = importlib.import_module("mllm_kernel.cuda.jit.int8_scaled_mm")
 
@@ -112,13 +114,12 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (H10
 
 
 @pytest.mark.cuda
-@needs_hopper
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("m", GRID_M)
 @pytest.mark.parametrize("n", GRID_N)
 @pytest.mark.parametrize("k", GRID_K)
-def test_int8_scaled_mm_grid(m, n, k, with_bias, out_dtype):
+def test_int8_scaled_mm_grid(gemm_path, m, n, k, with_bias, out_dtype):
     a, w = _int8(m, k), _int8(n, k)
     scales_a, scales_b = _scales(m), _scales(n)
     bias = torch.randn(n, device="cuda").to(out_dtype) if with_bias else None
@@ -147,7 +148,6 @@ def test_int8_every_tile_and_split(config):
 
 
 @pytest.mark.cuda
-@needs_hopper
 @pytest.mark.parametrize("m", [1, 257])
 @pytest.mark.parametrize(
     ("shape_a", "shape_b"),
@@ -160,7 +160,7 @@ def test_int8_every_tile_and_split(config):
     ],
     ids=["a1-bN", "aM-b1", "a1-b1", "aM1-bN1", "a0d-b1N"],
 )
-def test_int8_scaled_mm_scale_shapes(m, shape_a, shape_b):
+def test_int8_scaled_mm_scale_shapes(gemm_path, m, shape_a, shape_b):
     n, k = 136, 1008
     a, w = _int8(m, k), _int8(n, k)
 
@@ -175,9 +175,8 @@ def test_int8_scaled_mm_scale_shapes(m, shape_a, shape_b):
 
 
 @pytest.mark.cuda
-@needs_hopper
 @pytest.mark.parametrize("m", [1, 13, 1024])
-def test_w8a8_linear_from_bf16(m):
+def test_w8a8_linear_from_bf16(gemm_path, m):
     """The path a W8A8 linear layer takes: per-token quantised activations times
     per-channel quantised weights, against the bf16 product it approximates."""
     n, k = 4104, 4096
@@ -194,8 +193,7 @@ def test_w8a8_linear_from_bf16(m):
 
 
 @pytest.mark.cuda
-@needs_hopper
-def test_int8_scaled_mm_strided_and_empty():
+def test_int8_scaled_mm_strided_and_empty(gemm_path):
     """A row-strided mat_a and a column-major mat_b with a padded leading dim (slices
     of bigger buffers); K = 0 gives the bias; M = 0 an empty result."""
     m, n, k = 13, 136, 1008
@@ -214,8 +212,7 @@ def test_int8_scaled_mm_strided_and_empty():
 
 
 @pytest.mark.cuda
-@needs_hopper
-def test_int8_scaled_mm_cuda_graph_and_side_stream():
+def test_int8_scaled_mm_cuda_graph_and_side_stream(gemm_path):
     small, big = (7, 4104, 1008), (1000, 4104, 1008)
     a, a_big, w = _int8(7, 1008), _int8(1000, 1008), _int8(4104, 1008)
     scales_a, scales_big, scales_b = _scales(7), _scales(1000), _scales(4104)
@@ -246,9 +243,8 @@ def test_int8_scaled_mm_cuda_graph_and_side_stream():
 
 
 @pytest.mark.cuda
-@needs_hopper
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_int8_on_second_gpu():
+def test_int8_on_second_gpu(gemm_path):
     with torch.cuda.device(0):
         x = torch.randn(129, 1008, device="cuda:1").to(torch.bfloat16)
         x_q, x_scales = per_token_quant_int8(x)
@@ -263,8 +259,7 @@ def test_int8_on_second_gpu():
 
 
 @pytest.mark.cuda
-@needs_hopper
-def test_int8_scaled_mm_bad_inputs():
+def test_int8_scaled_mm_bad_inputs(gemm_path):
     m, n, k = 16, 72, 144
     a, w = _int8(m, k), _int8(n, k)
     sa, sb = _scales(m), _scales(n)
@@ -352,14 +347,36 @@ def test_int8_scaled_mm_bad_inputs():
             int8_scaled_mm(a, w.t(), sa, sb, bf16, bias)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", SM80_TILES, ids=lambda t: t.name)
+def test_int8_every_sm80_tile_and_split(config, monkeypatch):
+    """Each sm_80 configuration (unsplit, split in 2 and in 16: slices with no k-blocks
+    too) on shapes that cross its tails, into poisoned outputs, as compute_80 PTX."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the sm_80 kernels need a GPU of compute capability 8.0 or newer")
+    force_sm80_path(monkeypatch)
+    m, n, k = 2 * config.tile_m + 3, 2 * config.tile_n + 8, 2064
+    a, w = _int8(m, k), _int8(n, k)
+    scales_a, scales_b = _scales(m), _scales(n)
+    for split in (1, 2, 16):
+        for out_dtype in OUT_DTYPES:
+            bias = torch.randn(n, device="cuda").to(out_dtype)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+            launch_int8_scaled_mm(
+                out, a, w.t(), scales_a, scales_b, bias, Sm80Choice(config, split)
+            )
+            _check(out, _reference(a, w.t(), scales_a, scales_b, bias), out_dtype)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_int8_scaled_mm_refuses_other_gpus(monkeypatch):
+def test_int8_scaled_mm_refuses_gpus_before_sm80(monkeypatch):
     facts_module = importlib.import_module("mllm_kernel.cuda.device_facts")
-    monkeypatch.setattr(int8_module, "_choices", {})
+    monkeypatch.setattr(int8_module, "_plans", {})
+    monkeypatch.setattr(facts_module, "_matmul_paths", {})
     index = torch.cuda.current_device()
-    ampere = dataclasses.replace(facts_module.device_facts(index), capability=(8, 0))
-    monkeypatch.setitem(facts_module._facts, index, ampere)
-    with pytest.raises(NotImplementedError, match=r"^int8_scaled_mm needs a GPU of compute "):
+    turing = dataclasses.replace(facts_module.device_facts(index), capability=(7, 5))
+    monkeypatch.setitem(facts_module._facts, index, turing)
+    with pytest.raises(NotImplementedError, match=r"^int8_scaled_mm runs on sm_80 and newer"):
         int8_scaled_mm(_int8(4, 16), _int8(8, 16).t(), _scales(4), _scales(8), torch.bfloat16)
 
 

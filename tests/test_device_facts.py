@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from mllm_kernel.cuda import device_facts as facts_module
-from mllm_kernel.cuda.device_facts import DeviceFacts, device_facts, require_hopper
+from mllm_kernel.cuda.device_facts import (
+    DeviceFacts,
+    device_facts,
+    matmul_path,
+    require_hopper,
+)
 from mllm_kernel.jit_utils.cuda_driver import GpuUnavailableError
 
 # By module path: mllm_kernel.cuda.jit's attributes gemm and int8_scaled_mm are the ops.
@@ -36,6 +41,7 @@ def gpus(monkeypatch):
 
     monkeypatch.setattr(facts_module, "_facts", {})
     monkeypatch.setattr(facts_module, "_sm90a_ready", set())
+    monkeypatch.setattr(facts_module, "_matmul_paths", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(props))
     monkeypatch.setattr(torch.cuda, "get_device_properties", get_device_properties)
@@ -54,11 +60,11 @@ def test_facts_are_read_once_per_index(gpus):
 
 def test_every_op_reads_the_same_facts(gpus, monkeypatch):
     """gemm, int8_scaled_mm and gptq_marlin_gemm plan from one read of the GPU."""
-    monkeypatch.setattr(gemm_module, "_choices", {})
-    monkeypatch.setattr(int8_module, "_choices", {})
+    monkeypatch.setattr(gemm_module, "_plans", {})
+    monkeypatch.setattr(int8_module, "_plans", {})
     monkeypatch.setattr(gptq_marlin_module, "_devices", {})
-    gemm_module._choice(4096, 4096, 4096, 0)
-    int8_module._choice(16, 4096, 4096, 0)
+    gemm_module._plan(4096, 4096, 4096, 0)
+    int8_module._plan(16, 4096, 4096, 0)
     assert gptq_marlin_module._device_facts(0) == (132, True, True)
     assert gptq_marlin_module._device_facts(1) == (108, False, False)
     assert gpus == [0, 1]
@@ -125,3 +131,50 @@ def test_require_hopper_checks_the_build_once_and_the_gpu_every_call(gpus, monke
     monkeypatch.setitem(facts_module._facts, 0, DeviceFacts(0, "NVIDIA A100", (8, 0), 108))
     with pytest.raises(NotImplementedError, match=r"cuda:0 has compute capability 8\.0"):
         require_hopper(0, "gemm")
+
+
+def test_matmul_path_is_wgmma_on_sm90_with_sm90a_code_and_sm80_elsewhere(gpus, monkeypatch):
+    assert matmul_path(0, "gemm").wgmma is True
+    assert matmul_path(1, "gemm") == facts_module.MatmulPath(device_facts(1), wgmma=False)
+    # Decided once per index: the hot path reads a dict.
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0+PTX")
+    assert matmul_path(0, "gemm").wgmma is True
+    # Without sm_90a code (the tests' switch: compute_80 PTX) an H100 runs the sm_80 kernels.
+    monkeypatch.setattr(facts_module, "_matmul_paths", {})
+    assert matmul_path(0, "int8_scaled_mm").wgmma is False
+    monkeypatch.setattr(facts_module, "_matmul_paths", {})
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0")
+    assert matmul_path(0, "gemm").wgmma is False
+
+
+@pytest.mark.parametrize(
+    ("name", "major", "minor", "sms"),
+    [("RTX 4090", 8, 9, 128), ("Jetson Orin", 8, 7, 16), ("B200", 10, 0, 148)],
+)
+def test_the_ops_plan_sm80_tiles_on_gpus_without_wgmma(gpus, monkeypatch, name, major, minor, sms):
+    from mllm_kernel.cuda.jit.gemm_sm80 import choose_sm80_tile, launch_gemm, launch_int8_scaled_mm
+
+    props = SimpleNamespace(name=name, major=major, minor=minor, multi_processor_count=sms)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", f"{major}.{minor}")
+    monkeypatch.setattr(gemm_module, "_plans", {})
+    monkeypatch.setattr(int8_module, "_plans", {})
+    plan = gemm_module._plan(16, 4096, 4096, 0)
+    assert plan == (launch_gemm, choose_sm80_tile(16, 4096, 4096, sms))
+    plan = int8_module._plan(1024, 4096, 4096, 0)
+    assert plan == (launch_int8_scaled_mm, choose_sm80_tile(1024, 4096, 4096, sms, 1))
+    assert gemm_module._plans.keys() == {(16, 4096, 4096, 0)}
+
+
+def test_the_ops_refuse_gpus_before_sm80_naming_op_gpu_and_archs(gpus, monkeypatch):
+    turing = SimpleNamespace(name="Tesla T4", major=7, minor=5, multi_processor_count=40)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: turing)
+    monkeypatch.setattr(int8_module, "_plans", {})
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^int8_scaled_mm runs on sm_80 and newer \(it uses mma.sync, ldmatrix and "
+        r"cp.async; the wgmma kernels on sm_90a only\); cuda:0 \(Tesla T4\) is sm_75 "
+        r"\(compute capability 7\.5\)$",
+    ):
+        int8_module._plan(16, 4096, 4096, 0)
+    assert int8_module._plans == {}

@@ -212,6 +212,8 @@ def test_an_ops_name_selects_the_helper_modules_that_serve_it():
     assert helpers == {
         "gptq_marlin_gemm_wgmma": "gptq_marlin_gemm",
         "gptq_marlin_dequantize": "gptq_marlin_gemm",
+        "gemm_sm80": "gemm",
+        "int8_scaled_mm_sm80": "int8_scaled_mm",
     }
     # a helper module can still be named on its own
     only = precompile.select_jobs("cuda", ["gptq_marlin_gemm_wgmma"])

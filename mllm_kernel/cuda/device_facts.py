@@ -2,8 +2,10 @@
 
 :func:`device_facts` reads ``torch.cuda.get_device_properties`` the first time an
 index is asked for and keeps the answer for the process (a GPU does not change
-under it), so an op's hot path pays a dict lookup; :func:`require_hopper` is the
-admission of the sm_90a-only kernels (``gemm``, ``int8_scaled_mm``) on top of it.
+under it), so an op's hot path pays a dict lookup. On top of it,
+:func:`matmul_path` is the one rule that picks between the GEMMs' kernels (``gemm``,
+``int8_scaled_mm``): wgmma on sm_90 with sm_90a code, mma.sync elsewhere from sm_80 on;
+:func:`require_hopper` admits what runs on sm_90a only.
 
 The raw runtime's :func:`mllm_kernel.cuda.runtime.device_info` reports every
 property through the CUDA runtime itself, without torch (and builds its launcher
@@ -20,7 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mllm_kernel.jit_utils.cuda_arch import CudaArch, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import (
+    AMPERE_OR_NEWER,
+    HOPPER_ONLY,
+    CudaArch,
+    resolve_cuda_archs,
+)
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 
 
@@ -37,6 +44,8 @@ class DeviceFacts:
 _facts: dict[int, DeviceFacts] = {}
 # GPU indices already found to be sm_90 with sm_90a in this build's archs.
 _sm90a_ready: set[int] = set()
+# GPU index -> MatmulPath, decided once (tests that change the arch list clear it).
+_matmul_paths: dict[int, MatmulPath] = {}
 
 
 def device_facts(index: int) -> DeviceFacts:
@@ -94,3 +103,45 @@ def require_hopper(index: int, op: str) -> DeviceFacts:
             )
         _sm90a_ready.add(index)
     return facts
+
+
+@dataclass(frozen=True)
+class MatmulPath:
+    """Which of the GEMMs' kernels GPU ``facts.index`` runs: ``wgmma`` (TMA + wgmma,
+    ``csrc/gemm.cu``) or the sm_80 kernels (cp.async + mma.sync, ``csrc/gemm_sm80.cu``)."""
+
+    facts: DeviceFacts
+    wgmma: bool
+
+
+def _has_sm90a(index: int) -> bool:
+    return any(
+        (arch.major, arch.minor, arch.suffix) == (9, 0, "a") for arch in resolve_cuda_archs(index)
+    )
+
+
+def matmul_path(index: int, op: str) -> MatmulPath:
+    """The kernels ``op`` (``gemm``, ``int8_scaled_mm``) runs on GPU ``index``, decided
+    once per index: the wgmma kernels where the GPU is sm_90 and the archs this process
+    builds for include sm_90a; else the sm_80 kernels (mma.sync exists on every GPU from
+    sm_80 on: Ampere, Ada, Orin, Blackwell, and Hopper without sm_90a code, as when
+    ``MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX`` runs them there). NotImplementedError naming
+    ``op``, the GPU's arch and the supported ones below sm_80.
+
+    >>> matmul_path(0, "gemm").wgmma  # doctest: +SKIP
+    True
+    """
+    path = _matmul_paths.get(index)
+    if path is not None:
+        return path
+    facts = device_facts(index)
+    major, minor = facts.capability
+    if not AMPERE_OR_NEWER.supports(CudaArch(major, minor)):
+        raise NotImplementedError(
+            f"{op} runs on {AMPERE_OR_NEWER.describe()} ({AMPERE_OR_NEWER.why}; the wgmma "
+            f"kernels on {HOPPER_ONLY.describe()}); cuda:{index} ({facts.name}) is "
+            f"sm_{major}{minor} "
+            f"(compute capability {major}.{minor})"
+        )
+    path = MatmulPath(facts, wgmma=(major, minor) == (9, 0) and _has_sm90a(index))
+    return _matmul_paths.setdefault(index, path)

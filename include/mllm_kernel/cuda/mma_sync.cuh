@@ -1,12 +1,16 @@
 // Warp-level tensor-core building blocks of sm_80 and newer: ldmatrix for A and B
-// fragments, mma.sync m16n8k16 with fp32 accumulation and movmatrix transposes of
-// accumulator blocks (the copies that feed them are in cp_async.cuh).
+// fragments, mma.sync m16n8k16 with fp32 accumulation, m16n8k32 on int8 with int32
+// accumulation, and movmatrix transposes of accumulator blocks (the copies that feed
+// them are in cp_async.cuh).
 //
 // Fragment layouts of m16n8k16 (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4):
 //   A (16 x 16, row-major)  a[0]: rows g,   k 2t..2t+1   a[1]: rows g+8, k 2t..2t+1
 //                           a[2]: rows g,   k 2t+8..+9   a[3]: rows g+8, k 2t+8..+9
 //   B (16 x 8, "col")       b[0]: k 2t..2t+1, col g      b[1]: k 2t+8..2t+9, col g
 //   C (16 x 8, fp32)        c[0..1]: row g, cols 2t..2t+1  c[2..3]: row g+8, same cols
+// m16n8k32 on int8 has the same layouts counted in bytes (a register holds 4 int8 of K
+// where it held 2 16-bit values), so one ldmatrix of 32 bytes of K feeds either, and its
+// int32 C is laid out as the fp32 C above.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,6 +52,15 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+/// c += a * b for one 16 x 8 x 32 tile of int8 inputs, int32 accumulation (exact).
+__device__ __forceinline__ void mma_m16n8k32_s8(int32_t (&c)[4], const uint32_t (&a)[4],
+                                                uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /// Transposes an 8 x 8 matrix of b16 values spread over a warp as C fragments are (lane

@@ -36,6 +36,7 @@
 // moved instructions and registers.
 #include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/gemm_config.cuh"
+#include "mllm_kernel/cuda/gemm_operands.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
 #include "mllm_kernel/cuda/tile_scheduler.cuh"
 #include "mllm_kernel/cuda/tma.cuh"
@@ -577,29 +578,6 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
 #endif
 }
 
-/// An input operand as the kernel reads it: `rows` rows of `cols` (K) elements, each
-/// contiguous, `row_stride` elements apart; how the caller sees it is for errors.
-struct Operand {
-  const void* data;
-  int64_t rows;
-  int64_t cols;
-  int64_t row_stride;
-  const char* arg;          // the caller's argument
-  const char* stride_name;  // row_stride as the caller's tensor has it
-  const char* fix;          // what to pass instead when the stride is unusable
-};
-
-/// A row-major [rows, K] argument (`a`, `b`, `mat_a`) as an operand.
-inline Operand row_major(const TensorView& m, const char* arg) {
-  return Operand{.data = data_ptr<const void>(m),
-                 .rows = m.size(0),
-                 .cols = m.size(1),
-                 .row_stride = m.stride(0),
-                 .arg = arg,
-                 .stride_name = "the row stride",
-                 .fix = "call .contiguous()"};
-}
-
 /// An operand's tensor map: boxes of `box_rows` rows x 128 bytes (64 16-bit or 128
 /// int8 elements), swizzled as wgmma reads them.
 template <typename T>
@@ -628,17 +606,6 @@ inline CUtensorMap output_map(const TensorView& out) {
                               type, element});
 }
 
-/// TMA reads rows at 16-byte boundaries: the start and the row pitch must be multiples of 16 bytes.
-template <typename T>
-void check_tma_rows(const Operand& m) {
-  constexpr int64_t kElements = kTmaAlignBytes / sizeof(T);
-  ValueCheck(m.rows <= 1 || m.row_stride % kElements == 0, "argument '", m.arg,
-             "': ", m.stride_name, " must be a multiple of ", kElements, " elements (",
-             kTmaAlignBytes, " bytes) for TMA, got ", m.row_stride, "; ", m.fix);
-  ValueCheck(reinterpret_cast<uintptr_t>(m.data) % kTmaAlignBytes == 0, "argument '", m.arg,
-             "': the data must start on a ", kTmaAlignBytes, "-byte boundary; ", m.fix);
-}
-
 /// Runs `Config`'s kernel on checked operands (a [M, K], b [N, K], out [M, N]); `params`
 /// comes with the epilogue's inputs (bias, scales, output type) filled in.
 template <typename Config>
@@ -653,18 +620,14 @@ void run_gemm(const TensorView& out, const Operand& a, const Operand& b, Params 
   ValueCheck(group_rows >= 1, "group_rows must be at least 1, got ", group_rows);
   ValueCheck(kMulticast == 1 || split == 1, "multicast tiles do not split K, got split ", split);
   const bool out_fp32 = is_dtype<fp32_t>(out.dtype());
-  ValueCheck(out.size(0) <= 1 || out.stride(0) % 2 == 0,
-             "argument 'out': the row stride must be even, got ", out.stride(0),
-             "; call .contiguous()");
-  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % (out_fp32 ? 8 : 4) == 0,
-             "argument 'out': the data must be aligned to two elements");
+  check_output_pairs(out);
   if (out.size(0) == 0 || out.size(1) == 0) return;
   // K == 0 runs with no k-blocks (the output is the bias, or zeros) and no copies, so
   // the tensor maps, which cannot describe empty rows, are never built or read.
   const bool empty_k = a.cols == 0;
   if (!empty_k) {
-    check_tma_rows<T>(a);
-    check_tma_rows<T>(b);
+    check_operand_rows<T>(a, "TMA");
+    check_operand_rows<T>(b, "TMA");
   }
 
   const Operand& p = Config::kSwapAB ? b : a;
@@ -715,52 +678,10 @@ template <typename T, int kConsumers, int kTileQ, int kStages, bool kSwapAB, int
 void gemm(TensorView out, TensorView a, TensorView b, ::tvm::ffi::Optional<TensorView> bias,
           DLDataType out_dtype, int64_t split, int64_t group_rows) {
   using Config = TileConfig<T, kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
-  SymbolicSize m{"M"}, n{"N"}, k{"K"};
-  SymbolicDevice device;
-  TensorMatcher({m, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
-  TensorMatcher({n, k}).dtype<T>().device(kDLCUDA, device).last_dim_contiguous().verify(b, "b");
-  ValueCheck(is_dtype<T>(out_dtype) || is_dtype<fp32_t>(out_dtype),
-             "argument 'out_dtype': expected the input dtype (", dtype_trait<T>::name,
-             ") or float32 but got ", dtype_name(out_dtype));
-  TensorMatcher({m, n})
-      .dtype(out_dtype)
-      .device(kDLCUDA, device)
-      .last_dim_contiguous()
-      .verify(out, "out");
-  if (bias.has_value()) {
-    TensorMatcher({n}).dtype(out_dtype).device(kDLCUDA, device).contiguous().verify(*bias, "bias");
-  }
-  // The kernel reads a, b and bias while it writes out: they must not share memory.
-  if (bias.has_value()) {
-    verify_output(out, "out", {{a, "a"}, {b, "b"}, {*bias, "bias"}});
-  } else {
-    verify_output(out, "out", {{a, "a"}, {b, "b"}});
-  }
-  constexpr int64_t kRowElements = kTmaAlignBytes / sizeof(T);
-  ValueCheck(k.value() % kRowElements == 0, "argument 'a': K (", k.value(),
-             ") must be a multiple of ", kRowElements, " (", kTmaAlignBytes, "-byte rows for TMA)");
-  ValueCheck(n.value() % kRowElements == 0, "argument 'b': N (", n.value(),
-             ") must be a multiple of ", kRowElements, " (", kTmaAlignBytes, "-byte rows for TMA)");
+  const GemmOperands operands = check_gemm_operands<T>(out, a, b, bias, out_dtype, "TMA");
   Params params{};
   params.bias = bias.has_value() ? data_ptr<const void>(*bias) : nullptr;
-  run_gemm<Config>(out, row_major(a, "a"), row_major(b, "b"), params, split, group_rows,
-                   device.value());
-}
-
-/// A scale vector of `rows` entries (`what` says which) or one entry for all, shaped
-/// [rows], [rows, 1], [1, rows], [1] or 0-d (`count` names `rows` in errors);
-/// returns the step between the entries of neighbouring rows (1, or 0 for one scale).
-inline int check_scales(const TensorView& scales, int64_t rows, const char* arg, const char* count,
-                        const char* what, SymbolicDevice& device) {
-  TensorMatcher().dtype<fp32_t>().device(kDLCUDA, device).contiguous().verify(scales, arg);
-  const bool vector =
-      scales.ndim() <= 1 || (scales.ndim() == 2 && (scales.size(0) == 1 || scales.size(1) == 1));
-  ValueCheck(vector, "argument '", arg, "': expected [", count, "], [", count,
-             ", 1] or [1] but got shape ", dims_str(scales.shape()));
-  const int64_t entries = scales.numel();
-  ValueCheck(entries == rows || entries == 1, "argument '", arg, "': expected ", rows, " scales (",
-             what, ") or 1 but got ", entries);
-  return entries == 1 ? 0 : 1;
+  run_gemm<Config>(out, operands.a, operands.b, params, split, group_rows, operands.device);
 }
 
 /// out[M, N] = (mat_a[M, K] @ mat_b[K, N]) * scales_a[M] * scales_b[N] (+ bias[N]),
@@ -771,66 +692,17 @@ void int8_scaled_mm(TensorView out, TensorView mat_a, TensorView mat_b, TensorVi
                     TensorView scales_b, ::tvm::ffi::Optional<TensorView> bias, int64_t split,
                     int64_t group_rows) {
   using Config = TileConfig<int8_t, kConsumers, kTileQ, kStages, kSwapAB, kMulticast>;
-  SymbolicSize m{"M"}, n{"N"}, k{"K"};
-  SymbolicDevice device;
-  TensorMatcher({m, k})
-      .dtype<int8_t>()
-      .device(kDLCUDA, device)
-      .last_dim_contiguous()
-      .verify(mat_a, "mat_a");
-  TensorMatcher({k, n}).dtype<int8_t>().device(kDLCUDA, device).verify(mat_b, "mat_b");
-  ValueCheck(k.value() <= 1 || mat_b.stride(0) == 1,
-             "argument 'mat_b': expected a column-major [K, N] tensor (stride(0) == 1) but got "
-             "strides ",
-             dims_str(mat_b.strides()), "; pass weight.t() of a contiguous [N, K] weight");
-  TensorMatcher({m, n})
-      .dtype<bf16_t, fp16_t>()
-      .device(kDLCUDA, device)
-      .last_dim_contiguous()
-      .verify(out, "out");
+  const Int8Operands operands =
+      check_int8_operands(out, mat_a, mat_b, scales_a, scales_b, bias, "TMA");
   Params params{};
-  params.row_scale_step =
-      check_scales(scales_a, m.value(), "scales_a", "M", "M: one per row of mat_a", device);
-  params.col_scale_step =
-      check_scales(scales_b, n.value(), "scales_b", "N", "N: one per column of mat_b", device);
+  params.row_scale_step = operands.row_scale_step;
+  params.col_scale_step = operands.col_scale_step;
   params.row_scales = data_ptr<const float>(scales_a);
   params.col_scales = data_ptr<const float>(scales_b);
   params.out_bf16 = is_dtype<bf16_t>(out.dtype());
-  if (bias.has_value()) {
-    TensorMatcher({n})
-        .dtype(out.dtype())
-        .device(kDLCUDA, device)
-        .contiguous()
-        .verify(*bias, "bias");
-    params.bias = data_ptr<const void>(*bias);
-    verify_output(out, "out",
-                  {{mat_a, "mat_a"},
-                   {mat_b, "mat_b"},
-                   {scales_a, "scales_a"},
-                   {scales_b, "scales_b"},
-                   {*bias, "bias"}});
-  } else {
-    verify_output(
-        out, "out",
-        {{mat_a, "mat_a"}, {mat_b, "mat_b"}, {scales_a, "scales_a"}, {scales_b, "scales_b"}});
-  }
-  constexpr int64_t kKElements = kTmaAlignBytes;        // int8
-  constexpr int64_t kOutElements = kTmaAlignBytes / 2;  // bf16 or fp16 output rows
-  ValueCheck(k.value() % kKElements == 0, "argument 'mat_a': K (", k.value(),
-             ") must be a multiple of ", kKElements, " (", kTmaAlignBytes,
-             "-byte int8 rows for TMA)");
-  ValueCheck(n.value() % kOutElements == 0, "argument 'mat_b': N (", n.value(),
-             ") must be a multiple of ", kOutElements, " (", kTmaAlignBytes, "-byte output rows)");
-  // mat_b's columns are the weight's rows: element (k, n) at n * stride(1) + k.
-  const Operand weight_rows{.data = data_ptr<const void>(mat_b),
-                            .rows = n.value(),
-                            .cols = k.value(),
-                            .row_stride = mat_b.stride(1),
-                            .arg = "mat_b",
-                            .stride_name = "stride(1) (the weight's row stride)",
-                            .fix = "pass weight.t() of a contiguous [N, K] weight"};
-  run_gemm<Config>(out, row_major(mat_a, "mat_a"), weight_rows, params, split, group_rows,
-                   device.value());
+  params.bias = bias.has_value() ? data_ptr<const void>(*bias) : nullptr;
+  run_gemm<Config>(out, operands.a, operands.weight_rows, params, split, group_rows,
+                   operands.device);
 }
 
 }  // namespace hopper_gemm

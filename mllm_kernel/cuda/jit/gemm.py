@@ -1,5 +1,10 @@
-"""Dense GEMM for Hopper (declared in :mod:`mllm_kernel.ops.gemm`): ``a @ b.T`` (+ bias),
-TMA + wgmma, fp32 accumulation.
+"""Dense GEMM (declared in :mod:`mllm_kernel.ops.gemm`): ``a @ b.T`` (+ bias), fp32
+accumulation; TMA + wgmma on Hopper, mma.sync elsewhere from sm_80 on.
+
+Which kernels a GPU runs is :func:`mllm_kernel.cuda.device_facts.matmul_path`'s rule
+(wgmma on sm_90 with sm_90a code; else the sm_80 kernels of
+:mod:`mllm_kernel.cuda.jit.gemm_sm80`, with their own tiles); the choice is remembered
+per shape and GPU, so a call that has run before costs a few dictionary lookups.
 
 One kernel source (``csrc/gemm.cu``, its configurations in
 ``include/mllm_kernel/cuda/gemm_config.cuh``) compiled per tile configuration; which one
@@ -16,13 +21,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from mllm_kernel.cuda.device_facts import device_facts, require_hopper
+from mllm_kernel.cuda.device_facts import matmul_path
+from mllm_kernel.cuda.jit.gemm_sm80 import Sm80Choice, choose_sm80_tile, launch_gemm
 from mllm_kernel.jit_utils import op_inputs
-from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
+from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER, HOPPER_ONLY, CudaArch, parse_arch_list
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.ops.gemm import GEMM, named_dtype
@@ -181,20 +187,35 @@ _GEMM = KernelModule(
 )
 
 
-_choices: dict[tuple[int, int, int, int], TileChoice] = {}
+class Plan(NamedTuple):
+    """How the calls of one shape on one GPU run: ``launch(a, b, out, bias, choice,
+    out_dtype)`` with ``choice``, the Hopper kernel's tile (``_launch``) or the sm_80
+    kernel's (``gemm_sm80.launch_gemm``)."""
+
+    launch: Any
+    choice: TileChoice | Sm80Choice
+
+
+_plans: dict[tuple[int, int, int, int], Plan] = {}
 _lock = threading.Lock()
 
 
-def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
-    """``choose_tile`` for GPU ``index``, remembered per shape (NotImplementedError on a
-    GPU other than sm_90, on the first call of a shape)."""
-    key = (m, n, k, index)
-    choice = _choices.get(key)
-    if choice is None:
-        choice = choose_tile(m, n, k, require_hopper(index, "gemm").sm_count)
-        with _lock:
-            _choices[key] = choice
-    return choice
+def plan_for(m: int, n: int, k: int, wgmma: bool, num_sms: int) -> Plan:
+    """The kernel and tile of an ``m x n x k`` product on a GPU of ``num_sms`` SMs that
+    runs the wgmma kernels (``wgmma``) or the sm_80 ones."""
+    if wgmma:
+        return Plan(_launch, choose_tile(m, n, k, num_sms))
+    return Plan(launch_gemm, choose_sm80_tile(m, n, k, num_sms))
+
+
+def _plan(m: int, n: int, k: int, index: int) -> Plan:
+    """:func:`plan_for` GPU ``index``, remembered per shape (NotImplementedError below
+    sm_80, on the first call of a shape)."""
+    path = matmul_path(index, "gemm")
+    plan = plan_for(m, n, k, path.wgmma, path.facts.sm_count)
+    with _lock:
+        _plans[(m, n, k, index)] = plan
+    return plan
 
 
 def not_matrices(**operands: tuple[torch.Tensor, str]) -> NoReturn:
@@ -235,7 +256,7 @@ def run_gemm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The GEMM kernel with the tile :func:`choose_tile` picks for this shape and GPU
+    """The GEMM kernel and tile :func:`plan_for` picks for this shape and GPU
     (remembered per shape): ``out = a @ b.T (+ bias)`` in ``out_dtype`` (default:
     ``out``'s dtype), returned.
 
@@ -249,14 +270,15 @@ def run_gemm(
     index = a.get_device()
     m, k = a.shape
     n = b.shape[0]
-    choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
-    return _launch(a, b, out, bias, choice, out_dtype)
+    plan = _plans.get((m, n, k, index)) or _plan(m, n, k, index)
+    return plan.launch(a, b, out, bias, plan.choice, out_dtype)
 
 
 @GEMM.kernel("cuda")
 def gemm(a, b, out, bias, out_dtype):
-    """Hopper GPUs only (compute capability 9.0: NotImplementedError on another GPU),
-    on torch's current stream of ``a``'s GPU.
+    """GPUs of compute capability 8.0 and newer (NotImplementedError on an older one):
+    wgmma on Hopper with sm_90a code, mma.sync elsewhere; on torch's current stream of
+    ``a``'s GPU.
 
     >>> a = torch.randn(16, 4096, dtype=torch.bfloat16, device="cuda")
     >>> w = torch.randn(14336, 4096, dtype=torch.bfloat16, device="cuda")
@@ -272,7 +294,22 @@ def gemm(a, b, out, bias, out_dtype):
     return run_gemm(a, b, out, bias, out_dtype)
 
 
-_SM90_NAMES = {"sm90", "sm_90", "sm90a", "sm_90a", "9.0", "9.0a", "90", "90a"}
+_A100_SMS = 108
+
+
+def _target_arch(arch: str) -> CudaArch:
+    """``arch`` (``"sm90"``, ``"sm_80"``, ``"8.9"``, ``"90a"``) as a CudaArch;
+    NotImplementedError for one the GEMM does not run on."""
+    text = str(arch).strip().lower()
+    text = text.removeprefix("sm_").removeprefix("sm")
+    parsed = parse_arch_list(text)
+    target = parsed[0]
+    if len(parsed) != 1 or not AMPERE_OR_NEWER.supports(target):
+        raise NotImplementedError(
+            f"Gemm runs on {AMPERE_OR_NEWER.describe()} (the wgmma kernels on "
+            f"{HOPPER_ONLY.describe()}), got arch={arch!r}"
+        )
+    return target
 
 
 class Gemm:
@@ -280,7 +317,9 @@ class Gemm:
 
     For users of the CuTe runtime's object API: build it once per shape, call it
     many times. It runs the same kernel as :func:`gemm`; ``tile_config`` reports the
-    configuration :func:`choose_tile` picked for this shape and this GPU.
+    configuration picked for this shape and the current GPU (where none is visible, for
+    ``arch``: the wgmma kernels for sm_90, the sm_80 kernels for the others). Called on
+    a GPU that runs the other kernels, it raises ValueError.
 
     NumPy arrays are accepted for ``a`` and ``b``: they are copied to the current
     GPU in ``dtype``, and the result comes back as a NumPy array (float32 for a
@@ -309,10 +348,7 @@ class Gemm:
             raise ValueError(
                 f"N ({N}) and K ({K}) must be multiples of {_ROW_MULTIPLE} (16-byte rows for TMA)"
             )
-        if str(arch).lower() not in _SM90_NAMES:
-            raise NotImplementedError(
-                f"Gemm is built for Hopper only (arch='sm90', compute capability 9.0), got {arch!r}"
-            )
+        target = _target_arch(arch)
         self.M, self.N, self.K = M, N, K
         self.dtype = named_dtype(dtype, "dtype")
         if self.dtype not in _DTYPES:
@@ -322,10 +358,14 @@ class Gemm:
             raise ValueError(
                 f"argument 'out_dtype': expected {self.dtype} or float32, got {self.out_dtype}"
             )
-        facts = device_facts(torch.cuda.current_device()) if torch.cuda.is_available() else None
-        hopper = facts is not None and facts.capability == (9, 0)
-        self.num_sms = require_hopper(facts.index, "gemm").sm_count if hopper else _H100_SMS
-        self.tile_config = choose_tile(M, N, K, self.num_sms)
+        if torch.cuda.is_available():
+            path = matmul_path(torch.cuda.current_device(), "gemm")
+            self.wgmma, self.num_sms = path.wgmma, path.facts.sm_count
+        else:
+            self.wgmma = (target.major, target.minor) == (9, 0)
+            self.num_sms = _H100_SMS if self.wgmma else _A100_SMS
+        self._plan = plan_for(M, N, K, self.wgmma, self.num_sms)
+        self.tile_config = self._plan.choice
 
     @staticmethod
     def choose_tile(M: int, N: int, K: int, num_sms: int = _H100_SMS) -> TileChoice:
@@ -355,10 +395,10 @@ class Gemm:
         bias = op_inputs.optional_tensor(bias, "bias")
         out = None if out is None else op_inputs.output(out, "out")
         try:
-            require_hopper(a.get_device(), "gemm")
+            self._check_path(a.get_device())
             if out is None:
                 out = torch.empty((self.M, self.N), dtype=self.out_dtype, device=a.device)
-            result = _launch(a, b, out, bias, self.tile_config, self.out_dtype)
+            result = self._plan.launch(a, b, out, bias, self.tile_config, self.out_dtype)
         except Exception as error:
             op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
             raise
@@ -367,6 +407,16 @@ class Gemm:
         if result.dtype == torch.bfloat16:
             result = result.float()
         return result.cpu().numpy()
+
+    def _check_path(self, index: int) -> None:
+        """ValueError unless GPU ``index`` runs the kernels this object's tile is for."""
+        if index >= 0 and matmul_path(index, "gemm").wgmma != self.wgmma:
+            kernels = {True: "wgmma", False: "sm_80 (mma.sync)"}
+            raise ValueError(
+                f"this Gemm's tile ({self.tile_config}) is for the {kernels[self.wgmma]} "
+                f"kernels, but cuda:{index} runs the {kernels[not self.wgmma]} ones: build "
+                "the Gemm with that GPU current"
+            )
 
     def _on_gpu(self, value: Any, arg: str) -> torch.Tensor:
         if isinstance(value, torch.Tensor):

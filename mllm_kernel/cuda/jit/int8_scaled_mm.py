@@ -1,5 +1,7 @@
-"""W8A8 int8 GEMM for Hopper: ``int8_scaled_mm`` (declared in :mod:`mllm_kernel.ops.gemm`),
-the original mllm-kernel's signature.
+"""W8A8 int8 GEMM: ``int8_scaled_mm`` (declared in :mod:`mllm_kernel.ops.gemm`), the
+original mllm-kernel's signature; wgmma on Hopper, mma.sync elsewhere from sm_80 on
+(:mod:`mllm_kernel.cuda.jit.gemm_sm80`, as
+:func:`mllm_kernel.cuda.device_facts.matmul_path` decides).
 
 The kernel is the dense GEMM's (``csrc/gemm.cu``) instantiated for int8 operands:
 int8 wgmma (m64nNk32) into int32 accumulators, then an epilogue that scales each
@@ -16,8 +18,9 @@ import threading
 
 import torch
 
-from mllm_kernel.cuda.device_facts import require_hopper
-from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile, not_matrices
+from mllm_kernel.cuda.device_facts import matmul_path
+from mllm_kernel.cuda.jit.gemm import TILES, Plan, TileChoice, choose_tile, not_matrices
+from mllm_kernel.cuda.jit.gemm_sm80 import Sm80Choice, choose_sm80_tile, launch_int8_scaled_mm
 from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.ops.gemm import INT8_SCALED_MM
@@ -32,21 +35,23 @@ _INT8_GEMM = KernelModule(
 )
 
 
-_choices: dict[tuple[int, int, int, int], TileChoice] = {}
+_plans: dict[tuple[int, int, int, int], Plan] = {}
 _lock = threading.Lock()
 
 
-def _choice(m: int, n: int, k: int, index: int) -> TileChoice:
-    """``choose_tile`` for int8 operands on GPU ``index``, remembered per shape
-    (NotImplementedError on a GPU other than sm_90, on the first call of a shape)."""
-    key = (m, n, k, index)
-    choice = _choices.get(key)
-    if choice is None:
-        sms = require_hopper(index, "int8_scaled_mm").sm_count
-        choice = choose_tile(m, n, k, sms, element_bytes=1)
-        with _lock:
-            _choices[key] = choice
-    return choice
+def _plan(m: int, n: int, k: int, index: int) -> Plan:
+    """The kernel and tile of an int8 ``m x n x k`` product on GPU ``index``,
+    remembered per shape (NotImplementedError below sm_80, on the first call of a
+    shape)."""
+    path = matmul_path(index, "int8_scaled_mm")
+    sms = path.facts.sm_count
+    if path.wgmma:
+        plan = Plan(_launch, choose_tile(m, n, k, sms, element_bytes=1))
+    else:
+        plan = Plan(launch_int8_scaled_mm, choose_sm80_tile(m, n, k, sms, element_bytes=1))
+    with _lock:
+        _plans[(m, n, k, index)] = plan
+    return plan
 
 
 def _launch(
@@ -56,7 +61,7 @@ def _launch(
     scales_a: torch.Tensor,
     scales_b: torch.Tensor,
     bias: torch.Tensor | None,
-    choice: TileChoice,
+    choice: TileChoice | Sm80Choice,
 ) -> torch.Tensor:
     """``choice``'s kernel on ``mat_a``'s GPU, into ``out``; the C++ entry point checks
     every tensor (``mat_b`` as the caller passes it: ``[K, N]``, column-major)."""
@@ -69,8 +74,9 @@ def _launch(
 
 @INT8_SCALED_MM.kernel("cuda")
 def int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias):
-    """Hopper GPUs only (compute capability 9.0: NotImplementedError on another GPU),
-    on torch's current stream of ``mat_a``'s GPU.
+    """GPUs of compute capability 8.0 and newer (NotImplementedError on an older one):
+    wgmma on Hopper with sm_90a code, mma.sync elsewhere; on torch's current stream of
+    ``mat_a``'s GPU.
 
     >>> x_q, x_scale = per_token_quant_int8(x)  # x: [M, K] bf16
     >>> int8_scaled_mm(x_q, w_q.t(), x_scale, w_scale, torch.bfloat16).shape
@@ -81,6 +87,6 @@ def int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias):
     index = mat_a.get_device()
     m, k = mat_a.shape
     n = mat_b.shape[1]
-    choice = _choices.get((m, n, k, index)) or _choice(m, n, k, index)
+    plan = _plans.get((m, n, k, index)) or _plan(m, n, k, index)
     out = torch.empty((m, n), dtype=out_dtype, device=mat_a.device)
-    return _launch(out, mat_a, mat_b, scales_a, scales_b, bias, choice)
+    return plan.launch(out, mat_a, mat_b, scales_a, scales_b, bias, plan.choice)

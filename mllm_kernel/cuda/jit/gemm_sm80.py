@@ -1,0 +1,204 @@
+"""The GEMMs' kernels for GPUs without wgmma: ``gemm`` (bf16/fp16) and ``int8_scaled_mm``
+on sm_80 and newer (Ampere, Ada, Jetson Orin, Blackwell until it has a native kernel),
+through cp.async, ldmatrix and mma.sync (``csrc/gemm_sm80.cu``).
+
+Which kernels a GPU runs is decided in one place,
+:func:`mllm_kernel.cuda.device_facts.matmul_path`; the ops (``jit/gemm.py``,
+``jit/int8_scaled_mm.py``) then launch the tile :func:`choose_sm80_tile` picks here.
+Every configuration is registered under the kernel names ``gemm_sm80`` and
+``int8_scaled_mm_sm80`` (ops ``gemm`` and ``int8_scaled_mm``), so ``python -m
+mllm_kernel precompile --device cuda --arch 8.0,8.6,8.7,8.9 --kernel gemm`` builds them
+with the op's other kernels, for the archs each supports.
+
+On an H100/H200 the tests run these kernels as ``compute_80`` PTX, which the driver
+compiles for the GPU: ``MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX`` (no sm_90a code, so
+:func:`~mllm_kernel.cuda.device_facts.matmul_path` picks these kernels there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER
+from mllm_kernel.jit_utils.kernel_module import KernelModule
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_A100_SMS = 108
+# A k-block is 64 bytes of each row (csrc/gemm_sm80.cu: kKBlockBytes).
+_K_BLOCK_BYTES = 64
+# The kernel's most slices of K (kMaxSplit) and, measured nowhere yet, the fewest
+# k-blocks a slice keeps (2 KB of each row) so that pipeline fill stays small.
+_MAX_SPLIT = 16
+_MIN_SLICE_BLOCKS = 32
+# CTAs of the decode tiles that run at once on an SM (registers and stages allow 2-4):
+# the split aims at this many per SM so that enough weight bytes are in flight.
+_DECODE_CTAS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class Sm80Tile:
+    """A compiled kernel shape (the template arguments of ``csrc/gemm_sm80.cu`` after
+    the element type): ``tile_m x tile_n`` outputs per CTA, ``warps_m x warps_n`` warps
+    each holding ``tile_m / warps_m x tile_n / warps_n``, ``stages`` k-blocks of 64 bytes
+    of K in the cp.async ring."""
+
+    name: str
+    tile_m: int
+    tile_n: int
+    warps_m: int
+    warps_n: int
+    stages: int
+
+    @cached_property
+    def shape_args(self) -> tuple[int, int, int, int, int]:
+        """The template arguments after the element type (``int8_scaled_mm`` has none)."""
+        return (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages)
+
+
+SM80_TILES = (
+    # Decode: a few tokens by 128 weight rows, 4 warps; 9-12 KB a stage, so 2-4 CTAs
+    # share an SM.
+    Sm80Tile("16x128", tile_m=16, tile_n=128, warps_m=1, warps_n=4, stages=4),
+    Sm80Tile("64x128", tile_m=64, tile_n=128, warps_m=2, warps_n=2, stages=4),
+    # Larger M: 8 warps of 64 x 32 (two CTAs an SM) or 64 x 64 (one).
+    Sm80Tile("128x128", tile_m=128, tile_n=128, warps_m=2, warps_n=4, stages=4),
+    Sm80Tile("128x256", tile_m=128, tile_n=256, warps_m=2, warps_n=4, stages=4),
+)
+_BY_NAME = {tile.name: tile for tile in SM80_TILES}
+
+
+@dataclass(frozen=True)
+class Sm80Choice:
+    """The configuration a problem shape runs with, and its split of K."""
+
+    tile: Sm80Tile
+    split: int = 1
+
+    def __str__(self) -> str:
+        return self.tile.name + (f", split-K {self.split}" if self.split > 1 else "")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def choose_sm80_tile(
+    m: int, n: int, k: int, num_sms: int = _A100_SMS, element_bytes: int = 2
+) -> Sm80Choice:
+    """The sm_80 kernels' tile for an ``m x n x k`` problem on ``num_sms`` SMs, with
+    operands of ``element_bytes`` (2: bf16/fp16; 1: int8).
+
+    - ``m <= 64`` (decode, small batches): the time is reading the weights. 16 or 64
+      tokens by 128 weight rows a CTA; while those tiles give fewer than
+      ``2 * num_sms`` CTAs, K is split in two (up to 16 slices), each slice keeping at
+      least 32 k-blocks (2 KB of each row).
+    - Larger ``m``: 128 x 256 tiles (the fewest bytes per flop), unless 128 x 128 tiles
+      fill the last wave clearly better (small grids); 128 x 128 tiles run two CTAs an
+      SM, 128 x 256 one.
+
+    Not yet tuned on an sm_80-89 GPU: the thresholds are estimates (see
+    ``csrc/gemm_sm80.cu``'s note).
+    """
+    if m <= 64:
+        tile = _BY_NAME["16x128" if m <= 16 else "64x128"]
+        tiles = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
+        k_blocks = _ceil_div(k * element_bytes, _K_BLOCK_BYTES)
+        split = 1
+        while (
+            split * 2 <= _MAX_SPLIT
+            and tiles * split * 2 <= _DECODE_CTAS_PER_SM * num_sms
+            and k_blocks // (split * 2) >= _MIN_SLICE_BLOCKS
+        ):
+            split *= 2
+        return Sm80Choice(tile, split)
+
+    def wave_efficiency(tile: Sm80Tile, per_sm: int) -> float:
+        ctas = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
+        slots = num_sms * per_sm
+        return ctas / (_ceil_div(ctas, slots) * slots)
+
+    wide, narrow = _BY_NAME["128x256"], _BY_NAME["128x128"]
+    if wave_efficiency(narrow, 2) > 1.1 * wave_efficiency(wide, 1):
+        return Sm80Choice(narrow)
+    return Sm80Choice(wide)
+
+
+def workspace_bytes(choice: Sm80Choice, m: int, n: int) -> int:
+    """Bytes of split-K workspace a launch needs (``csrc/gemm_sm80.cu``'s
+    ``workspace_bytes``): a counter per tile, then every slice's fp32/int32 sums."""
+    tile = choice.tile
+    tiles = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
+    return _ceil_div(tiles * 4, 16) * 16 + choice.split * tiles * tile.tile_m * tile.tile_n * 4
+
+
+def _workspace(choice: Sm80Choice, m: int, n: int, device: torch.device) -> torch.Tensor | None:
+    """The split-K workspace of a launch (None unsplit), from torch's allocator: one per
+    call, so calls on different streams never share one."""
+    if choice.split == 1 or m == 0:
+        return None
+    return torch.empty(workspace_bytes(choice, m, n), dtype=torch.uint8, device=device)
+
+
+def _refuse_dtype(dtype: torch.dtype, *shape_args: Any) -> None:
+    """The variant check of ``_GEMM_SM80``: one module per operand dtype."""
+    if dtype not in _DTYPES:
+        raise TypeError(f"argument 'a': expected dtype bfloat16 or float16 but got {dtype}")
+
+
+_GEMM_SM80 = KernelModule(
+    "gemm_sm80",
+    device="cuda",
+    op="gemm",
+    sources=["gemm_sm80.cu"],
+    exports=[("gemm_sm80", "mllm_kernel::cuda::sm80_gemm::gemm<{args}>")],
+    variants=[(dtype, *tile.shape_args) for dtype in _DTYPES for tile in SM80_TILES],
+    check_variant=_refuse_dtype,
+    archs=AMPERE_OR_NEWER,
+)
+_INT8_SM80 = KernelModule(
+    "int8_scaled_mm_sm80",
+    device="cuda",
+    op="int8_scaled_mm",
+    sources=["gemm_sm80.cu"],
+    exports=[("int8_scaled_mm_sm80", "mllm_kernel::cuda::sm80_gemm::int8_scaled_mm<{args}>")],
+    variants=[tile.shape_args for tile in SM80_TILES],
+    archs=AMPERE_OR_NEWER,
+)
+
+
+def launch_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    choice: Sm80Choice,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``choice``'s kernel on ``a``'s GPU: ``out = a @ b.T (+ bias)``, ``out`` in
+    ``out_dtype`` (default: ``out``'s dtype); the C++ entry point checks every tensor."""
+    module = _GEMM_SM80[(a.get_device(), a.dtype, *choice.tile.shape_args)]
+    dtype = out.dtype if out_dtype is None else out_dtype
+    workspace = _workspace(choice, out.shape[0], out.shape[1], a.device)
+    module.gemm_sm80(out, a, b, bias, dtype, choice.split, workspace)
+    return out
+
+
+def launch_int8_scaled_mm(
+    out: torch.Tensor,
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    scales_a: torch.Tensor,
+    scales_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    choice: Sm80Choice,
+) -> torch.Tensor:
+    """``choice``'s int8 kernel on ``mat_a``'s GPU, into ``out``; the C++ entry point
+    checks every tensor (``mat_b`` as the caller passes it: ``[K, N]``, column-major)."""
+    module = _INT8_SM80[(mat_a.get_device(), *choice.tile.shape_args)]
+    workspace = _workspace(choice, out.shape[0], out.shape[1], mat_a.device)
+    module.int8_scaled_mm_sm80(out, mat_a, mat_b, scales_a, scales_b, bias, choice.split, workspace)
+    return out
