@@ -1,6 +1,6 @@
 """W8A8 int8_scaled_mm against cuBLAS bf16 and torch._int_mm + scaling, in one run.
 
-    python benchmarks/bench_int8_gemm.py [--quick] [--sweep]
+    python benchmarks/bench_int8_gemm.py [--quick] [--sweep] [--sm80]
 
 At the Llama-3-8B/70B linear shapes, (N, K) in {(4096, 4096), (14336, 4096),
 (4096, 14336), (28672, 8192)} and M in {1, 4, 16, 64, 256, 1024, 4096}, on random data:
@@ -18,6 +18,10 @@ from HBM. Columns: microseconds per call, ratios to cuBLAS bf16, our TOP/s, and 
 M <= 16 our weight-read bandwidth as a fraction of a device copy measured in the run.
 The last lines time per_token_quant_int8 against a copy of the same bytes.
 
+``--sm80`` adds the sm_80 kernel (mma.sync m16n8k32, the path of Ampere, Ada and
+Orin GPUs) to every row, built as compute_80 PTX and run on this GPU: a proxy, not a
+timing of those GPUs.
+
 ``--sweep`` instead times every tile configuration (and split of K) that can run a
 few shapes, interleaved: the data behind choose_tile's choices for int8.
 """
@@ -30,12 +34,13 @@ from bench_cuda import copy_bandwidth
 
 from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile
+from mllm_kernel.cuda.jit.gemm_sm80 import choose_sm80_tile, launch_int8_scaled_mm
 from mllm_kernel.cuda.jit.int8_scaled_mm import _launch
 
 INT_MM_MIN_M = 17
 
 
-def measure(m: int, n: int, k: int) -> dict[str, float]:
+def measure(m: int, n: int, k: int, sm80: bool = False) -> dict[str, float]:
     sets = harness.weight_copies(n * k)
     x = harness.random_bf16(m, k)
     a_q = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
@@ -63,6 +68,17 @@ def measure(m: int, n: int, k: int) -> dict[str, float]:
         assert (got - ref).abs().max().item() <= 0.01 * ref.abs().max().item() + 1e-6
 
     contenders = {"ours": ours, "cublas": cublas, "int_mm": int_mm_calls}
+    if sm80:
+        sm80_out = torch.empty_like(out)
+        pick = choose_sm80_tile(m, n, k, harness.gpu().sm_count, element_bytes=1)
+        contenders["sm80"] = [
+            lambda w=w: launch_int8_scaled_mm(sm80_out, a_q, w.t(), scales_a, scales_b, None, pick)
+            for w in w_q
+        ]
+        with harness.sm80_builds():
+            contenders["sm80"][0]()
+        want = int8_scaled_mm(a_q, w_q[0].t(), scales_a, scales_b, torch.bfloat16).float()
+        assert (sm80_out.float() - want).abs().max().item() <= 0.01 * want.abs().max().item() + 1e-6
     return harness.time_graphs(contenders, harness.replays_per_sample(m, n, k))
 
 
@@ -119,6 +135,7 @@ def sweep() -> None:
 def main() -> None:
     parser = harness.argument_parser(__doc__, "two shapes, M in {1, 16, 4096}", out=False)
     parser.add_argument("--sweep", action="store_true", help="time every tile and split")
+    parser.add_argument("--sm80", action="store_true", help="add the sm_80 kernel (proxy)")
     args = parser.parse_args()
     if args.sweep:
         sweep()
@@ -130,12 +147,15 @@ def main() -> None:
     header = (
         "| N | K | M | tile | ours us | cuBLAS bf16 us | _int_mm+scale us | vs cuBLAS |"
         " vs _int_mm | ours TOP/s | weights % of copy |"
+        + (" sm_80 path tile | sm_80 path us | sm_80 path vs cuBLAS |" if args.sm80 else "")
     )
+    if args.sm80:
+        print("sm_80 path: the mma.sync kernel as compute_80 PTX on this GPU, a proxy only")
     print(header)
-    print("|" + "---:|" * 11)
+    print("|" + "---:|" * (14 if args.sm80 else 11))
     for n, k in shapes:
         for m in ms:
-            t = measure(m, n, k)
+            t = measure(m, n, k, args.sm80)
             ours, cublas, int_mm = t["ours"], t["cublas"], t["int_mm"]
             tops = 2 * m * n * k / ours / 1e12
             weights = f"{100 * n * k / ours / 1e9 / copy_gbs:.0f}%" if m <= 16 else ""
@@ -143,7 +163,13 @@ def main() -> None:
             print(
                 f"| {n} | {k} | {m} | {tile} | {ours * 1e6:.1f} | {cublas * 1e6:.1f} | "
                 f"{int_mm * 1e6:.1f} | {cublas / ours:.2f}x | {int_mm / ours:.2f}x | "
-                f"{tops:.0f} | {weights} |",
+                f"{tops:.0f} | {weights} |"
+                + (
+                    f" {choose_sm80_tile(m, n, k, harness.gpu().sm_count, element_bytes=1)} | "
+                    f"{t['sm80'] * 1e6:.1f} | {cublas / t['sm80']:.2f}x |"
+                    if args.sm80
+                    else ""
+                ),
                 flush=True,
             )
     quant_rows(copy_gbs)

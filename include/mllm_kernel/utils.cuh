@@ -261,7 +261,10 @@ class KernelLauncher {
     if (grid_.x == 0 || grid_.y == 0 || grid_.z == 0) return;
     ::tvm::ffi::CUDADeviceGuard guard(device_.device_id);
     const auto* address = reinterpret_cast<const void*>(kernel);
-    if (shared_mem_ > 48 * 1024) {
+    // Without opting in, a kernel may use 48 KiB less its static shared memory: a
+    // 48 KiB request of a kernel that declares a __shared__ int fails. So any dynamic
+    // request opts in (a cached lookup after the first launch).
+    if (shared_mem_ > 0) {
       check(detail::raise_func_attribute(address, device_.device_id,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_mem_)));
@@ -332,7 +335,7 @@ int max_active_clusters(void (*kernel)(KernelArgs...), int cluster, int threads,
                         std::size_t shared_bytes, DLDevice device) {
   ::tvm::ffi::CUDADeviceGuard guard(device.device_id);
   const auto* address = reinterpret_cast<const void*>(kernel);
-  if (shared_bytes > 48 * 1024 &&
+  if (shared_bytes > 0 &&  // opted in as a launch does (KernelLauncher says why)
       detail::raise_func_attribute(address, device.device_id,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(shared_bytes)) != cudaSuccess) {
