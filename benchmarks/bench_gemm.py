@@ -26,6 +26,7 @@ import re
 import shutil
 import statistics
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import gemm_harness as harness
@@ -34,7 +35,7 @@ from bench_cuda import copy_bandwidth, time_interleaved
 
 from mllm_kernel.cuda.jit import gemm
 from mllm_kernel.cuda.jit.gemm import _GEMM, TILES, choose_tile
-from mllm_kernel.cuda.jit.gemm_sm80 import choose_sm80_tile, launch_gemm
+from mllm_kernel.cuda.jit.gemm_sm80 import SM80_TILES, Sm80Choice, choose_sm80_tile, launch_gemm
 
 LLAMA_NK = [*harness.LLAMA_NK, (8192, 28672)]  # and 70B's MLP down
 LLAMA_M = [1, 16, 128, 1024, 4096]
@@ -96,6 +97,38 @@ def tile_comparison(shapes: list[tuple[int, int, int]]) -> list[str]:
         lines.append(
             f"| {m} | {n} | {k} | " + " | ".join(f"{v:.0f}" for v in tflops.values()) + " |"
         )
+        print(lines[-1], flush=True)
+    return lines
+
+
+def sm80_tile_sweep() -> list[str]:
+    """TFLOP/s of every sm_80 tile (and, at decode, split of K) against cuBLAS at a few
+    shapes, interleaved, the kernels as compute_80 PTX: the data behind
+    choose_sm80_tile (on this GPU, a proxy)."""
+    lines = []
+    for m, n, k in [
+        (4096, 4096, 4096),
+        (4096, 14336, 4096),
+        (1024, 4096, 4096),
+        (1, 14336, 4096),
+        (16, 4096, 4096),
+    ]:
+        a = harness.random_bf16(m, k)
+        weights = [harness.random_bf16(n, k) for _ in range(harness.weight_copies(n * k * 2, m))]
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        tiles = [t for t in SM80_TILES if (t.tile_m <= 64) == (m <= 64)]
+        splits = (1, 2, 4, 8) if m <= 64 else (1,)
+        contenders = {
+            str(choice): [partial(launch_gemm, a, b, out, None, choice) for b in weights]
+            for choice in (Sm80Choice(t, s) for t in tiles for s in splits)
+        }
+        with harness.sm80_builds():
+            for calls in contenders.values():
+                calls[0]()
+        contenders["cuBLAS"] = harness.cublas_calls(a, weights, out)
+        times = harness.time_graphs(contenders, harness.replays_per_sample(m, n, k), 8)
+        cells = [f"{name} {2 * m * n * k / t / 1e12:.0f}" for name, t in times.items()]
+        lines.append(f"- M={m} N={n} K={k}, TFLOP/s: " + ", ".join(cells))
         print(lines[-1], flush=True)
     return lines
 
@@ -194,6 +227,9 @@ def main() -> None:
         else "",
     ]
     comparison = tile_comparison([(8192, 8192, 8192), (4096, 14336, 4096), (1024, 4096, 4096)])
+    if args.sm80:
+        comparison += ["", "sm_80 tiles (compute_80 PTX on this GPU, a proxy):", ""]
+        comparison += sm80_tile_sweep()
     sass = sass_report()
     text = "\n".join(
         [

@@ -23,10 +23,13 @@ Orin GPUs) to every row, built as compute_80 PTX and run on this GPU: a proxy, n
 timing of those GPUs.
 
 ``--sweep`` instead times every tile configuration (and split of K) that can run a
-few shapes, interleaved: the data behind choose_tile's choices for int8.
+few shapes, interleaved: the data behind choose_tile's choices for int8 (with
+``--sm80``: the sm_80 kernels' tiles, behind choose_sm80_tile's).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import gemm_harness as harness
 import torch
@@ -34,7 +37,12 @@ from bench_cuda import copy_bandwidth
 
 from mllm_kernel.cuda.jit import int8_scaled_mm, per_token_quant_int8
 from mllm_kernel.cuda.jit.gemm import TILES, TileChoice, choose_tile
-from mllm_kernel.cuda.jit.gemm_sm80 import choose_sm80_tile, launch_int8_scaled_mm
+from mllm_kernel.cuda.jit.gemm_sm80 import (
+    SM80_TILES,
+    Sm80Choice,
+    choose_sm80_tile,
+    launch_int8_scaled_mm,
+)
 from mllm_kernel.cuda.jit.int8_scaled_mm import _launch
 
 INT_MM_MIN_M = 17
@@ -123,6 +131,37 @@ def _sweep_times(m: int, n: int, k: int) -> dict[str, float]:
     return harness.time_graphs(contenders, harness.replays_per_sample(m, n, k), 8)
 
 
+def sm80_sweep() -> None:
+    """TOP/s of every sm_80 tile (at decode, and split of K) at a few shapes against
+    cuBLAS bf16, interleaved, the kernels as compute_80 PTX (on this GPU, a proxy)."""
+    for m, n, k in [(4096, 4096, 4096), (4096, 14336, 4096), (1024, 4096, 4096), (1, 14336, 4096)]:
+        a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
+        ws = [
+            torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
+            for _ in range(harness.weight_copies(n * k))
+        ]
+        sa, sb = torch.rand(m, device="cuda"), torch.rand(n, device="cuda")
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        tiles = [t for t in SM80_TILES if (t.tile_m <= 64) == (m <= 64)]
+        splits = (1, 2, 4, 8) if m <= 64 else (1,)
+        contenders = {
+            str(choice): [
+                partial(launch_int8_scaled_mm, out, a, w.t(), sa, sb, None, choice) for w in ws
+            ]
+            for choice in (Sm80Choice(t, s) for t in tiles for s in splits)
+        }
+        with harness.sm80_builds():
+            for calls in contenders.values():
+                calls[0]()
+        x = harness.random_bf16(m, k)
+        contenders["cuBLAS bf16"] = harness.cublas_calls(
+            x, [harness.random_bf16(n, k) for _ in range(max(1, len(ws) // 2))], out
+        )
+        times = harness.time_graphs(contenders, harness.replays_per_sample(m, n, k), 8)
+        cells = [f"{name} {2 * m * n * k / t / 1e12:.0f}" for name, t in times.items()]
+        print(f"- M={m} N={n} K={k}, TOP/s: " + ", ".join(cells), flush=True)
+
+
 def sweep() -> None:
     """Microseconds of each candidate configuration per shape, interleaved."""
     for m, n, k in SWEEP_SMALL + SWEEP_LARGE:
@@ -138,7 +177,7 @@ def main() -> None:
     parser.add_argument("--sm80", action="store_true", help="add the sm_80 kernel (proxy)")
     args = parser.parse_args()
     if args.sweep:
-        sweep()
+        sm80_sweep() if args.sm80 else sweep()
         return
     shapes = harness.LLAMA_NK[:2] if args.quick else harness.LLAMA_NK
     ms = [1, 16, 4096] if args.quick else harness.LLAMA_M

@@ -10,16 +10,19 @@
 // ------
 // A CTA computes one kTileM x kTileN output tile over its share of K:
 //   - load_k_block: every thread issues cp.async copies of 16-byte chunks of the A and
-//     B rows of one k-block (64 bytes of K: 32 16-bit or 64 int8 elements) into a ring
-//     of kStages shared-memory stages, zero-filling chunks past M, N or K, so the main
-//     loop has no tails. Rows are 64 bytes and chunk c of row r sits at chunk
-//     c ^ ((r / 2) % 4): the 8 rows an ldmatrix reads at once then fall in 8 distinct
-//     16-byte bank groups (conflict-free), as they do when cp.async writes them.
-//   - main_loop: kStages - 1 k-blocks in flight; per k-block one barrier, the copy of
-//     the k-block kStages - 1 ahead, then mma_k_block: per 32 bytes of K each warp
+//     B rows of one k-block (128 bytes of K: 64 16-bit or 128 int8 elements) into a
+//     ring of kStages shared-memory stages, zero-filling chunks past M, N or K, so the
+//     main loop has no tails. Chunk c of row r sits at chunk c ^ (r % 8): the 8 rows an
+//     ldmatrix reads at once then fall in 8 distinct 16-byte bank groups
+//     (conflict-free), as they do when cp.async writes them.
+//   - main_loop: kStages k-blocks in flight; per 32 bytes of K (a k-step) each warp
 //     loads its A and B fragments with ldmatrix.x4 and runs mma.sync m16n8k16 (16-bit)
-//     or m16n8k32 (int8) over its kWarpTileM x kWarpTileN accumulators. Both shapes
-//     take 32 bytes of K in the same register layout, so only the instruction differs.
+//     or m16n8k32 (int8) over its kWarpTileM x kWarpTileN accumulators (both shapes
+//     take 32 bytes of K in the same register layout: only the instruction differs).
+//     Fragments are double-buffered in registers, and a k-block's one barrier sits
+//     before its last k-step, so ldmatrix latency hides behind mma.sync even across
+//     the barrier. 128-byte k-blocks (one barrier per 4 k-steps) measured 8-15% faster
+//     than 64-byte ones on an H100 through compute_80 PTX.
 //   - reduce_split_k (split > 1): each slice of K stores its sums in a global
 //     workspace; the last slice to finish a tile (a counter per tile) adds all slices
 //     in slice order (a deterministic result) and runs the epilogue.
@@ -29,17 +32,18 @@
 //
 // Why these tiles (the roofline): A100's mma.sync peaks at 312 TFLOP/s (bf16) and
 // 624 TOP/s (int8) against about 2 TB/s of HBM, a ridge of ~156 flops (312 ops for int8)
-// per byte. A 128 x 256 tile spends 2 * 128 * 256 / (128 + 256) = 171 flops per byte of
-// K it loads, per element of K: 85 per byte for 16-bit, 171 for int8, enough that L2
-// (which serves neighbouring tiles' shared rows, walked in groups of 8 tile-rows)
-// rather than HBM bounds it. Its 8 warps hold 64 x 64 each (128 fp32 accumulators),
-// the most registers allow, and 4 stages of 24 KB fit the 99 KB a block may use on
-// sm_86/sm_89 (A100 and Orin allow 163 KB). 128 x 128 tiles (8 warps of 64 x 32, two
-// CTAs an SM) fill the last wave better where the grid is small. Decode (M <= 64) reads
-// each weight byte about once and does little arithmetic per byte: the time is the
-// weights over HBM bandwidth. Its tiles are 16 or 64 tokens by 128 weight rows (4
-// warps; several CTAs an SM keep 16-24 KB of weights in flight each), and where those
-// tiles do not fill the SMs, K is split over more CTAs.
+// per byte. A 128 x 128 tile spends 2 * 128 * 128 / (128 + 128) = 128 flops per element
+// of K it loads (64 per byte for 16-bit, 128 for int8), and L2 (which serves
+// neighbouring tiles' shared rows, walked in groups of 8 tile-rows) rather than HBM
+// bounds it. Its 8 warps hold 64 x 32 each and its 3 stages take 96 KB, which every
+// sm_80+ GPU gives a block; where an SM has 192 KB (Hopper) two CTAs share it. On an
+// H100 through compute_80 PTX this beat 128 x 256 tiles (8 warps of 64 x 64, one CTA an
+// SM: fewer bytes per flop, but a whole SM waits at each barrier) by 3-14% and 4-warp
+// 128 x 128 tiles by 0-17% (benchmarks/RESULTS.md); no sm_80-89 GPU has timed them.
+// Decode (M <= 64) reads each weight byte about once and does little arithmetic per
+// byte: the time is the weights over HBM bandwidth. Its tiles are 16 or 64 tokens by
+// 128 weight rows (4 warps; several CTAs an SM keep 36-48 KB of weights in flight each),
+// and where those tiles do not fill the SMs, K is split over more CTAs.
 #include "mllm_kernel/cuda/cp_async.cuh"
 #include "mllm_kernel/cuda/gemm_operands.cuh"
 #include "mllm_kernel/cuda/mma_sync.cuh"
@@ -56,8 +60,8 @@
 namespace mllm_kernel::cuda {
 namespace sm80_gemm {
 
-inline constexpr int kKBlockBytes = 64;  // K per row of a stage
-inline constexpr int kChunkBytes = 16;   // one cp.async, one ldmatrix row
+inline constexpr int kKBlockBytes = 128;  // K per row of a stage: 4 mma k-steps a barrier
+inline constexpr int kChunkBytes = 16;    // one cp.async, one ldmatrix row
 inline constexpr int kChunksPerRow = kKBlockBytes / kChunkBytes;
 inline constexpr int kMmaKBytes = 32;  // K of one m16n8k16 (16-bit) or m16n8k32 (int8)
 /// The most slices of K one tile is split into.
@@ -98,6 +102,7 @@ struct Config {
 
   static_assert(kTileM % (16 * kWarpsM) == 0, "warps hold whole m16 fragments");
   static_assert(kTileN % (16 * kWarpsN) == 0, "warps hold pairs of n8 fragments (ldmatrix.x4)");
+  static_assert(kChunksPerRow == 8, "FragmentAddress's row phase is lane % 8");
   static_assert(kStages >= 2, "a stage loads while another is read");
   static_assert(kSharedBytes <= kPortableSharedBytes, "the stages must fit every sm_80+ GPU");
 };
@@ -137,26 +142,34 @@ struct Params {
 /// The byte offset of chunk `chunk` of row `row` in a stage's tile (see the note at
 /// the top: conflict-free for ldmatrix's 8 rows and for cp.async's writes).
 __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * kKBlockBytes + ((chunk ^ ((row >> 1) & 3)) * kChunkBytes));
+  return static_cast<uint32_t>(row * kKBlockBytes +
+                               ((chunk ^ (row % kChunksPerRow)) * kChunkBytes));
 }
 
-/// Copies k-block `kb` of `kRows` rows from `first_row` on (of `rows`, `row_bytes`
-/// apart) into `tile`; chunks past the rows or K are zero-filled.
+/// Copies the k-block at byte `k_byte` of K of `kRows` rows from `first_row` on (of
+/// `rows`, `row_bytes` apart) into `tile`; chunks past the rows or K are zero-filled.
+/// A thread copies the same chunk of every kRowsPerPass-th row, so its source address,
+/// destination (swizzled: the row phase repeats every 8 rows) and K test are computed
+/// once and each pass adds a constant: the copies cost few instructions beside the
+/// mma.sync they feed.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void load_rows(uint8_t* tile, const uint8_t* base, int64_t row_bytes,
                                           int first_row, int rows, int k_byte, int k_bytes) {
-  constexpr int kChunks = kRows * kChunksPerRow;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
+                "every pass copies whole rows, starting at the same row phase");
+  const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
+  const int row = static_cast<int>(threadIdx.x) / kChunksPerRow;
+  const int byte = k_byte + chunk * kChunkBytes;
+  const bool in_k = byte < k_bytes;
+  const uint8_t* src = base + (first_row + row) * row_bytes + byte;
+  uint8_t* dst = tile + swizzled(row, chunk);
 #pragma unroll
-  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
-    const int index = i * kThreads + static_cast<int>(threadIdx.x);
-    if (kChunks % kThreads != 0 && index >= kChunks) break;
-    const int row = index / kChunksPerRow;
-    const int chunk = index % kChunksPerRow;
-    const int byte = k_byte + chunk * kChunkBytes;
-    const bool valid = first_row + row < rows && byte < k_bytes;
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const bool valid = in_k && first_row + row + pass * kRowsPerPass < rows;
     // A zero-filled chunk still names a readable address: the operand's start.
-    const uint8_t* src = valid ? base + (first_row + row) * row_bytes + byte : base;
-    cp_async_16_or_zero(tile + swizzled(row, chunk), src, valid);
+    cp_async_16_or_zero(dst + pass * kRowsPerPass * kKBlockBytes,
+                        valid ? src + pass * kRowsPerPass * row_bytes : base, valid);
   }
 }
 
@@ -176,92 +189,138 @@ __device__ __forceinline__ void load_k_block(const Params& params, uint8_t* stag
 // The consumer's side: ldmatrix + mma.sync over the stages.
 // ---------------------------------------------------------------------------
 
-/// acc[4 (i kFragsN + j) ..] += A fragment i times B fragment j of one warp
-/// (mma_sync.cuh's layouts).
+/// One warp's operands of one 32-byte k-step: its A fragments (m16 x k) and B fragments
+/// (n8 x k), in mma_sync.cuh's layouts.
 template <typename Config>
-__device__ __forceinline__ void mma_fragments(typename Config::Acc (&acc)[Config::kAccumulators],
-                                              const uint32_t (&a)[Config::kFragsM][4],
-                                              const uint32_t (&b)[Config::kFragsN][2]) {
+struct Fragments {
+  uint32_t a[Config::kFragsM][4];
+  uint32_t b[Config::kFragsN][2];
+};
+
+/// Where a warp's fragments of one k-step sit in a stage: A fragment i's 16 rows (lane l
+/// gives row l % 16, chunk l / 16) and B fragments 2j, 2j + 1's 16 columns (lane l
+/// gives column (l / 16) 8 + l % 8, chunk (l / 8) % 2). The addresses are swizzled()'s,
+/// written so that only the lane's row offsets stay live across the loop: every
+/// fragment starts at a multiple of 8 rows, so a lane's row phase is lane % 8, and
+/// fragment i (pair j) is i (j) times 16 rows further on, an immediate offset.
+template <typename Config>
+struct FragmentAddress {
+  uint32_t stage;  // shared address of the stage
+  int step;        // k-step within the k-block
+  uint32_t a_row;  // this lane's A row in fragment 0, as a byte offset in the stage
+  uint32_t b_row;  // this lane's B row in pair 0, as a byte offset in the stage
+  int lane;
+
+  __device__ __forceinline__ uint32_t a(int i) const {
+    const int chunk = (2 * step + lane / 16) ^ (lane % 8);
+    return stage + a_row + i * 16 * kKBlockBytes + chunk * kChunkBytes;
+  }
+  __device__ __forceinline__ uint32_t b_pair(int j) const {
+    const int chunk = (2 * step + (lane / 8) % 2) ^ (lane % 8);
+    return stage + b_row + j * 16 * kKBlockBytes + chunk * kChunkBytes;
+  }
+};
+
+template <typename Config>
+__device__ __forceinline__ void load_b_pair(Fragments<Config>& f, const FragmentAddress<Config>& at,
+                                            int j) {
+  uint32_t pair[4];
+  ldmatrix_x4(pair, at.b_pair(j));
+  f.b[2 * j][0] = pair[0];
+  f.b[2 * j][1] = pair[1];
+  f.b[2 * j + 1][0] = pair[2];
+  f.b[2 * j + 1][1] = pair[3];
+}
+
+/// Loads one k-step's fragments into `f`.
+template <typename Config>
+__device__ __forceinline__ void load_fragments(Fragments<Config>& f,
+                                               const FragmentAddress<Config>& at) {
+#pragma unroll
+  for (int i = 0; i < Config::kFragsM; ++i) ldmatrix_x4(f.a[i], at.a(i));
+#pragma unroll
+  for (int j = 0; j < Config::kFragsN / 2; ++j) load_b_pair(f, at, j);
+}
+
+/// acc += the products of `f`'s fragments, each fragment reloaded from `next` (when
+/// `has_next`) as soon as its last mma.sync has read it: A fragment i after row i, B
+/// fragments during the last row. The next k-step's loads overlap this one's products
+/// without a second set of fragment registers (a 64 x 64 warp tile already holds 128
+/// accumulators).
+template <typename Config>
+__device__ __forceinline__ void mma_step(typename Config::Acc (&acc)[Config::kAccumulators],
+                                         Fragments<Config>& f, const FragmentAddress<Config>& next,
+                                         bool has_next) {
 #pragma unroll
   for (int i = 0; i < Config::kFragsM; ++i) {
 #pragma unroll
     for (int j = 0; j < Config::kFragsN; ++j) {
       auto& c = *reinterpret_cast<typename Config::Acc(*)[4]>(&acc[4 * (i * Config::kFragsN + j)]);
       if constexpr (Config::kInt8) {
-        mma_m16n8k32_s8(c, a[i], b[j][0], b[j][1]);
+        mma_m16n8k32_s8(c, f.a[i], f.b[j][0], f.b[j][1]);
       } else {
-        mma_m16n8k16<typename Config::Element>(c, a[i], b[j][0], b[j][1]);
+        mma_m16n8k16<typename Config::Element>(c, f.a[i], f.b[j][0], f.b[j][1]);
       }
+      if (i == Config::kFragsM - 1 && j % 2 == 1 && has_next) load_b_pair(f, next, j / 2);
     }
-  }
-}
-
-/// One warp's products over the k-block in the stage at shared address `stage`: per
-/// 32 bytes of K, its A fragments (16 rows each: lane l gives row l % 16, chunk l / 16)
-/// and B fragments in pairs (16 columns: lane l gives column (l / 16) 8 + l % 8, chunk
-/// (l / 8) % 2), then the mma.sync of every pair of them.
-template <typename Config>
-__device__ __forceinline__ void mma_k_block(typename Config::Acc (&acc)[Config::kAccumulators],
-                                            uint32_t stage, int warp_row, int warp_col, int lane) {
-  const uint32_t tile_a = stage;
-  const uint32_t tile_b = stage + Config::kTileBytesA;
-#pragma unroll
-  for (int step = 0; step < kKBlockBytes / kMmaKBytes; ++step) {
-    uint32_t a[Config::kFragsM][4];
-    uint32_t b[Config::kFragsN][2];
-#pragma unroll
-    for (int i = 0; i < Config::kFragsM; ++i) {
-      const int row = warp_row + 16 * i + lane % 16;
-      ldmatrix_x4(a[i], tile_a + swizzled(row, 2 * step + lane / 16));
-    }
-#pragma unroll
-    for (int j = 0; j < Config::kFragsN / 2; ++j) {
-      const int col = warp_col + 16 * j + (lane / 16) * 8 + lane % 8;
-      uint32_t pair[4];
-      ldmatrix_x4(pair, tile_b + swizzled(col, 2 * step + (lane / 8) % 2));
-      b[2 * j][0] = pair[0];
-      b[2 * j][1] = pair[1];
-      b[2 * j + 1][0] = pair[2];
-      b[2 * j + 1][1] = pair[3];
-    }
-    mma_fragments<Config>(acc, a, b);
+    if (has_next) ldmatrix_x4(f.a[i], next.a(i));
   }
 }
 
 /// The main loop: `acc` = this warp's part of the tile at (row0, col0) over the
-/// k-blocks of `k_blocks`, kStages - 1 of them in flight. A stage is refilled in the
-/// iteration after the one that read it, behind that iteration's barrier.
+/// k-blocks of `k_blocks`, kStages of them in flight. Each k-step's fragments load
+/// while the previous k-step's products run (mma_step), and a k-block's one barrier
+/// sits before its last k-step, so the next k-block's first fragments load during that
+/// step's products (no bubble at the barrier). Behind the barrier every warp has read
+/// the k-block's stage, which is then refilled with the k-block kStages ahead.
 template <typename Config>
 __device__ __forceinline__ void main_loop(typename Config::Acc (&acc)[Config::kAccumulators],
                                           const Params& params, uint8_t* shared, int row0, int col0,
                                           KBlockRange k_blocks) {
+  constexpr int kSteps = kKBlockBytes / kMmaKBytes;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp_row = (warp / Config::kWarpsN) * Config::kWarpTileM;
   const int warp_col = (warp % Config::kWarpsN) * Config::kWarpTileN;
+  const uint32_t a_row = (warp_row + lane % 16) * kKBlockBytes;
+  const uint32_t b_row =
+      Config::kTileBytesA + (warp_col + (lane / 16) * 8 + lane % 8) * kKBlockBytes;
   const uint32_t shared_address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
   const int count = k_blocks.end - k_blocks.begin;
 #pragma unroll
   for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0;
+  if (count <= 0) return;  // a slice with no k-blocks adds zeros (uniform in the CTA)
 #pragma unroll
-  for (int s = 0; s < Config::kStages - 1; ++s) {
+  for (int s = 0; s < Config::kStages; ++s) {
     if (s < count) {
       load_k_block<Config>(params, shared + s * Config::kStageBytes, row0, col0,
                            k_blocks.begin + s);
     }
     cp_async_commit();  // one group per k-block, empty or not: the waits count groups
   }
+  cp_async_wait<Config::kStages - 1>();  // k-block 0 (this thread's copies)
+  __syncthreads();                       // everyone's
+  Fragments<Config> frags;
+  load_fragments(frags, FragmentAddress<Config>{shared_address, 0, a_row, b_row, lane});
   for (int i = 0; i < count; ++i) {
-    cp_async_wait<Config::kStages - 2>();  // k-block i has landed (this thread's copies)
-    __syncthreads();                       // everyone's; and stage i - 1 is read
-    const int ahead = i + Config::kStages - 1;
-    if (ahead < count) {
-      load_k_block<Config>(params, shared + (ahead % Config::kStages) * Config::kStageBytes, row0,
-                           col0, k_blocks.begin + ahead);
+    const int stage = i % Config::kStages;
+    const uint32_t stage_address = shared_address + stage * Config::kStageBytes;
+#pragma unroll
+    for (int step = 0; step < kSteps - 1; ++step) {
+      mma_step(acc, frags, FragmentAddress<Config>{stage_address, step + 1, a_row, b_row, lane},
+               true);
+    }
+    // Groups through k-block i + kStages - 1 are committed: k-block i + 1 has landed once
+    // at most kStages - 2 are pending.
+    cp_async_wait<Config::kStages - 2>();
+    __syncthreads();  // k-block i + 1 is everyone's; every warp has read this stage
+    if (i + Config::kStages < count) {
+      load_k_block<Config>(params, shared + stage * Config::kStageBytes, row0, col0,
+                           k_blocks.begin + i + Config::kStages);
     }
     cp_async_commit();
-    mma_k_block<Config>(acc, shared_address + (i % Config::kStages) * Config::kStageBytes, warp_row,
-                        warp_col, lane);
+    const uint32_t next_stage = shared_address + ((i + 1) % Config::kStages) * Config::kStageBytes;
+    mma_step(acc, frags, FragmentAddress<Config>{next_stage, 0, a_row, b_row, lane}, i + 1 < count);
   }
 }
 

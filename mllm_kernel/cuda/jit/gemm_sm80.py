@@ -27,24 +27,24 @@ from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 
 _DTYPES = (torch.bfloat16, torch.float16)
+# A k-block is 128 bytes of each row (csrc/gemm_sm80.cu: kKBlockBytes).
+_K_BLOCK_BYTES = 128
 _A100_SMS = 108
-# A k-block is 64 bytes of each row (csrc/gemm_sm80.cu: kKBlockBytes).
-_K_BLOCK_BYTES = 64
-# The kernel's most slices of K (kMaxSplit) and, measured nowhere yet, the fewest
-# k-blocks a slice keeps (2 KB of each row) so that pipeline fill stays small.
+# The kernel's most slices of K (kMaxSplit) and the fewest k-blocks a slice keeps (2 KB
+# of each row) so that pipeline fill stays small (M = 16, N = K = 4096: split 4 beat 8).
 _MAX_SPLIT = 16
-_MIN_SLICE_BLOCKS = 32
-# CTAs of the decode tiles that run at once on an SM (registers and stages allow 2-4):
-# the split aims at this many per SM so that enough weight bytes are in flight.
-_DECODE_CTAS_PER_SM = 2
+_MIN_SLICE_BLOCKS = 16
+# Decode splits K until the CTAs fill the SMs once: on an H100 through compute_80 PTX,
+# splitting further lost (M = 1, N = 14336: split 2 took 1.25x unsplit's time).
+_DECODE_CTAS_PER_SM = 1
 
 
 @dataclass(frozen=True)
 class Sm80Tile:
     """A compiled kernel shape (the template arguments of ``csrc/gemm_sm80.cu`` after
     the element type): ``tile_m x tile_n`` outputs per CTA, ``warps_m x warps_n`` warps
-    each holding ``tile_m / warps_m x tile_n / warps_n``, ``stages`` k-blocks of 64 bytes
-    of K in the cp.async ring."""
+    each holding ``tile_m / warps_m x tile_n / warps_n``, ``stages`` k-blocks of
+    128 bytes of K in the cp.async ring."""
 
     name: str
     tile_m: int
@@ -58,15 +58,21 @@ class Sm80Tile:
         """The template arguments after the element type (``int8_scaled_mm`` has none)."""
         return (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages)
 
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory a CTA needs: its stages (``kSharedBytes``)."""
+        return self.stages * (self.tile_m + self.tile_n) * _K_BLOCK_BYTES
+
 
 SM80_TILES = (
-    # Decode: a few tokens by 128 weight rows, 4 warps; 9-12 KB a stage, so 2-4 CTAs
-    # share an SM.
+    # Decode: a few tokens by 128 weight rows, 4 warps; 72 KB of stages.
     Sm80Tile("16x128", tile_m=16, tile_n=128, warps_m=1, warps_n=4, stages=4),
-    Sm80Tile("64x128", tile_m=64, tile_n=128, warps_m=2, warps_n=2, stages=4),
-    # Larger M: 8 warps of 64 x 32 (two CTAs an SM) or 64 x 64 (one).
-    Sm80Tile("128x128", tile_m=128, tile_n=128, warps_m=2, warps_n=4, stages=4),
-    Sm80Tile("128x256", tile_m=128, tile_n=256, warps_m=2, warps_n=4, stages=4),
+    Sm80Tile("64x128", tile_m=64, tile_n=128, warps_m=2, warps_n=2, stages=3),
+    # Larger M: 8 warps of 64 x 32, 96 KB (fits every sm_80+ GPU; two CTAs an SM where
+    # it has 192 KB, as Hopper does). On an H100 through compute_80 PTX it beat 128 x 256
+    # tiles (8 warps of 64 x 64, one CTA an SM) and 128 x 128 tiles of 4 warps at every
+    # shape timed, bf16 and int8 (benchmarks/RESULTS.md).
+    Sm80Tile("128x128", tile_m=128, tile_n=128, warps_m=2, warps_n=4, stages=3),
 )
 _BY_NAME = {tile.name: tile for tile in SM80_TILES}
 
@@ -93,38 +99,27 @@ def choose_sm80_tile(
     operands of ``element_bytes`` (2: bf16/fp16; 1: int8).
 
     - ``m <= 64`` (decode, small batches): the time is reading the weights. 16 or 64
-      tokens by 128 weight rows a CTA; while those tiles give fewer than
-      ``2 * num_sms`` CTAs, K is split in two (up to 16 slices), each slice keeping at
-      least 32 k-blocks (2 KB of each row).
-    - Larger ``m``: 128 x 256 tiles (the fewest bytes per flop), unless 128 x 128 tiles
-      fill the last wave clearly better (small grids); 128 x 128 tiles run two CTAs an
-      SM, 128 x 256 one.
+      tokens by 128 weight rows a CTA; while those tiles give at most half as many CTAs
+      as SMs, K is split in two (up to 16 slices), each slice keeping at least 16
+      k-blocks (2 KB of each row).
+    - Larger ``m``: 128 x 128 tiles.
 
-    Not yet tuned on an sm_80-89 GPU: the thresholds are estimates (see
-    ``csrc/gemm_sm80.cu``'s note).
+    Tuned on an H100 running these kernels as compute_80 PTX (a proxy); not yet timed
+    on an sm_80-89 GPU (see ``csrc/gemm_sm80.cu``'s note).
     """
-    if m <= 64:
-        tile = _BY_NAME["16x128" if m <= 16 else "64x128"]
-        tiles = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
-        k_blocks = _ceil_div(k * element_bytes, _K_BLOCK_BYTES)
-        split = 1
-        while (
-            split * 2 <= _MAX_SPLIT
-            and tiles * split * 2 <= _DECODE_CTAS_PER_SM * num_sms
-            and k_blocks // (split * 2) >= _MIN_SLICE_BLOCKS
-        ):
-            split *= 2
-        return Sm80Choice(tile, split)
-
-    def wave_efficiency(tile: Sm80Tile, per_sm: int) -> float:
-        ctas = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
-        slots = num_sms * per_sm
-        return ctas / (_ceil_div(ctas, slots) * slots)
-
-    wide, narrow = _BY_NAME["128x256"], _BY_NAME["128x128"]
-    if wave_efficiency(narrow, 2) > 1.1 * wave_efficiency(wide, 1):
-        return Sm80Choice(narrow)
-    return Sm80Choice(wide)
+    if m > 64:
+        return Sm80Choice(_BY_NAME["128x128"])
+    tile = _BY_NAME["16x128" if m <= 16 else "64x128"]
+    tiles = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
+    k_blocks = _ceil_div(k * element_bytes, _K_BLOCK_BYTES)
+    split = 1
+    while (
+        split * 2 <= _MAX_SPLIT
+        and tiles * split * 2 <= _DECODE_CTAS_PER_SM * num_sms
+        and k_blocks // (split * 2) >= _MIN_SLICE_BLOCKS
+    ):
+        split *= 2
+    return Sm80Choice(tile, split)
 
 
 def workspace_bytes(choice: Sm80Choice, m: int, n: int) -> int:
