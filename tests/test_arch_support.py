@@ -1,32 +1,44 @@
-"""Each CUDA module declares the archs its kernels run on (issue 30): it is built only
-for those, refused for an arch list it supports none of, and precompile skips it there
-with a note; the wgmma sources refuse another device target at compile time too, so
-no build of them that does nothing can exist."""
+"""Each CUDA module declares the archs its kernels run on (issues 30, 35): it is built
+only for those, refused for an arch list it supports none of, and precompile skips it
+there with one note per module and arch, saying what the op runs there instead; a GPU an
+op does not run on is refused with NotImplementedError naming the op, the GPU's arch and
+the archs it runs on; the wgmma sources refuse another device target at compile time
+too, so no build of them that does nothing can exist."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+from types import SimpleNamespace
 
 import pytest
 
-from mllm_kernel.jit_utils import KernelBuildError, build, precompile
+from mllm_kernel.__main__ import main
+from mllm_kernel.cuda import device_facts
+from mllm_kernel.jit_utils import KernelBuildError, build, precompile, registry
 from mllm_kernel.jit_utils.cuda_arch import (
     AMPERE_OR_NEWER,
     EVERY_ARCH,
     HOPPER_ONLY,
+    ArchSupport,
     CudaArch,
+    OpArchs,
     UnsupportedArchError,
+    arch_for_capability,
     cuda_arch_override,
+    op_archs,
     parse_arch_list,
 )
+from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.status import BuildOutcome
 
 # The package binds the op functions over their modules' names: import the modules.
-gemm_module, gemm_sm80, gptq_marlin, int8_scaled_mm = (
+gdn_decode, gemm_module, gemm_sm80, gptq_marlin, int8_scaled_mm = (
     importlib.import_module(f"mllm_kernel.cuda.jit.{name}")
-    for name in ("gemm", "gemm_sm80", "gptq_marlin", "int8_scaled_mm")
+    for name in ("gdn_decode", "gemm", "gemm_sm80", "gptq_marlin", "int8_scaled_mm")
 )
+# The template arguments after the dtype of gemm's first tile.
+TILE_ARGS = gemm_module.TILES[0].shape_args
 HOPPER_MODULES = [gemm_module._GEMM, int8_scaled_mm._INT8_GEMM, gptq_marlin._FUSED]
 SM80_MODULES = [gemm_sm80._GEMM_SM80, gemm_sm80._INT8_SM80]
 AMPERE_MODULES = [gptq_marlin._STREAM, gptq_marlin._DEQUANTIZE, *SM80_MODULES]
@@ -74,7 +86,16 @@ def test_an_ampere_module_is_refused_below_sm80(module):
         module.spec(*module.variants[0])
 
 
-def test_precompile_skips_what_cannot_run_with_a_note(fresh_cache, monkeypatch):
+WGMMA = "it runs on sm_90a only (it uses wgmma and TMA)"
+
+
+@pytest.fixture
+def buildable(monkeypatch):
+    """CUDA builds possible here whatever the machine has (nothing is built)."""
+    monkeypatch.setattr(precompile, "cuda_unavailable_reason", lambda: None)
+
+
+def test_precompile_skips_what_cannot_run_with_a_note(buildable, fresh_cache, monkeypatch):
     """sm_90 without the a: the wgmma kernels are skipped with a note; the ops' sm_80
     kernels (mma.sync) are what such a build runs, and are built."""
     built = []
@@ -84,28 +105,233 @@ def test_precompile_skips_what_cannot_run_with_a_note(fresh_cache, monkeypatch):
         return precompile.JobResult(job, BuildOutcome.BUILT, 0.0)
 
     monkeypatch.setattr(precompile, "run_job", run_job)
-    monkeypatch.setattr(precompile, "cuda_unavailable_reason", lambda: None)
     report = precompile.precompile(device="cuda", arch="9.0", kernels=["gemm", "int8_scaled_mm"])
     assert set(built) == {"gemm_sm80", "int8_scaled_mm_sm80"}
     assert len(built) == len(SM80_MODULES[0].variants) + len(SM80_MODULES[1].variants)
-    assert report.skipped == [
-        "gemm: skipped for sm_90: it runs on sm_90a only",
-        "int8_scaled_mm: skipped for sm_90: it runs on sm_90a only",
+    gemm_count, int8_count = (
+        len(gemm_module._GEMM.variants),
+        len(int8_scaled_mm._INT8_GEMM.variants),
+    )
+    assert report.skipped == []
+    assert report.notes() == [
+        f"skipped gemm ({gemm_count} variants) for 9.0: {WGMMA}; op gemm has gemm_sm80 for 9.0",
+        f"skipped int8_scaled_mm ({int8_count} variants) for 9.0: {WGMMA}; op int8_scaled_mm "
+        "has int8_scaled_mm_sm80 for 9.0",
+    ]
+    assert report.skipped_builds == gemm_count + int8_count
+
+
+def test_each_variant_is_built_for_the_archs_its_module_runs_on(buildable):
+    report = precompile.precompile(
+        device="cuda", arch="8.0,8.7,8.9,9.0a", kernels=["gemm"], dry_run=True
+    )
+    assert report.results == []
+    archs = {}
+    for job in report.planned:
+        archs.setdefault(job.entry.name, set()).add(job.arch)
+    assert archs == {"gemm": {"9.0a"}, "gemm_sm80": {"8.0;8.7;8.9;9.0a"}}
+    assert len(report.planned) == len(gemm_module._GEMM.variants) + len(SM80_MODULES[0].variants)
+    # One note per module and arch, not one per variant.
+    assert [(s.entry.name, str(s.arch), s.instead) for s in report.arch_skips] == [
+        ("gemm", arch, ("gemm_sm80",)) for arch in ("8.0", "8.7", "8.9")
+    ]
+    assert report.skipped_builds == 3 * len(gemm_module._GEMM.variants)
+
+
+def test_with_output_each_arch_is_its_own_entry_and_skip(buildable, tmp_path):
+    report = precompile.precompile(
+        device="cuda", arch="9.0a,8.0", kernels=["gemm"], output=tmp_path, dry_run=True
+    )
+    per_arch = sorted({(job.entry.name, job.arch) for job in report.planned})
+    assert per_arch == [("gemm", "9.0a"), ("gemm_sm80", "8.0"), ("gemm_sm80", "9.0a")]
+    assert [(s.entry.name, str(s.arch)) for s in report.arch_skips] == [("gemm", "8.0")]
+
+
+def test_the_note_says_when_the_op_has_no_kernel_for_the_arch(buildable):
+    report = precompile.precompile(device="cuda", arch="7.5", kernels=["gdn_decode"], dry_run=True)
+    assert report.planned == []
+    assert report.notes() == [
+        "skipped gdn_decode (1 variant) for 7.5: it runs on sm_80 and newer (it uses "
+        "mma.sync, ldmatrix and cp.async); op gdn_decode has no kernel for 7.5"
     ]
 
 
-def test_precompile_notes_the_archs_a_kernel_leaves_out(monkeypatch):
-    built = []
-
+def test_precompile_cli_counts_the_skips_in_its_summary(buildable, monkeypatch, capsys):
     def run_job(job, *args):
-        built.append(job)
         return precompile.JobResult(job, BuildOutcome.BUILT, 0.0)
 
     monkeypatch.setattr(precompile, "run_job", run_job)
-    monkeypatch.setattr(precompile, "cuda_unavailable_reason", lambda: None)
-    report = precompile.precompile(device="cuda", arch="8.0;9.0a", kernels=["gemm"])
-    assert "gemm: not built for sm_80: it runs on sm_90a only" in report.skipped
-    assert len(built) == len(gemm_module._GEMM.variants) + len(SM80_MODULES[0].variants)
+    gemm_count, sm80_count = len(gemm_module._GEMM.variants), len(SM80_MODULES[0].variants)
+    assert main(["precompile", "--device", "cuda", "--arch", "8.0;9.0a", "--kernel", "gemm"]) == 0
+    out = capsys.readouterr().out
+    assert f"built  gemm<torch.bfloat16, {', '.join(map(str, TILE_ARGS))}> (cuda, 9.0a)" in out
+    assert "gemm_sm80<" in out and "(cuda, 8.0;9.0a)" in out
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        f"note: skipped gemm ({gemm_count} variants) for 8.0: {WGMMA}; op gemm has gemm_sm80 "
+        "for 8.0"
+    ]
+    assert out.splitlines()[-1].startswith(f"precompiled {gemm_count + sm80_count} variant(s)")
+    assert out.splitlines()[-1].endswith(
+        f"{gemm_count + sm80_count} built, 0 already cached, 0 failed, {gemm_count} skipped "
+        "(archs their kernels do not run on: notes above)"
+    )
+
+
+def test_precompile_dry_run_builds_nothing(buildable, monkeypatch, capsys):
+    def run_job(job, *args):
+        raise AssertionError(f"{job.describe()} was built in a dry run")
+
+    monkeypatch.setattr(precompile, "run_job", run_job)
+    args = ["precompile", "--device", "cuda", "--arch", "8.9", "--kernel", "int8_scaled_mm"]
+    assert main([*args, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    sm80 = len(SM80_MODULES[1].variants)
+    assert lines[:sm80] == [
+        f"would build int8_scaled_mm_sm80<{', '.join(map(str, v))}> (cuda, 8.9)"
+        for v in SM80_MODULES[1].variants
+    ]
+    skipped = len(int8_scaled_mm._INT8_GEMM.variants)
+    assert lines[sm80:] == [
+        f"note: skipped int8_scaled_mm ({skipped} variants) for 8.9: {WGMMA}; op "
+        "int8_scaled_mm has int8_scaled_mm_sm80 for 8.9",
+        f"would build {sm80} variant(s), {skipped} skipped (archs their kernels do not run "
+        "on: notes above)",
+    ]
+
+
+@pytest.mark.nvcc
+def test_an_arch_nvcc_does_not_compile_for_is_refused_once(capsys):
+    """sm_30 (no CUDA 11-13 nvcc targets it): one error before any build, not a compiler
+    failure per variant; with --device all, one note and the CPU kernels still build."""
+    with pytest.raises(CudaArchError, match=r"sm_30 is not one nvcc compiles for"):
+        precompile.precompile(device="cuda", arch="3.0", kernels=["rmsnorm"], dry_run=True)
+    report = precompile.precompile(device="all", arch="3.0", kernels=["rmsnorm"], dry_run=True)
+    assert [job.entry.device for job in report.planned] == ["cpu"]
+    (note,) = report.notes()
+    assert note.startswith("CUDA kernels skipped: CUDA arch sm_30 is not one nvcc compiles for")
+    assert main(["precompile", "--device", "cuda", "--arch", "3.0", "--kernel", "rmsnorm"]) == 1
+    assert "sm_30 is not one nvcc compiles for" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("modules", "expected"),
+    [
+        ([HOPPER_ONLY], "sm_90a only"),
+        ([HOPPER_ONLY, AMPERE_OR_NEWER], "sm_80 and newer"),
+        ([AMPERE_OR_NEWER, EVERY_ARCH], "every arch"),
+        ([HOPPER_ONLY, ArchSupport(minimum=(10, 0))], "sm_90a, sm_100 and newer"),
+        ([ArchSupport(arch_specific=(10, 0)), HOPPER_ONLY], "sm_90a, sm_100a only"),
+    ],
+)
+def test_an_op_runs_where_one_of_its_modules_does(modules, expected):
+    op = OpArchs("op", tuple((f"m{i}", support) for i, support in enumerate(modules)))
+    assert op.describe() == expected
+
+
+def test_the_ops_archs_are_read_from_the_module_declarations():
+    ops = {op.op: op for op in op_archs(registry.kernels("cuda"))}
+    modules = {op: dict(o.modules) for op, o in ops.items()}
+    assert modules["gemm"] == {"gemm": HOPPER_ONLY, "gemm_sm80": AMPERE_OR_NEWER}
+    assert modules["int8_scaled_mm"] == {
+        "int8_scaled_mm": HOPPER_ONLY,
+        "int8_scaled_mm_sm80": AMPERE_OR_NEWER,
+    }
+    assert modules["gptq_marlin_gemm"] == {
+        "gptq_marlin_dequantize": AMPERE_OR_NEWER,
+        "gptq_marlin_gemm": AMPERE_OR_NEWER,
+        "gptq_marlin_gemm_wgmma": HOPPER_ONLY,
+    }
+    # Every CUDA module is in the table once, with the archs it was declared with.
+    entries = registry.kernels("cuda")
+    assert sorted(n for o in ops.values() for n, _ in o.modules) == sorted(e.name for e in entries)
+    for entry in entries:
+        assert modules[entry.op or entry.name][entry.name] is entry.archs
+    assert ops["gemm"].modules_for(CudaArch(8, 9)) == ("gemm_sm80",)
+    assert ops["gemm"].modules_for(CudaArch(9, 0, "a")) == ("gemm", "gemm_sm80")
+
+
+# --- a call on a GPU the op does not run on ------------------------------------------
+
+T4 = SimpleNamespace(name="Tesla T4", major=7, minor=5, multi_processor_count=40)
+
+
+def _fake_gpu(monkeypatch, props):
+    """GPU 0 is ``props`` (compute capability ``major.minor``); no arch list is set, so
+    builds target that GPU's arch as they do on a machine with it."""
+    import torch
+
+    for name in ("MLLM_KERNEL_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(device_facts, "_facts", {})
+    monkeypatch.setattr(device_facts, "_matmul_paths", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda index=None: (props.major, props.minor)
+    )
+
+
+@pytest.mark.parametrize(
+    ("op", "plan"), [("gemm", gemm_module._plan), ("int8_scaled_mm", int8_scaled_mm._plan)]
+)
+def test_the_gemms_refuse_a_gpu_before_sm80(monkeypatch, op, plan):
+    _fake_gpu(monkeypatch, T4)
+    with pytest.raises(NotImplementedError) as info:
+        plan(16, 4096, 4096, 0)
+    message = str(info.value)
+    assert message.startswith(f"{op} runs on sm_80 and newer")
+    assert "the wgmma kernels on sm_90a only" in message
+    assert message.endswith("cuda:0 (Tesla T4) is sm_75 (compute capability 7.5)")
+
+
+def test_gptq_marlin_gemm_refuses_a_gpu_before_sm80(monkeypatch):
+    _fake_gpu(monkeypatch, T4)
+    monkeypatch.setattr(gptq_marlin, "_devices", {})
+    with pytest.raises(NotImplementedError, match=r"^gptq_marlin_gemm needs .* 8\.0 or newer"):
+        gptq_marlin._device_facts(0)
+    assert gptq_marlin._devices == {}
+
+
+def test_gdn_decode_refuses_a_gpu_before_sm80(monkeypatch):
+    """The op's lookup of its module (a memo miss) is refused before anything compiles,
+    and nothing is remembered for that GPU."""
+    _fake_gpu(monkeypatch, T4)
+    memo = gdn_decode._GDN_DECODE
+    monkeypatch.delitem(memo, 0, raising=False)
+    with pytest.raises(NotImplementedError) as info:
+        memo[0]
+    assert str(info.value) == (
+        "gdn_decode cannot be built for sm_75: it runs on sm_80 and newer (it uses mma.sync, "
+        "ldmatrix and cp.async)"
+    )
+    assert 0 not in memo
+
+
+@pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0)])
+def test_every_cuda_module_builds_for_a_gpu_it_runs_on_and_refuses_the_others(
+    monkeypatch, capability
+):
+    """What the loader builds for a GPU is the module's declaration and nothing else: its
+    GPU's arch where the declaration admits it, else NotImplementedError naming the
+    module, the arch and the archs it runs on."""
+    gpu = SimpleNamespace(name="GPU", major=capability[0], minor=capability[1])
+    _fake_gpu(monkeypatch, gpu)
+    arch = arch_for_capability(*capability)
+    for entry in registry.kernels("cuda"):
+        if entry.builder is None or not entry.builtin:
+            continue
+        if entry.archs.supports(arch):
+            assert entry.spec(entry.variants[0]).cuda_archs == (arch,), entry.name
+            continue
+        with pytest.raises(NotImplementedError) as info:
+            entry.spec(entry.variants[0])
+        assert str(info.value).startswith(
+            f"{entry.name} cannot be built for sm_{arch.number}: it runs on "
+            f"{entry.archs.describe()}"
+        )
 
 
 @pytest.mark.nvcc

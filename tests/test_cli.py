@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -243,6 +244,69 @@ def test_show_config_lists_every_export_under_its_module(no_cuda_arch, capsys):
     kernels = json.loads(capsys.readouterr().out)["kernels"]
     norm = next(k for k in kernels if k["name"] == "rmsnorm")
     assert "fused_add_rmsnorm" in norm["exports"]
+
+
+def test_show_config_says_the_archs_each_cuda_op_runs_on(no_cuda_arch, capsys):
+    """Per op, the union of its modules' archs, then each module's own: read from the
+    modules' declarations, with or without a GPU or an arch."""
+    assert main(["show-config", "--device", "cuda"]) == 0
+    section = _section(capsys.readouterr().out, "CUDA ops and the archs they run on")
+    header, *rows = section.splitlines()
+    assert " ".join(header.split()) == "op runs on kernel module its archs because it uses"
+    at = rows.index(next(r for r in rows if r.split()[0] == "gemm"))
+    assert rows[at].split() == [
+        *("gemm", "sm_80", "and", "newer", "gemm", "sm_90a", "only", "wgmma", "and", "TMA"),
+    ]
+    assert rows[at + 1].split() == [
+        *("gemm_sm80", "sm_80", "and", "newer", "mma.sync,", "ldmatrix", "and", "cp.async"),
+    ]
+    (norm,) = [r for r in rows if r.split()[0] == "rmsnorm"]
+    assert norm.split() == ["rmsnorm", "every", "arch", "rmsnorm", "every", "arch", "-"]
+    # One row per CUDA module.
+    assert len(rows) == len(registry.kernels("cuda"))
+    assert main(["show-config", "--device", "cuda", "--json"]) == 0
+    ops = {op["op"]: op for op in json.loads(capsys.readouterr().out)["cuda_ops"]}
+    assert ops["int8_scaled_mm"] == {
+        "op": "int8_scaled_mm",
+        "runs_on": "sm_80 and newer",
+        "modules": [
+            {"name": "int8_scaled_mm", "runs_on": "sm_90a only", "uses": "wgmma and TMA"},
+            {
+                "name": "int8_scaled_mm_sm80",
+                "runs_on": "sm_80 and newer",
+                "uses": "mma.sync, ldmatrix and cp.async",
+            },
+        ],
+    }
+    assert main(["show-config", "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cuda_ops"] == []
+    assert main(["show-config", "--device", "cpu"]) == 0
+    assert "CUDA ops and the archs they run on" not in capsys.readouterr().out
+
+
+def test_show_config_gives_a_module_that_cannot_run_on_the_arch_one_row(no_cuda_arch, capsys):
+    """For sm_80 the wgmma modules have no build to look for: one row saying so and what
+    the op has there, where each variant was "unknown" with a footnote."""
+    assert main(["show-config", "--device", "cuda", "--arch", "8.0"]) == 0
+    out = capsys.readouterr().out
+    rows = _section(out, "CUDA kernels").splitlines()[1:]
+    (gemm,) = [r for r in rows if r.split()[0] == "gemm"]
+    variants = len(next(e for e in registry.kernels("cuda") if e.name == "gemm").variants)
+    assert re.search(rf" {variants} variants +not for sm_80 ", gemm)
+    assert gemm.endswith(
+        "it runs on sm_90a only (it uses wgmma and TMA); op gemm has gemm_sm80 here"
+    )
+    (wgmma,) = [r for r in rows if r.split()[0] == "gptq_marlin_gemm_wgmma"]
+    assert wgmma.endswith("op gptq_marlin_gemm has gptq_marlin_dequantize, gptq_marlin_gemm here")
+    sm80 = [r for r in rows if r.split()[0] == "gemm_sm80"]
+    assert len(sm80) == len(
+        next(e for e in registry.kernels("cuda") if e.name == "gemm_sm80").variants
+    )
+    assert "unknown" not in _section(out, "CUDA kernels")
+    # An arch list where the module runs on one of the archs: each variant again.
+    assert main(["show-config", "--device", "cuda", "--arch", "8.0;9.0a"]) == 0
+    rows = _section(capsys.readouterr().out, "CUDA kernels").splitlines()[1:]
+    assert len([r for r in rows if r.split()[0] == "gemm"]) == variants
 
 
 def test_show_config_lists_unclaimed_modules(fresh_cache, capsys):

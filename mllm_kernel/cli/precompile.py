@@ -24,8 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "precompile",
         help="build registered kernels into the cache ahead of time",
         description="Build every registered kernel variant (or those of --kernel) into the "
-        "cache, -j at a time. With --arch, CUDA kernels are built for that arch without a "
-        "GPU (compiled and installed, not loaded). With --output, every build is also "
+        "cache, -j at a time. With --arch, CUDA kernels are built for those archs without a "
+        "GPU (compiled and installed, not loaded): each kernel for the archs its module "
+        "declares it runs on, with a note for each module and arch it is not built for. "
+        "With --output, every build is also "
         "written into DIR as a self-contained prebuilt cache, to be named in "
         "MLLM_KERNEL_CACHE_PATH where it runs (no compiler needed there); --wheel also packs "
         "DIR into a wheel whose install makes it a cache found without any setting. "
@@ -43,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="CUDA archs to build for, e.g. 9.0a or '8.0;9.0a'; with --output, "
         "comma-separated archs (9.0a,10.0a) are built as one entry each",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the builds (each variant with its archs) and the skips; build nothing",
     )
     parser.add_argument(
         "--output",
@@ -122,10 +129,13 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Runs :func:`mllm_kernel.jit_utils.precompile.precompile` with progress and a summary
-    (and :func:`mllm_kernel.jit_utils.cache_wheel.pack` for ``--wheel``)."""
+    (and :func:`mllm_kernel.jit_utils.cache_wheel.pack` for ``--wheel``); with
+    ``--dry-run``, lists its jobs and skips instead."""
     if args.wheel is not None and args.output is None:
         print("mllm_kernel precompile: error: --wheel needs --output DIR", file=sys.stderr)
         return 2
+    if args.dry_run:  # before the checks that create --output's directory
+        return _dry_run(args)
     if args.output is not None:
         problem = _output_problem(args.output)
         if problem is not None:  # one error, not one per build
@@ -150,20 +160,18 @@ def run(args: argparse.Namespace) -> int:
             on_result=progress.result,
             output=args.output,
         )
-    except (ValueError, ToolchainError, CudaArchError) as exc:
-        print(f"mllm_kernel precompile: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+    except _REFUSALS as exc:
+        return _refused(exc)
     finally:
         progress.close()
         logger.setLevel(previous_level)
-    for note in report.skipped:
-        print(paint(f"note: {note}", "yellow"))
+    _print_notes(report)
     total = len(report.results)
     print(
         f"precompiled {total} variant(s) in {time.monotonic() - started:.1f}s: "
         f"{report.count(BuildOutcome.BUILT)} built, "
         f"{report.count(BuildOutcome.CACHED)} already cached, "
-        f"{len(report.failures)} failed"
+        f"{len(report.failures)} failed{_skips(report)}"
     )
     if root["cache_root_problem"]:
         print(paint(f"note: built into {format_cache_root(root)}", "yellow"))
@@ -179,6 +187,46 @@ def run(args: argparse.Namespace) -> int:
     if args.wheel is not None:
         print("no wheel written: fix the failed builds first", file=sys.stderr)
     return 1
+
+
+# What precompile raises for bad usage (ValueError: exit 2) or a machine that cannot build.
+_REFUSALS = (ValueError, ToolchainError, CudaArchError)
+
+
+def _refused(exc: Exception) -> int:
+    print(f"mllm_kernel precompile: error: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, ValueError) else 1
+
+
+def _print_notes(report: precompile.PrecompileReport) -> None:
+    for note in report.notes():
+        print(paint(f"note: {note}", "yellow"))
+
+
+def _skips(report: precompile.PrecompileReport) -> str:
+    """The summary's count of variants not built for an arch, or ``""``."""
+    if not report.arch_skips:
+        return ""
+    return f", {report.skipped_builds} skipped (archs their kernels do not run on: notes above)"
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    """``--dry-run``: what precompile would build, for which archs, and what it skips."""
+    try:
+        report = precompile.precompile(
+            device=args.device,
+            kernels=args.kernel,
+            arch=args.arch,
+            output=args.output,
+            dry_run=True,
+        )
+    except _REFUSALS as exc:
+        return _refused(exc)
+    for job in report.planned:
+        print(f"would build {job.describe()}")
+    _print_notes(report)
+    print(f"would build {len(report.planned)} variant(s){_skips(report)}")
+    return 0
 
 
 def _output_problem(output: Path) -> str | None:

@@ -17,7 +17,8 @@ from mllm_kernel.cli.output import (
     print_json,
     table,
 )
-from mllm_kernel.jit_utils import cache_admin
+from mllm_kernel.jit_utils import cache_admin, registry
+from mllm_kernel.jit_utils.cuda_arch import CudaArch, OpArchs, op_archs, parse_arch_list
 from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.spec import DEVICES
 from mllm_kernel.jit_utils.status import VariantState
@@ -47,8 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "show-config",
         help="registered kernels, their variants and what is cached",
         description="Print an environment summary, then every registered kernel by device "
-        "with its template variants and cache status, and cached modules that no "
-        "registered kernel claims (user kernels from earlier processes).",
+        "with its template variants and cache status, the archs each CUDA op runs on (by "
+        "kernel module), and cached modules that no registered kernel claims (user kernels "
+        "from earlier processes).",
     )
     show_config.add_argument(
         "--arch",
@@ -77,11 +79,27 @@ def _status_json(status: Any) -> dict[str, Any]:
     return data
 
 
+def _ops_json(ops: list[OpArchs]) -> list[dict[str, Any]]:
+    return [
+        {
+            "op": op.op,
+            "runs_on": op.describe(),
+            "modules": [
+                {"name": name, "runs_on": support.describe(), "uses": support.uses or None}
+                for name, support in op.modules
+            ],
+        }
+        for op in ops
+    ]
+
+
 def config_json(report: cache_admin.ConfigReport, info: dict[str, Any]) -> dict[str, Any]:
-    """The JSON object ``show-config --json`` prints."""
+    """The JSON object ``show-config --json`` prints (``cuda_ops``: the archs each CUDA
+    op runs on, by kernel module; empty with ``--device cpu``)."""
     return {
         "env": info,
         "cuda_arch": env_info.jit_cuda_arch(report.arch),
+        "cuda_ops": _ops_json(_cuda_ops(report)),
         "kernels": [
             {
                 "name": k.name,
@@ -155,6 +173,63 @@ def _cuda_kernels_without_gpu(kernels: list[cache_admin.KernelReport]) -> list[s
     ]
 
 
+def _cuda_ops(report: cache_admin.ConfigReport) -> list[OpArchs]:
+    """The archs each registered CUDA op runs on (:func:`~.cuda_arch.op_archs`, from the
+    kernel modules' declarations); none where the report leaves CUDA out."""
+    if report.device not in (None, "cuda"):
+        return []
+    return op_archs(registry.kernels("cuda"))
+
+
+def _ops_section(ops: list[OpArchs]) -> list[str]:
+    """show-config's table of :func:`_cuda_ops`: one row per kernel module, under its op
+    (the op's union of archs on its first row)."""
+    rows = []
+    for op in ops:
+        for number, (name, support) in enumerate(op.modules):
+            first = number == 0
+            rows.append(
+                (
+                    op.op if first else "",
+                    op.describe() if first else "",
+                    name,
+                    support.describe(),
+                    support.uses or "-",
+                )
+            )
+    header = ("op", "runs on", "kernel module", "its archs", "because it uses")
+    return ["", paint("CUDA ops and the archs they run on", "bold"), table(header, rows)]
+
+
+def _not_here(
+    kernel: cache_admin.KernelReport, archs: tuple[CudaArch, ...], ops: list[OpArchs]
+) -> tuple[str, ...] | None:
+    """The one row of a CUDA kernel whose module runs on none of ``archs`` (the archs
+    statuses are computed for: no build of it can exist there), else None."""
+    found = next(
+        ((op, support) for op in ops for name, support in op.modules if name == kernel.name),
+        None,
+    )
+    if not archs or found is None:
+        return None
+    op, support = found
+    if any(support.supports(arch) for arch in archs):
+        return None
+    instead = sorted({name for arch in archs for name in op.modules_for(arch)})
+    there = (
+        f"op {op.op} has {', '.join(instead)} here" if instead else f"op {op.op} has no kernel here"
+    )
+    variants = len(kernel.variants)
+    return (
+        kernel.name,
+        ", ".join(kernel.exports) or "-",
+        f"{variants} variant{'s' if variants != 1 else ''}",
+        paint(f"not for {', '.join(f'sm_{arch.number}' for arch in archs)}", "dim"),
+        "-",
+        f"it runs on {support.explain()}; {there}",
+    )
+
+
 def _variant_rows(
     kernel: cache_admin.KernelReport, arch_error: str | None, footnotes: list[str]
 ) -> tuple[list[tuple[str, ...]], bool]:
@@ -196,9 +271,13 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
     """``show-config``'s text: the summary, kernel tables by device, unclaimed modules.
 
     On a machine with no GPU and no arch named, the CUDA kernels are one line each
-    (their variants cannot be keyed there); user kernels say what they are built from.
+    (their variants cannot be keyed there), as is a CUDA kernel whose module runs on none
+    of the archs statuses are computed for; user kernels say what they are built from.
     """
     arch = env_info.jit_cuda_arch(report.arch)
+    ops = _cuda_ops(report)
+    # The archs the CUDA statuses are computed for, where known.
+    in_use = parse_arch_list(";".join(arch["archs"])) if arch["archs"] else ()
     # Why the CUDA arch is unknown is said once, in the summary; variants it leaves
     # unknown point there.
     arch_error = (arch.get("error") or "").split("\n")[0] or None
@@ -222,6 +301,10 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
         else:
             rows = []
             for kernel in kernels:
+                collapsed = _not_here(kernel, in_use, ops) if device == "cuda" else None
+                if collapsed is not None:
+                    rows.append(collapsed)
+                    continue
                 kernel_rows, kernel_unknown_arch = _variant_rows(kernel, arch_error, footnotes)
                 rows += kernel_rows
                 unknown_arch |= kernel_unknown_arch
@@ -233,6 +316,8 @@ def format_config(report: cache_admin.ConfigReport, info: dict[str, Any]) -> str
         ]
     if unknown_arch and report.arch is None:
         out.append("  (pass --arch LIST, e.g. --arch 9.0a, to compute CUDA statuses for an arch)")
+    if ops:
+        out += _ops_section(ops)
     out.append("")
     out.append(paint("Other cached modules (no registered kernel claims them)", "bold"))
     if report.unclaimed:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from mllm_kernel.jit_utils import env
 from mllm_kernel.jit_utils.errors import CudaArchError
@@ -140,8 +141,8 @@ class ArchSupport:
     the archs of the list that it supports, refused (:class:`UnsupportedArchError`) when
     there are none, so that no build of it for another arch exists. ``minimum``: the
     oldest compute capability; ``arch_specific``: only ``major.minor`` with the ``a``
-    suffix (wgmma, TMA and setmaxnreg exist only in arch-specific code). ``why``: the
-    features that need it, for the messages.
+    suffix (wgmma, TMA and setmaxnreg exist only in arch-specific code). ``uses``: the
+    features that need it (``"wgmma and TMA"``), for the messages and show-config.
 
     >>> HOPPER_ONLY.supports(CudaArch(9, 0)), HOPPER_ONLY.supports(CudaArch(9, 0, "a"))
     (False, True)
@@ -149,9 +150,15 @@ class ArchSupport:
 
     minimum: tuple[int, int] = (0, 0)
     arch_specific: tuple[int, int] | None = None
-    why: str = ""
+    uses: str = ""
+
+    @property
+    def why(self) -> str:
+        """``"it uses wgmma and TMA"``, or ``""`` where nothing is named."""
+        return f"it uses {self.uses}" if self.uses else ""
 
     def supports(self, arch: CudaArch) -> bool:
+        """Whether these kernels run on ``arch``."""
         if self.arch_specific is not None:
             return (arch.major, arch.minor) == self.arch_specific and arch.suffix == "a"
         return (arch.major, arch.minor) >= self.minimum
@@ -164,6 +171,10 @@ class ArchSupport:
             return f"sm_{self.minimum[0]}{self.minimum[1]} and newer"
         return "every arch"
 
+    def explain(self) -> str:
+        """:meth:`describe` with :attr:`why`: ``"sm_90a only (it uses wgmma and TMA)"``."""
+        return f"{self.describe()} ({self.why})" if self.why else self.describe()
+
     def select(self, archs: tuple[CudaArch, ...], module: str) -> tuple[CudaArch, ...]:
         """The archs of ``archs`` this module is built for; UnsupportedArchError naming
         ``module``, the archs and the supported ones when none is."""
@@ -171,7 +182,6 @@ class ArchSupport:
         if chosen:
             return chosen
         wanted = ", ".join(f"sm_{arch.number}" for arch in archs)
-        why = f" ({self.why})" if self.why else ""
         fix = (
             f"; build for {self.arch_specific[0]}.{self.arch_specific[1]}a (e.g. "
             f"MLLM_KERNEL_CUDA_ARCH_LIST={self.arch_specific[0]}.{self.arch_specific[1]}a)"
@@ -179,13 +189,62 @@ class ArchSupport:
             else ""
         )
         raise UnsupportedArchError(
-            f"{module} cannot be built for {wanted}: it runs on {self.describe()}{why}{fix}"
+            f"{module} cannot be built for {wanted}: it runs on {self.explain()}{fix}"
         )
 
 
 EVERY_ARCH = ArchSupport()
-HOPPER_ONLY = ArchSupport(arch_specific=(9, 0), why="it uses wgmma and TMA")
-AMPERE_OR_NEWER = ArchSupport(minimum=(8, 0), why="it uses mma.sync, ldmatrix and cp.async")
+HOPPER_ONLY = ArchSupport(arch_specific=(9, 0), uses="wgmma and TMA")
+AMPERE_OR_NEWER = ArchSupport(minimum=(8, 0), uses="mma.sync, ldmatrix and cp.async")
+
+
+@dataclass(frozen=True)
+class OpArchs:
+    """The archs one CUDA op runs on, read from the declarations of the kernel modules
+    that serve it (``modules``: ``(name, ArchSupport)`` pairs): the op runs on an arch
+    where one of its modules does.
+
+    >>> gemm = OpArchs("gemm", (("gemm", HOPPER_ONLY), ("gemm_sm80", AMPERE_OR_NEWER)))
+    >>> gemm.describe(), gemm.modules_for(CudaArch(8, 9)), gemm.modules_for(CudaArch(7, 5))
+    ('sm_80 and newer', ('gemm_sm80',), ())
+    """
+
+    op: str
+    modules: tuple[tuple[str, ArchSupport], ...]
+
+    def modules_for(self, arch: CudaArch) -> tuple[str, ...]:
+        """The op's modules whose kernels run on ``arch``."""
+        return tuple(name for name, support in self.modules if support.supports(arch))
+
+    def describe(self) -> str:
+        """The union of its modules' archs: ``"sm_80 and newer"``, ``"sm_90a only"``,
+        ``"every arch"``; an arch-specific one beyond the others' range is listed too
+        (``"sm_90a, sm_100 and newer"``)."""
+        supports = [support for _, support in self.modules]
+        floors = [s.minimum for s in supports if s.arch_specific is None]
+        lowest = min(floors, default=None)
+        specific = sorted(
+            {
+                s.arch_specific
+                for s in supports
+                if s.arch_specific is not None and (lowest is None or s.arch_specific < lowest)
+            }
+        )
+        names = [f"sm_{major}{minor}a" for major, minor in specific]
+        if lowest is None:
+            return ", ".join(names) + " only"
+        return ", ".join([*names, ArchSupport(minimum=lowest).describe()])
+
+
+def op_archs(entries: Iterable[Any]) -> list[OpArchs]:
+    """The CUDA kernel modules ``entries`` (registry entries: ``name``, ``op``, ``archs``;
+    ``registry.kernels("cuda")``) grouped by the op they serve (``op``, else their own
+    name), sorted by op, each op's modules by name: the one table precompile's notes and
+    show-config read."""
+    grouped: dict[str, list[tuple[str, ArchSupport]]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.op or entry.name, []).append((entry.name, entry.archs))
+    return [OpArchs(op, tuple(sorted(grouped[op], key=lambda m: m[0]))) for op in sorted(grouped)]
 
 
 def gencode_flags(archs: tuple[CudaArch, ...]) -> list[str]:

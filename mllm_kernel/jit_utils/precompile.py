@@ -27,9 +27,15 @@ from typing import Any
 
 from mllm_kernel.jit_utils import cache, loader, prebuilt, registry, toolchain
 from mllm_kernel.jit_utils.cache_key import module_key
-from mllm_kernel.jit_utils.cuda_arch import CudaArch, cuda_arch_override, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import (
+    CudaArch,
+    cuda_arch_override,
+    op_archs,
+    resolve_cuda_archs,
+)
 from mllm_kernel.jit_utils.errors import CudaArchError, KernelBuildError, ToolchainError
 from mllm_kernel.jit_utils.logging_setup import get_logger
+from mllm_kernel.jit_utils.nvcc_archs import check_known
 from mllm_kernel.jit_utils.registry import KernelEntry
 from mllm_kernel.jit_utils.spec import DEVICES
 from mllm_kernel.jit_utils.status import BuildOutcome, CacheState
@@ -40,11 +46,12 @@ _logger = get_logger()
 
 @dataclass(frozen=True)
 class Job:
-    """One variant of one registered kernel to build."""
+    """One variant of one registered kernel to build (``arch``: a CUDA kernel's archs,
+    ``"8.0;9.0a"``, those of the arch list its kernels run on)."""
 
     entry: KernelEntry
     variant: tuple[Any, ...]
-    arch: str | None = None  # the CUDA arch it is built for, when one is chosen per job
+    arch: str | None = None
 
     def describe(self) -> str:
         where = f"{self.entry.device}, {self.arch}" if self.arch else self.entry.device
@@ -70,16 +77,56 @@ class JobResult:
         return self.status is not BuildOutcome.FAILED
 
 
+@dataclass(frozen=True)
+class ArchSkip:
+    """The ``variants`` of kernel module ``entry`` not built for ``arch``, which its
+    kernels do not run on (its declared ``archs``); ``instead``: the modules of the same
+    op that do run there."""
+
+    entry: KernelEntry
+    arch: CudaArch
+    variants: int
+    instead: tuple[str, ...]
+
+    def note(self) -> str:
+        """``skipped gemm (12 variants) for 8.0: it runs on sm_90a only (it uses wgmma
+        and TMA); op gemm has gemm_sm80 for 8.0``."""
+        op = self.entry.op or self.entry.name
+        plural = "s" if self.variants != 1 else ""
+        there = (
+            f"op {op} has {', '.join(self.instead)} for {self.arch}"
+            if self.instead
+            else f"op {op} has no kernel for {self.arch}"
+        )
+        return (
+            f"skipped {self.entry.name} ({self.variants} variant{plural}) for {self.arch}: "
+            f"it runs on {self.entry.archs.explain()}; {there}"
+        )
+
+
 @dataclass
 class PrecompileReport:
-    """Every job's result, and notes on what was skipped (e.g. CUDA without a toolkit)."""
+    """Every job's result; notes on what was not attempted (``skipped``: e.g. CUDA
+    without a toolkit); the kernels not built for an arch they do not run on
+    (``arch_skips``, one per module and arch); with ``dry_run``, the jobs ``planned``."""
 
     results: list[JobResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    arch_skips: list[ArchSkip] = field(default_factory=list)
+    planned: list[Job] = field(default_factory=list)
 
     @property
     def failures(self) -> list[JobResult]:
         return [r for r in self.results if not r.ok]
+
+    @property
+    def skipped_builds(self) -> int:
+        """Variants not built for an arch, summed over modules and archs."""
+        return sum(skip.variants for skip in self.arch_skips)
+
+    def notes(self) -> list[str]:
+        """``skipped``, then one line per :class:`ArchSkip`."""
+        return [*self.skipped, *(skip.note() for skip in self.arch_skips)]
 
     def count(self, status: BuildOutcome) -> int:
         return sum(r.status == status for r in self.results)
@@ -97,14 +144,22 @@ def can_load(device: str) -> bool:
         return False
 
 
+def check_cuda() -> None:
+    """ToolchainError / CudaArchError where CUDA kernels cannot be built here: no
+    toolkit, no arch, or an arch the toolkit's nvcc does not compile for (``sm_70`` for
+    CUDA 13), refused here rather than by every build."""
+    toolchain.find_cuda()
+    for arch in resolve_cuda_archs():
+        check_known(arch)
+
+
 def cuda_unavailable_reason() -> str | None:
-    """Why CUDA kernels cannot be built here (no toolkit, no arch), or None if they can.
+    """Why CUDA kernels cannot be built here (:func:`check_cuda`), or None if they can.
 
     Call inside :func:`cuda_arch_override` to account for an explicit arch.
     """
     try:
-        toolchain.find_cuda()
-        resolve_cuda_archs()
+        check_cuda()
     except (ToolchainError, CudaArchError) as exc:
         return str(exc)
     return None
@@ -113,25 +168,31 @@ def cuda_unavailable_reason() -> str | None:
 def _within_arch_support(
     jobs: list[Job], archs: tuple[CudaArch, ...], report: PrecompileReport
 ) -> list[Job]:
-    """``jobs`` without the CUDA kernels that run on none of ``archs`` (each noted once
-    in ``report.skipped``); a kernel that runs on some of them is built for those, and
-    the note names the archs it leaves out."""
-    kept = []
+    """``jobs``, each CUDA one for the archs of ``archs`` its kernels run on (its
+    ``arch``), without those that run on none; the variants left out are counted in
+    ``report.arch_skips``, once per module and arch, with the op's modules that run
+    there (the declarations are the one table: :func:`~.cuda_arch.op_archs`)."""
+    kept: list[Job] = []
+    left_out: dict[tuple[str, CudaArch], int] = {}
+    entries: dict[str, KernelEntry] = {}
     for job in jobs:
+        if job.entry.device != "cuda":
+            kept.append(job)
+            continue
         support = job.entry.archs
-        left_out = [arch for arch in archs if not support.supports(arch)]
-        if job.entry.device == "cuda" and left_out:
-            names = ", ".join(f"sm_{arch.number}" for arch in left_out)
-            skipped = len(left_out) == len(archs)
-            note = (
-                f"{job.entry.name}: {'skipped' if skipped else 'not built'} for {names}: it "
-                f"runs on {support.describe()}"
-            )
-            if note not in report.skipped:
-                report.skipped.append(note)
-            if skipped:
-                continue
-        kept.append(job)
+        built = tuple(arch for arch in archs if support.supports(arch))
+        for arch in archs:
+            if arch not in built:
+                key = (job.entry.name, arch)
+                left_out[key] = left_out.get(key, 0) + 1
+                entries[job.entry.name] = job.entry
+        if built:
+            kept.append(Job(job.entry, job.variant, ";".join(map(str, built))))
+    ops = {op.op: op for op in op_archs(registry.kernels("cuda"))}
+    for (name, arch), count in sorted(left_out.items()):
+        entry = entries[name]
+        instead = ops[entry.op or name].modules_for(arch)
+        report.arch_skips.append(ArchSkip(entry, arch, count, instead))
     return kept
 
 
@@ -195,14 +256,19 @@ def precompile(
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[JobResult], None] | None = None,
     output: Path | None = None,
+    dry_run: bool = False,
 ) -> PrecompileReport:
     """Builds every selected kernel variant into the cache, ``jobs`` at a time.
 
-    ``arch`` (e.g. ``"9.0a"``) targets CUDA builds at that arch, GPU or not.
-    With ``device="all"``, CUDA kernels are skipped (with a note in the report)
-    where no toolkit or arch is available; with ``device="cuda"`` that raises
-    ToolchainError / CudaArchError. ``on_start(total)`` and ``on_result(result)``
-    are called from the calling thread, for progress display.
+    ``arch`` (e.g. ``"9.0a"``, ``"8.0,9.0a"``) targets CUDA builds at those archs, GPU
+    or not; each CUDA kernel is built for the archs of those its module declares it
+    runs on (``Job.arch``), and a module is not built for the others:
+    ``report.arch_skips`` says which, once per module and arch, and what the op runs
+    there instead. With ``device="all"``, CUDA kernels are skipped (with a note in the
+    report) where no toolkit or usable arch is available; with ``device="cuda"`` that
+    raises ToolchainError / CudaArchError. ``on_start(total)`` and ``on_result(result)``
+    are called from the calling thread, for progress display. ``dry_run``: build
+    nothing; the jobs are in ``report.planned``.
 
     ``output``: also write every build into that directory as a self-contained
     prebuilt cache (:mod:`.prebuilt`). There each arch of a comma-separated ``arch``
@@ -221,26 +287,20 @@ def precompile(
                 reason = cuda_unavailable_reason()
                 if reason is not None:
                     if device == "cuda":
-                        toolchain.find_cuda()  # re-raise the specific error
-                        resolve_cuda_archs()
+                        check_cuda()  # re-raise the specific error
                     note = f"CUDA kernels skipped: {reason}"
                     if note not in report.skipped:  # once, not once per arch
                         report.skipped.append(note)
                     chosen = [job for job in chosen if job.entry.device != "cuda"]
                 else:
                     chosen = _within_arch_support(chosen, resolve_cuda_archs(), report)
-            per_arch = len(targets) > 1
             # Each task runs in its own copy of this context, so the arch override
             # (a context variable) reaches the worker threads.
-            queued += [
-                (
-                    contextvars.copy_context(),
-                    Job(job.entry, job.variant, target)
-                    if per_arch and job.entry.device == "cuda"
-                    else job,
-                )
-                for job in chosen
-            ]
+            queued += [(contextvars.copy_context(), job) for job in chosen]
+    report.arch_skips.sort(key=lambda skip: (skip.entry.name, skip.arch))
+    if dry_run:
+        report.planned = [job for _, job in queued]
+        return report
     if on_start is not None:
         on_start(len(queued))
     workers = max(1, min(jobs or os.cpu_count() or 1, len(queued) or 1))
