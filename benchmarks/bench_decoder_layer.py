@@ -16,18 +16,26 @@ Rows:
   group 128) for the four projections; ``ours W8A8``: ``per_token_quant_int8`` +
   ``int8_scaled_mm``.
 
-Each row is timed eagerly (a Python call per op, as a user without graphs runs it) and
-replayed as one captured CUDA graph; the rows are sampled in rotating turns
-(:func:`bench_cuda.time_interleaved`). Tokens/s counts the batch's tokens per layer call.
+Before timing, each of ours is checked against the torch bf16 layer on the same input
+and cache (its weights dequantised for the quantised rows); a row whose results differ
+is marked RESULTS DIFFER. Each row is timed eagerly (a Python call per op, as a user
+without graphs runs it) and replayed as one captured CUDA graph; the rows are sampled in
+rotating turns (:func:`bench_cuda.time_interleaved`). Tokens/s counts the batch's tokens
+per layer call; '% copy' is the layer's weight bytes (its four projections, as stored:
+bf16, or 4-bit words and scales, or int8 and scales) over the graph's time, as a
+fraction of a device-to-device copy's bandwidth measured in the same run
+(:func:`bench_cuda.copy_bandwidth`, read + written bytes).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from typing import NamedTuple
 
 import gemm_harness as harness
 import torch
-from bench_cuda import time_interleaved
+from bench_cuda import copy_bandwidth, time_interleaved
 
 from mllm_kernel.cuda import jit
 
@@ -35,6 +43,14 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 4096, 32, 8, 128, 14336
 GROUP = 128
 BF16 = torch.bfloat16
 EPS = 1e-5
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+# The most |ours - reference| / |reference| of the layer's update (output - input) that
+# counts as the same result. bf16 and W4A16 compute what their reference computes (the
+# bf16 weights, or the dequantised ones in bf16) in another order with other bf16
+# roundings: about 0.5%. W8A8 also rounds each projection's input to int8 per token
+# (about 1% per projection, four in a row), which its reference does not. A wrong
+# layout, scale or kernel is off by tens of percent or more (NaN counts as differing).
+SAME_RESULT = {"ours bf16": 2e-2, "ours W4A16": 2e-2, "ours W8A8": 5e-2}
 
 
 class Weights:
@@ -103,45 +119,79 @@ def torch_layer(weights: Weights) -> Callable[[], torch.Tensor]:
     return layer
 
 
-def bf16_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda a: jit.gemm(a, weight)
+class Linear(NamedTuple):
+    """One projection of ours: the call, the bf16 weight [N, K] it multiplies by (the
+    dequantised one for quantised weights: the reference's), and the bytes it stores."""
+
+    call: Callable[[torch.Tensor], torch.Tensor]
+    weight: torch.Tensor
+    nbytes: int
 
 
-def w4a16_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Random 4-bit words in the Marlin layout (any int32 words are a valid packed
-    weight) and group-128 scales, the size of ``weight``."""
+def bf16_linear(weight: torch.Tensor) -> Linear:
+    return Linear(lambda a: jit.gemm(a, weight), weight, weight.nbytes)
+
+
+def w4a16_linear(weight: torch.Tensor) -> Linear:
+    """``weight`` quantised to uint4b8 (value q - 8, q in 0..15) with one bf16 scale per
+    group of 128 along K, packed as GPTQ and repacked into the Marlin layout."""
     n, k = weight.shape
-    q = torch.randint(-(2**31), 2**31 - 1, (k // 16, n * 2), dtype=torch.int32, device="cuda")
-    s = (torch.rand(k // GROUP, n, device="cuda") * 0.01 / 8).to(BF16)
+    groups = weight.float().view(n, k // GROUP, GROUP)
+    scales = (groups.abs().amax(-1, keepdim=True) / 8).clamp_min(1e-8).to(BF16)
+    q = (groups / scales.float()).round().clamp(-8, 7) + 8  # [N, K / GROUP, GROUP]
+    dequantised = ((q - 8) * scales.float()).to(BF16).view(n, k)
+    # GPTQ packing: value k of column n at bits 4 (k % 8) of word [k // 8, n].
+    values = q.view(n, k // 8, 8).to(torch.int64).permute(1, 2, 0)  # [K / 8, 8, N]
+    shifts = torch.arange(0, 32, 4, device="cuda", dtype=torch.int64).view(1, 8, 1)
+    words = (values << shifts).sum(1)
+    packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    marlin_q = jit.gptq_marlin_repack(packed, None, k, n, 4)
+    marlin_s = jit.marlin_permute_scales(scales.view(n, k // GROUP).t(), k, n, GROUP)
     workspace = jit.marlin_make_workspace("cuda")
     uint4b8 = jit.scalar_types.uint4b8.id
-    return lambda a: jit.gptq_marlin_gemm(
-        a, None, q, s, None, None, None, None, workspace, uint4b8, a.shape[0], n, k
-    )
+
+    def linear(a: torch.Tensor) -> torch.Tensor:
+        return jit.gptq_marlin_gemm(
+            a, None, marlin_q, marlin_s, None, None, None, None, workspace, uint4b8,
+            a.shape[0], n, k,
+        )  # fmt: skip
+
+    return Linear(linear, dequantised, marlin_q.nbytes + marlin_s.nbytes)
 
 
-def w8a8_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Random int8 weights with per-channel scales, the size of ``weight``; activations
-    quantised per token by ``per_token_quant_int8``."""
-    n, k = weight.shape
+def w8a8_linear(weight: torch.Tensor) -> Linear:
+    """``weight`` quantised to int8 with one float32 scale per output channel;
+    activations quantised per token by ``per_token_quant_int8``."""
+    scales_b = weight.float().abs().amax(1).clamp_min(1e-8) / 127
+    q = (weight.float() / scales_b[:, None]).round().clamp(-127, 127)
+    dequantised = (q * scales_b[:, None]).to(BF16)
     # [K, N] column-major, the view int8_scaled_mm takes, made once as a model would.
-    b_t = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda").t()
-    scales_b = torch.rand(n, device="cuda") * 0.01 / 127
+    b_t = q.to(torch.int8).t()
 
     def linear(a: torch.Tensor) -> torch.Tensor:
         a_q, scales_a = jit.per_token_quant_int8(a)
         return jit.int8_scaled_mm(a_q, b_t, scales_a, scales_b, BF16)
 
-    return linear
+    return Linear(linear, dequantised, b_t.nbytes + scales_b.nbytes)
 
 
-def our_layer(
-    weights: Weights, linear: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
-) -> Callable[[], torch.Tensor]:
-    """The layer in our ops, its four projections made by ``linear``."""
-    qkv, o, gate_up, down = (
-        linear(w) for w in (weights.qkv, weights.o, weights.gate_up, weights.down)
-    )
+class Layer(NamedTuple):
+    """A layer to time: the call, the parameters its reference (the torch bf16 layer)
+    takes, and the bytes of its projections' weights."""
+
+    call: Callable[[], torch.Tensor]
+    reference: Weights
+    weight_bytes: int
+
+
+def torch_weight_bytes(weights: Weights) -> int:
+    return sum(getattr(weights, name).nbytes for name in PROJECTIONS)
+
+
+def our_layer(weights: Weights, make: Callable[[torch.Tensor], Linear]) -> Layer:
+    """The layer in our ops, its four projections made by ``make``."""
+    linears = {name: make(getattr(weights, name)) for name in PROJECTIONS}
+    qkv, o, gate_up, down = (linears[name].call for name in PROJECTIONS)
     b = weights.batch
     residual = torch.empty_like(weights.x)
 
@@ -158,7 +208,21 @@ def our_layer(
         h = down(jit.silu_and_mul(gate_up(h)))
         return residual.add_(h)
 
-    return layer
+    # The same layer in torch: the same input, norms and cache, our weights in bf16.
+    reference = copy.copy(weights)
+    for name, linear in linears.items():
+        setattr(reference, name, linear.weight)
+    return Layer(layer, reference, sum(linear.nbytes for linear in linears.values()))
+
+
+def update_error(layer: Layer, x: torch.Tensor) -> float:
+    """``|ours - torch|`` over ``|torch|`` of the layer's update (output less input ``x``),
+    float64 norms, torch's layer run on ``layer.reference``; NaN or inf for garbage.
+    Each writes the new token's K/V rows before it reads the cache, so neither sees the
+    other's."""
+    ours = layer.call().double() - x.double()
+    want = torch_layer(layer.reference)().double() - x.double()
+    return float((ours - want).norm() / want.norm())
 
 
 def graphed(layer: Callable[[], torch.Tensor]) -> Callable[[], None]:
@@ -176,21 +240,30 @@ def graphed(layer: Callable[[], torch.Tensor]) -> Callable[[], None]:
 
 
 def measure(batch: int, context: int, rows: list[str]) -> dict[str, dict[str, float]]:
+    """Per row: eager and graph seconds per layer call, its weight bytes, and for ours
+    the relative error of its update against the torch bf16 layer (``error``)."""
     weights = Weights(batch, context)
-    makers: dict[str, Callable[[], Callable[[], torch.Tensor]]] = {
-        "torch bf16": lambda: torch_layer(weights),
-        "torch.compile": lambda: torch.compile(torch_layer(weights)),
+    torch_bytes = torch_weight_bytes(weights)
+    makers: dict[str, Callable[[], Layer]] = {
+        "torch bf16": lambda: Layer(torch_layer(weights), weights, torch_bytes),
+        "torch.compile": lambda: Layer(torch.compile(torch_layer(weights)), weights, torch_bytes),
         "ours bf16": lambda: our_layer(weights, bf16_linear),
         "ours W4A16": lambda: our_layer(weights, w4a16_linear),
         "ours W8A8": lambda: our_layer(weights, w8a8_linear),
     }
     contenders = {}
+    found: dict[str, dict[str, float]] = {}
     for name in rows:
         layer = makers[name]()
-        contenders[f"{name} eager"] = [layer]
-        contenders[f"{name} graph"] = [graphed(layer)]
+        found[name] = {"bytes": layer.weight_bytes}
+        if name in SAME_RESULT:  # before any timing, on the layer's first call
+            found[name]["error"] = update_error(layer, weights.x)
+        contenders[f"{name} eager"] = [layer.call]
+        contenders[f"{name} graph"] = [graphed(layer.call)]
     times = time_interleaved(contenders, inner=20, outer=15)
-    return {name: {mode: times[f"{name} {mode}"] for mode in ("eager", "graph")} for name in rows}
+    for name in rows:
+        found[name] |= {mode: times[f"{name} {mode}"] for mode in ("eager", "graph")}
+    return found
 
 
 def main() -> None:
@@ -200,22 +273,39 @@ def main() -> None:
     args = parser.parse_args()
     batches = [1] if args.quick else [int(b) for b in args.batch.split(",")]
     rows = ["torch bf16", "torch.compile", "ours bf16", "ours W4A16", "ours W8A8"]
+    copy_gbs = copy_bandwidth()
     lines = [
         harness.heading(
             f"Llama-3-8B decoder layer at decode, context {args.context} (us per layer call)"
         ),
+        "",
+        f"Device copy: {copy_gbs:.0f} GB/s (read + written). % copy: the projections' "
+        "weight bytes over the graph's time, as a fraction of it. Error: |ours - torch| / "
+        "|torch| of the layer's update (output - input), torch run on our weights "
+        "(dequantised for W4A16 and W8A8); RESULTS DIFFER above "
+        + ", ".join(f"{bound:g} ({name})" for name, bound in SAME_RESULT.items())
+        + ".",
+        "",
         "| batch | row | eager | graph | eager / graph | tokens/s (graph) | "
-        "graph vs torch bf16 graph |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "graph vs torch bf16 graph | weight MB | % copy (graph) | error vs torch |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for batch in batches:
-        times = measure(batch, args.context, rows)
-        base = times["torch bf16"]["graph"]
+        found = measure(batch, args.context, rows)
+        base = found["torch bf16"]["graph"]
         for name in rows:
-            eager, graph = times[name]["eager"], times[name]["graph"]
+            row = found[name]
+            eager, graph = row["eager"], row["graph"]
+            label, error = name, "-"
+            if "error" in row:
+                error = f"{row['error']:.1e}"
+                if not row["error"] <= SAME_RESULT[name]:
+                    label += " RESULTS DIFFER"
             lines.append(
-                f"| {batch} | {name} | {eager * 1e6:.1f} | {graph * 1e6:.1f} | "
-                f"{eager / graph:.2f}x | {batch / graph:,.0f} | {base / graph:.2f}x |"
+                f"| {batch} | {label} | {eager * 1e6:.1f} | {graph * 1e6:.1f} | "
+                f"{eager / graph:.2f}x | {batch / graph:,.0f} | {base / graph:.2f}x | "
+                f"{row['bytes'] / 1e6:.0f} | {100 * row['bytes'] / graph / 1e9 / copy_gbs:.0f}% | "
+                f"{error} |"
             )
     harness.publish("\n".join(lines), args.out)
 

@@ -67,7 +67,7 @@ def _poison_allocator(m, n, dtype):
 @pytest.mark.parametrize("bad", [torch.float32, torch.int8, "bfloat16", None])
 def test_out_dtype_must_be_bf16_or_fp16(bad):
     a, b = _int8(4, 16, device="cpu"), _int8(8, 16, device="cpu").t()
-    with pytest.raises(ValueError, match=r"^argument 'out_dtype': expected torch.bfloat16 or"):
+    with pytest.raises(TypeError, match=r"^argument 'out_dtype': expected torch.bfloat16 or"):
         int8_scaled_mm(a, b, _scales(4, "cpu"), _scales(8, "cpu"), bad)
 
 
@@ -88,7 +88,7 @@ def test_original_module_path_and_signature():
 
 
 def test_per_token_quant_scale_dtype_must_be_fp32():
-    with pytest.raises(ValueError, match=r"^argument 'scale_dtype': expected torch.float32"):
+    with pytest.raises(TypeError, match=r"^argument 'scale_dtype': expected torch.float32"):
         per_token_quant_int8(torch.randn(2, 8), scale_dtype=torch.float16)
 
 

@@ -528,6 +528,14 @@ def _made(value):
         ({"a": _cuda(M, K, 1, dtype=torch.float16)}, ValueError, "argument 'a'.*expected 2 dims"),
         ({"size_m": 4}, ValueError, r"argument 'size_m': expected 3 \(a.shape\[0\]\), got 4"),
         ({"size_k": 128}, ValueError, r"argument 'size_k': expected 256 \(a.shape\[1\]\)"),
+        ({"size_m": -1}, ValueError, r"argument 'size_m': expected 3 \(a.shape\[0\]\), got -1"),
+        (
+            {"a": _cuda(M, 200, dtype=torch.float16), "size_k": 200},
+            ValueError,
+            "argument 'size_k': expected a positive multiple of 16",
+        ),
+        ({"size_n": 96}, ValueError, "argument 'size_n': expected a positive multiple of 64"),
+        ({"size_n": 0}, ValueError, "argument 'size_n': expected a positive multiple of 64"),
         (
             {"b_q_weight": _cuda(K // 16, N, dtype=torch.int32)},
             ValueError,

@@ -278,9 +278,6 @@ def test_gemm_refuses_on_any_device(override, error, match):
     ("override", "error", "match"),
     [
         ({"a": torch.zeros(M, K, dtype=torch.float32)}, TypeError, "argument 'a'.*float32"),
-        ({"size_n": 96}, ValueError, "argument 'size_n': expected a positive multiple of 64"),
-        ({"size_k": 200}, ValueError, "argument 'size_k': expected a positive multiple of 16"),
-        ({"size_m": -1}, ValueError, "argument 'size_m'"),
         ({"b_q_type_id": 12345}, ValueError, "argument 'b_q_type_id'.*uint4b8"),
         (
             {"b_zeros": torch.zeros(2, N // 8, dtype=torch.int32)},
@@ -310,14 +307,45 @@ def test_gemm_refuses_on_any_device(override, error, match):
     ],
 )
 def test_gemm_refuses_what_no_kernel_is_built_for(override, error, match):
-    """The rules that pick a build (dtype, zero mode, act-order) and plan the call
-    (sizes that tile), run before the GPU is asked for anything: the kernel function
-    itself, on CPU tensors. (The public op names the CPU tensor instead.)"""
+    """The rules that pick a build (dtype, zero mode, act-order), run before the GPU is
+    asked for anything: the kernel function itself, on CPU tensors. (The public op names
+    the CPU tensor instead.)"""
     kernel = gptq_marlin_module.gptq_marlin_gemm.__wrapped__
     args = dict(is_k_full=True, use_atomic_add=False, use_fp32_reduce=False, is_zp_float=False)
     args.update(_gemm_args(**override))
     with pytest.raises(error, match=match):
         kernel(**args)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "shape"),
+    [
+        (-1, N, K, (0, N, K)),
+        (M, 96, 200, (M, 96, 200)),
+        (M, 0, 8, (M, 0, 8)),
+        (0, -64, -16, (0, 0, 0)),
+    ],
+)
+def test_sizes_are_the_kernels_to_check(monkeypatch, m, n, k, shape):
+    """Python states no size rule (marlin_layout.cuh's check_tile_sizes and
+    check_operands do: tests/test_cuda_marlin.py): any sizes get a plan, on a GPU of
+    either kind, and buffers that torch can allocate, so that the kernel's error is the
+    one raised."""
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})
+    for module in ("_STREAM", "_FUSED", "_DEQUANTIZE"):
+        monkeypatch.setattr(gptq_marlin_module, module, _AnyBuild())
+    for hopper in (False, True):
+        monkeypatch.setattr(gptq_marlin_module, "_devices", {0: (132, hopper, hopper)})
+        key = (m, n, k, 0, torch.float16, scalar_types.uint4b8.id, False, False, False)
+        call = gptq_marlin_module._planned(key, torch.zeros(1))
+        assert call.shape == shape and call.plan.split >= 1
+
+
+class _AnyBuild:
+    """Stands in for a KernelModule: every variant is a module named by its key."""
+
+    def __getitem__(self, key):
+        return key
 
 
 def test_repacks_refuse_on_any_device():

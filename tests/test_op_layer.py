@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 from typing import Any
 
 import numpy as np
@@ -255,3 +256,98 @@ def test_like_finds_its_argument_in_the_schemas_order():
     got = torch.ops.mllm_kernel.after_out_op(x)  # torch passes (x,): no out in the schema
     assert (got.shape, got.device.type) == ((2, 5), "meta")
     assert torch.equal(after_out_op_cpu(None, torch.zeros(3)), torch.ones(3))
+
+
+def cast_op(
+    x: torch.Tensor, dtype: torch.dtype, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``x`` in ``dtype`` (float32 or float64), then in ``out_dtype`` (float16) if given."""
+
+
+CAST = Op(
+    cast_op,
+    fake=like("x"),
+    dtypes={"dtype": (torch.float32, torch.float64), "out_dtype": (torch.float16,)},
+)
+
+
+@CAST.kernel("cpu")
+def cast_op_cpu(x, dtype, out_dtype):
+    y = x.to(dtype)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def test_a_dtype_the_op_does_not_take_is_a_type_error():
+    x = torch.arange(3.0)
+    assert cast_op_cpu(x, torch.float64).dtype == torch.float64
+    assert cast_op_cpu(x, torch.float32, torch.float16).dtype == torch.float16
+    for bad, got in [
+        (torch.int8, "torch.int8"),
+        ("float64", "str"),
+        (np.dtype("float64"), r"\w+"),  # numpy's class name varies by version
+        (torch.float64.__class__, "type"),
+        (None, "None"),
+    ]:
+        with pytest.raises(
+            TypeError,
+            match=rf"^argument 'dtype': expected torch.float32 or torch.float64 but got {got}$",
+        ):
+            cast_op_cpu(x, bad)
+    with pytest.raises(TypeError, match=r"^argument 'out_dtype': expected torch.float16 but got"):
+        cast_op_cpu(x, torch.float32, torch.float32)
+    # Under torch.compile the torch op takes the dtype and the eager function refuses it.
+    compiled = torch.compile(lambda x: cast_op_cpu(x, torch.int32), fullgraph=True)
+    with pytest.raises(TypeError, match=r"argument 'dtype'"):
+        compiled(x)
+
+
+def test_dtypes_name_dtype_arguments_without_a_converter():
+    with pytest.raises(ValueError, match=r"no parameter named \['dt'\]"):
+        Op(cast_op, dtypes={"dt": (torch.float32,)})
+    with pytest.raises(TypeError, match=r"dtypes names 'x', which is not a torch.dtype"):
+        Op(cast_op, dtypes={"x": (torch.float32,)})
+    with pytest.raises(TypeError, match=r"dtypes names 'dtype', which is not a torch.dtype"):
+        Op(cast_op, convert={"dtype": lambda v: v}, dtypes={"dtype": (torch.float32,)})
+
+
+def _dtype_arguments() -> list:
+    """(op, argument) for every torch.dtype argument of the package's declared ops."""
+    import importlib
+    import pkgutil
+
+    import mllm_kernel.ops
+
+    ops = []
+    for info in pkgutil.iter_modules(mllm_kernel.ops.__path__):
+        module = importlib.import_module(f"mllm_kernel.ops.{info.name}")
+        ops += [v for v in vars(module).values() if isinstance(v, Op) and v not in ops]
+    found = []
+    for op in ops:
+        for name, param in op.signature.parameters.items():
+            optional = typing.get_args(param.annotation)
+            if param.annotation is torch.dtype or torch.dtype in optional:
+                found.append(pytest.param(op, name, id=f"{op.name}.{name}"))
+    return found
+
+
+def _convert(op: Op, name: str, value: object) -> object:
+    """``value`` converted as ``op``'s eager functions convert argument ``name``: by its
+    ``convert`` function, or by op_inputs.dtype (with the op's ``dtypes`` for it)."""
+    from mllm_kernel.jit_utils import op_inputs
+
+    if name in op.convert:
+        return op.convert[name](value)
+    return op_inputs.dtype(value, name, op.dtypes.get(name))
+
+
+@pytest.mark.parametrize(("op", "name"), _dtype_arguments())
+def test_every_ops_dtype_arguments_refuse_with_a_type_error(op, name):
+    """A dtype argument of any op given what is not a dtype, or a dtype its op refuses
+    there (a complex one: no kernel takes it), raises TypeError naming the argument."""
+    for bad in (object(), "no_such_dtype"):
+        with pytest.raises(TypeError, match=rf"argument '{name}'"):
+            _convert(op, name, bad)
+    try:
+        assert _convert(op, name, torch.complex128) is torch.complex128  # the kernel's to refuse
+    except TypeError as error:
+        assert f"argument '{name}'" in str(error)

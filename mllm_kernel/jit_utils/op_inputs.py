@@ -14,7 +14,8 @@ fails first with a message about torch's internals, is checked here:
   values, so an input is resolved (``resolve_neg()``) and an output refused;
   conjugate views are complex, which no kernel accepts (the dtype check says so);
 * a scalar that is not a number (TypeError; ``bool`` is not a number here) or beyond a
-  float's range (OverflowError);
+  float's range (OverflowError), a dtype argument that is not a dtype or not one the op
+  takes (TypeError);
 * a ``dim`` out of range (IndexError, as torch raises it, naming the argument);
 * and, once a call failed: a meta, sparse, quantized or nested tensor, or one on
   the wrong kind of device, explained by :func:`explain` (ValueError naming the
@@ -169,15 +170,21 @@ def boolean(value: Any, arg: str) -> bool:
     raise TypeError(f"argument '{arg}': expected a bool but got {_type_name(value)}")
 
 
-def dtype(value: Any, arg: str) -> torch.dtype:
-    """``value`` as a torch dtype: TypeError for anything else (a string, a numpy dtype).
+def dtype(value: Any, arg: str, allowed: tuple[torch.dtype, ...] | None = None) -> torch.dtype:
+    """``value`` as a torch dtype, one of ``allowed`` when given: TypeError for anything
+    else (a string, a numpy dtype, a dtype outside ``allowed``). A wrong dtype is a
+    TypeError wherever it is found, as the kernels' dtype checks raise it (tensor.hpp).
 
-    >>> dtype(torch.float32, "scale_dtype")
+    >>> dtype(torch.float32, "scale_dtype", allowed=(torch.float32,))
     torch.float32
     """
-    if isinstance(value, torch.dtype):
+    if isinstance(value, torch.dtype) and (allowed is None or value in allowed):
         return value
-    raise TypeError(f"argument '{arg}': expected a torch.dtype but got {_type_name(value)}")
+    if allowed is None:
+        raise TypeError(f"argument '{arg}': expected a torch.dtype but got {_type_name(value)}")
+    got = value if isinstance(value, torch.dtype) else _type_name(value)
+    expected = " or ".join(str(d) for d in allowed)
+    raise TypeError(f"argument '{arg}': expected {expected} but got {got}")
 
 
 def dim(value: Any, ndim: int, arg: str = "dim") -> int:

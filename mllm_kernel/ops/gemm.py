@@ -24,7 +24,8 @@ DTYPE_NAMES = {
 def named_dtype(value: Any, arg: str) -> torch.dtype:
     """``value`` as a torch dtype: a dtype, or anything whose ``str`` is one of
     :data:`DTYPE_NAMES` in any case (``"BF16"``, ``numpy.dtype("float16")``);
-    ValueError naming ``arg`` for anything else.
+    TypeError naming ``arg`` for anything else (a wrong dtype is a TypeError throughout
+    the package).
 
     >>> named_dtype("BF16", "dtype")
     torch.bfloat16
@@ -33,7 +34,7 @@ def named_dtype(value: Any, arg: str) -> torch.dtype:
         return value
     dtype = DTYPE_NAMES.get(str(value).lower())
     if dtype is None:
-        raise ValueError(
+        raise TypeError(
             f"argument '{arg}': unknown dtype {value!r}; use one of {list(DTYPE_NAMES)}"
         )
     return dtype
@@ -99,15 +100,6 @@ def int8_scaled_mm(
     """
 
 
-def _int8_out_dtype(value: Any) -> torch.dtype:
-    # Refused here, on any device: the kernel sees only the output it allocates.
-    if value is torch.bfloat16 or value is torch.float16:
-        return value
-    raise ValueError(
-        f"argument 'out_dtype': expected torch.bfloat16 or torch.float16 but got {value!r}"
-    )
-
-
 def _int8_scaled_mm_fake(
     mat_a: torch.Tensor,
     mat_b: torch.Tensor,
@@ -133,16 +125,6 @@ def per_token_quant_int8(
     """
 
 
-def _float32_scales(value: Any) -> torch.dtype:
-    # Refused here, on any device: the kernel sees only the scales it allocates.
-    if value is torch.float32:
-        return value
-    raise ValueError(
-        "argument 'scale_dtype': expected torch.float32 (the scales int8_scaled_mm reads) "
-        f"but got {value!r}"
-    )
-
-
 def _per_token_quant_int8_fake(
     x: torch.Tensor, scale_dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,11 +136,15 @@ def _per_token_quant_int8_fake(
 
 
 GEMM = Op(gemm, out="out", fake=_gemm_fake, convert={"out_dtype": _gemm_out_dtype})
+# The output dtypes are refused here, on any device: the kernels see only the
+# tensors these ops allocate.
 INT8_SCALED_MM = Op(
-    int8_scaled_mm, fake=_int8_scaled_mm_fake, convert={"out_dtype": _int8_out_dtype}
+    int8_scaled_mm,
+    fake=_int8_scaled_mm_fake,
+    dtypes={"out_dtype": (torch.bfloat16, torch.float16)},
 )
 PER_TOKEN_QUANT_INT8 = Op(
     per_token_quant_int8,
     fake=_per_token_quant_int8_fake,
-    convert={"scale_dtype": _float32_scales},
+    dtypes={"scale_dtype": (torch.float32,)},  # the scales int8_scaled_mm reads
 )

@@ -33,7 +33,11 @@ would. In order, it
    any DLPack tensor, a written one or the ``out`` buffer is checked as an output, a
    ``float`` any real number, an ``int`` any integer), or by the op's ``convert``
    function for that argument; a ``bool`` is a bool (numpy's too), a ``torch.dtype`` a
-   dtype, ``X | None`` also None; an exact ``torch.Tensor`` / ``float`` / ``int`` takes
+   dtype (one of those the op's ``dtypes`` names for it, if any), ``X | None`` also
+   None. A value of the wrong type and a dtype the op does not take raise TypeError, a
+   value the type allows but the op does not ValueError, as the kernels' own checks do
+   (``tensor.hpp``: TypeError for a dtype, ValueError for the rest; a ``convert``
+   function follows the same rule). An exact ``torch.Tensor`` / ``float`` / ``int`` takes
    the fast path of one ``type()`` test (an ``int`` or ``float`` argument's converter
    too: it runs for other types only, so a value it would refuse must also be refused
    by the kernel module's variant check, as ``add_constant``'s is);
@@ -111,6 +115,7 @@ class Op:
         convert: dict[str, Callable[[Any], Any]] | None = None,
         symbolic: tuple[str, ...] = (),
         check: Callable[..., None] | None = None,
+        dtypes: dict[str, tuple[torch.dtype, ...]] | None = None,
     ) -> None:
         self.name = signature.__name__
         self.signature = inspect.signature(signature, eval_str=True)
@@ -121,12 +126,23 @@ class Op:
         self.convert = dict(convert or {})
         self.symbolic = symbolic
         self.check = check
+        self.dtypes = dict(dtypes or {})
         unknown = set(self.convert) | set(writes) | set(symbolic) | ({out} if out else set())
         if check is not None:
             unknown |= set(inspect.signature(check).parameters)
+        unknown |= set(self.dtypes)
         unknown -= set(self.signature.parameters)
         if unknown:
             raise ValueError(f"op {self.name}: no parameter named {sorted(unknown)}")
+        for name in self.dtypes:
+            annotation = self.signature.parameters[name].annotation
+            if name in self.convert or not (
+                annotation is torch.dtype or _is_optional(annotation, torch.dtype)
+            ):
+                raise TypeError(
+                    f"op {self.name}: dtypes names {name!r}, which is not a torch.dtype "
+                    "argument without a converter"
+                )
         if isinstance(fake, like):
             schema_order = [p for name, p in self.signature.parameters.items() if name != out]
             fake = fake.bound(self.signature.replace(parameters=schema_order))
@@ -208,6 +224,13 @@ _SCALARS = {
 def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]]:
     """The generated line converting argument ``name``, and the names it uses."""
     written = name in op.writes or name == op.out
+    allowed = op.dtypes.get(name)
+    if allowed is not None:  # a dtype of the declared ones: one type() test, one lookup
+        test = f"type({name}) is not _dtype_type or {name} not in _allowed_{name}"
+        if annotation is not torch.dtype:
+            test = f"{name} is not None and ({test})"
+        line = f"if {test}: {name} = _dtype({name}, {name!r}, _allowed_{name})"
+        return line, {f"_allowed_{name}": allowed}
     custom = op.convert.get(name)
     if custom is not None:
         exact = "int" if annotation is int else "float" if annotation is float else None

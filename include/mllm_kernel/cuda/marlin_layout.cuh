@@ -87,6 +87,18 @@ inline void check_packed_shape(const TensorView& t, const char* arg, int64_t row
       loc);
 }
 
+/// ValueError unless size_k and size_n cut into whole tiles of the format (16 k x 64 n).
+inline void check_tile_sizes(int64_t size_k, int64_t size_n) {
+  ValueCheck(size_k > 0 && size_k % 16 == 0,
+             "argument 'size_k': expected a positive multiple of 16 (Marlin tiles are 16 k x "
+             "64 n), got ",
+             size_k);
+  ValueCheck(size_n > 0 && size_n % 64 == 0,
+             "argument 'size_n': expected a positive multiple of 64 (Marlin tiles are 16 k x "
+             "64 n), got ",
+             size_n);
+}
+
 /// Rows per group as the kernels take them (0: one group over K, or act-order, where
 /// g_idx gives each row its group) for `groups` rows of scales over `size_k`.
 inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool is_k_full) {
@@ -111,8 +123,8 @@ inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool i
 /// with rows on 16-byte boundaries (unless act-order permutes it into a scratch first),
 /// `c` [size_m, size_n] in `dtype`, the Marlin weights, scales, zero points (`zero_mode`)
 /// and act-order's g_idx and perm (int32 [size_k]), the int32 workspace (one entry per
-/// SM at least), all on one GPU. size_k is a multiple of 16 and size_n of 64 (the
-/// caller's plan refused others). Returns the kernels' view of them.
+/// SM at least), all on one GPU, and the sizes (`check_tile_sizes`). Returns the
+/// kernels' view of them.
 inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
                              TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
@@ -127,6 +139,7 @@ inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
              size_m);
   ValueCheck(size_k == k.value(), "argument 'size_k': expected ", k.value(), " (a.shape[1]), got ",
              size_k);
+  check_tile_sizes(size_k, size_n);
   n.bind(size_n, "size_n");
   Params p{};
   p.a = data_ptr<void>(a);

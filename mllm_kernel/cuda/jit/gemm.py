@@ -352,10 +352,10 @@ class Gemm:
         self.M, self.N, self.K = M, N, K
         self.dtype = named_dtype(dtype, "dtype")
         if self.dtype not in _DTYPES:
-            raise ValueError(f"argument 'dtype': expected bfloat16 or float16, got {self.dtype}")
+            raise TypeError(f"argument 'dtype': expected bfloat16 or float16, got {self.dtype}")
         self.out_dtype = self.dtype if out_dtype is None else named_dtype(out_dtype, "out_dtype")
         if self.out_dtype not in (self.dtype, torch.float32):
-            raise ValueError(
+            raise TypeError(
                 f"argument 'out_dtype': expected {self.dtype} or float32, got {self.out_dtype}"
             )
         if torch.cuda.is_available():

@@ -304,12 +304,14 @@ def _device_facts(index: int) -> tuple[int, bool, bool]:
 
 class _Call(NamedTuple):
     """How the calls of one kind run: the plan, the module of its path (``fused``,
-    ``dequantize`` or ``stream``), the build's zero mode and the type's zero."""
+    ``dequantize`` or ``stream``), the build's zero mode, the type's zero, and the
+    sizes its buffers are allocated with (size_m, size_n, size_k, a negative one as 0)."""
 
     plan: Plan
     module: Any
     zero_mode: int
     bias: int
+    shape: tuple[int, int, int]
 
 
 # Every kind of call that has run: (size_m, size_n, size_k, GPU index, dtype,
@@ -321,28 +323,24 @@ _calls: dict[tuple, _Call] = {}
 def _planned(key: tuple, a: torch.Tensor) -> _Call:
     """The _Call of ``key``, made once: the weight type and the build (dtype, zero mode,
     act-order: each a module, so what has none is refused here, before any kernel), then
-    the plan, which needs sizes that tile (c is allocated from them too) and a GPU. The
-    tensors are the kernel's to check."""
+    the plan, which needs a GPU. The sizes and the tensors are the kernel's to check
+    (``marlin_layout.cuh``'s ``check_operands``), before it uses the plan or the buffers:
+    sizes it refuses are planned as at least one tile and allocated as empty where
+    negative, so that its error, which names the argument, is the one raised."""
     m, n, k, index, dtype, type_id, zeros, act_order, is_zp_float = key
     weight_type = _weight_type(type_id)
     zero_mode = _zero_mode(weight_type, zeros, act_order, is_zp_float)
+    # The dtype picks the build (there are fp16 and bf16 ones only).
     if dtype not in _DTYPES:
         raise TypeError(f"argument 'a': expected dtype float16 or bfloat16 but got {dtype}")
-    if m < 0:
-        raise ValueError(f"argument 'size_m': expected a size (a.shape[0]) but got {m}")
-    for arg, size, multiple in (("size_k", k, 16), ("size_n", n, 64)):
-        if size <= 0 or size % multiple:
-            raise ValueError(
-                f"argument '{arg}': expected a positive multiple of {multiple} (Marlin tiles "
-                f"are 16 k x 64 n), got {size}"
-            )
     if index < 0:
         op_inputs.check_device("cuda", a=a)
     sms, hopper, clusters = _devices.get(index) or _device_facts(index)
     bits = weight_type.bits
+    shape = (max(m, 0), max(n, 0), max(k, 0))
     # The workspace holds a split-K counter per SM at least (the kernel checks that).
     how = plan(
-        m, n, k, sms, hopper, sms, clusters,
+        shape[0], max(n, 64), max(k, 16), sms, hopper, sms, clusters,
         fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"],
         eight_rows=_defers_scales(dtype, bits, act_order),
     )  # fmt: skip
@@ -352,7 +350,7 @@ def _planned(key: tuple, a: torch.Tensor) -> _Call:
         module = _DEQUANTIZE[index, dtype, bits, act_order]
     else:
         module = _STREAM[index, dtype, bits, how.rows, zero_mode, act_order]
-    call = _Call(how, module, zero_mode, weight_type.scalar_type.bias)
+    call = _Call(how, module, zero_mode, weight_type.scalar_type.bias, shape)
     with _lock:
         _calls[key] = call
     return call
@@ -417,15 +415,15 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
     dtype = a.dtype
     key = (size_m, size_n, size_k, a.get_device(), dtype, b_q_type_id, b_zeros is not None,
            act_order, is_zp_float)  # fmt: skip
-    how, module, zero_mode, bias = _calls.get(key) or _planned(key, a)
+    how, module, zero_mode, bias, (rows, cols, depth) = _calls.get(key) or _planned(key, a)
     if c is None:
-        c = torch.empty((size_m, size_n), dtype=dtype, device=a.device)
+        c = torch.empty((rows, cols), dtype=dtype, device=a.device)
     operands = (a, b_q_weight, b_scales, b_zeros)
     sizes = (size_m, size_n, size_k)
     # Act-order: the kernel first permutes a's columns into Marlin row order, here.
-    scratch = torch.empty((size_m, size_k), dtype=dtype, device=a.device) if act_order else None
+    scratch = torch.empty((rows, depth), dtype=dtype, device=a.device) if act_order else None
     if how.fused_tokens:
-        tiles = -(-size_m // how.fused_tokens) * -(-size_n // _FUSED_COLS)
+        tiles = -(-rows // how.fused_tokens) * -(-cols // _FUSED_COLS)
         body = tiles - how.fused_tail
         # The kernel stores whole rows of tiles with TMA, which needs a 16-byte-aligned c.
         out = c if c.data_ptr() % 16 == 0 else torch.empty_like(c)
@@ -438,7 +436,7 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
             c.copy_(out)
         return c
     if how.dequant_gemm:
-        weight = torch.empty((size_n, size_k), dtype=dtype, device=a.device)
+        weight = torch.empty((cols, depth), dtype=dtype, device=a.device)
         module.dequantize(
             *operands, g_idx, perm, workspace, c, *sizes, is_k_full, zero_mode, bias, scratch,
             weight,
@@ -446,7 +444,7 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
         return run_gemm(a if scratch is None else scratch, weight, c)
     partials = None
     if how.split > 1 and not how.cluster:
-        partials = torch.empty((how.split, size_m, size_n), dtype=torch.float32, device=a.device)
+        partials = torch.empty((how.split, rows, cols), dtype=torch.float32, device=a.device)
     module.stream(
         *operands, g_idx, perm, workspace, c, *sizes, is_k_full, bias, scratch, partials,
         how.split, how.k_tiles_per_split, how.cluster,

@@ -1,0 +1,129 @@
+"""The original mllm-kernel beside ours in one process, for the benchmarks that compare
+against it (bench_gdn, bench_quant_gemm).
+
+The original is a source tree (``--original``, by default :data:`DEFAULT_ROOT`) whose
+package is also named ``mllm_kernel``. :func:`original_modules` imports from it for the
+length of a ``with`` block; :func:`load_original` takes one function out of it, built by
+its own JIT (tvm-ffi's ``load_inline``) on a first call inside the block, so that the
+function keeps working once ours is ``mllm_kernel`` again::
+
+    gemm = load_original(root, "mllm_kernel.cuda.jit.gptq_marlin", "gptq_marlin_gemm",
+                         example, "bench_quant_gemm")
+    if gemm is None:  # the reason is on stderr; the column stays '-'
+        ...
+
+Some of its builds take many minutes (its gptq_marlin_gemm: every kernel of a dtype in
+one translation unit). A benchmark with a time limit builds it first in a process of
+its own, :func:`build_in_child`, and loads it (then a quick load from its JIT's cache)
+only if that finished in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+# Where the original's checkout sits beside ours (ignored by git).
+DEFAULT_ROOT = REPO / "_peers" / "mllm-kernel"
+
+
+def default_root() -> Path | None:
+    """:data:`DEFAULT_ROOT` where it holds the original's package, else None (a
+    benchmark then runs without the original's column)."""
+    return DEFAULT_ROOT if (DEFAULT_ROOT / "mllm_kernel" / "__init__.py").is_file() else None
+
+
+class _OriginalFinder(importlib.abc.MetaPathFinder):
+    """Resolves ``mllm_kernel`` and its submodules to the original's source tree (a
+    package of the same name), ahead of any other finder (an editable install of ours)."""
+
+    def __init__(self, root: Path) -> None:
+        self.package = root / "mllm_kernel"
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mllm_kernel":
+            return importlib.util.spec_from_file_location(
+                name, self.package / "__init__.py", submodule_search_locations=[str(self.package)]
+            )
+        if name.startswith("mllm_kernel."):
+            parent = sys.modules[name.rpartition(".")[0]]
+            return importlib.machinery.PathFinder.find_spec(name, parent.__path__)
+        return None
+
+
+@contextlib.contextmanager
+def original_modules(root: Path) -> Iterator[None]:
+    """Inside: ``import mllm_kernel...`` imports the original's modules; after: ours
+    again. The original's functions keep their own modules (their globals), so they work
+    after the block as long as its JIT built them inside it (a first call)."""
+
+    def ours(name: str) -> bool:
+        return name == "mllm_kernel" or name.startswith("mllm_kernel.")
+
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
+    finder = _OriginalFinder(root)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def load_original(
+    root: Path, module: str, name: str, example: dict, caller: str
+) -> Callable[..., object] | None:
+    """The original's function ``name`` of ``module``, built by a first call on the
+    keyword arguments ``example`` and ready; None, with the reason on stderr (prefixed
+    by ``caller``, the benchmark's name), where it cannot be had (an import or build
+    failure)."""
+    from mllm_kernel.jit_utils import toolchain
+
+    # Its JIT (tvm-ffi's) finds the CUDA libraries from CUDA_HOME and the arch from
+    # nvidia-smi: both set from what ours found, unless the caller set them.
+    os.environ.setdefault("CUDA_HOME", str(toolchain.find_cuda().home))
+    major, minor = torch.cuda.get_device_capability()
+    os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", f"{major}.{minor}")
+    try:
+        with original_modules(root):
+            function = getattr(importlib.import_module(module), name)
+            function(**example)
+            torch.cuda.synchronize()
+        return function
+    except Exception:
+        print(f"{caller}: the original's {name} from {root} is not available:", file=sys.stderr)
+        traceback.print_exc()
+        return None
+
+
+def build_in_child(command: list[str], wait: float) -> str | None:
+    """Runs ``command`` (a process that builds the original, by :func:`load_original`)
+    in a process group of its own and waits up to ``wait`` seconds: None once it
+    succeeded, else why not. One still running is stopped with its compilers (its
+    group), so that nothing outlives the benchmark; a build the original's JIT finished
+    before stays in its cache, where a later load finds it at once."""
+    child = subprocess.Popen(command, start_new_session=True)
+    try:
+        status = child.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait()
+        return f"its build did not finish in {wait:g} s and was stopped"
+    return None if status == 0 else f"its build exited with status {status} (see stderr)"
