@@ -7,6 +7,7 @@ too, so no build of them that does nothing can exist."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ import pytest
 
 from mllm_kernel.__main__ import main
 from mllm_kernel.cuda import device_facts
-from mllm_kernel.jit_utils import KernelBuildError, build, precompile, registry
+from mllm_kernel.jit_utils import KernelBuildError, build, kernel_module, precompile, registry
 from mllm_kernel.jit_utils.cuda_arch import (
     AMPERE_OR_NEWER,
     EVERY_ARCH,
@@ -33,9 +34,9 @@ from mllm_kernel.jit_utils.errors import CudaArchError
 from mllm_kernel.jit_utils.status import BuildOutcome
 
 # The package binds the op functions over their modules' names: import the modules.
-gdn_decode, gemm_module, gemm_sm80, gptq_marlin, int8_scaled_mm = (
+gdn_decode, gemm_module, gemm_sm80, gptq_marlin, int8_scaled_mm, rmsnorm = (
     importlib.import_module(f"mllm_kernel.cuda.jit.{name}")
-    for name in ("gdn_decode", "gemm", "gemm_sm80", "gptq_marlin", "int8_scaled_mm")
+    for name in ("gdn_decode", "gemm", "gemm_sm80", "gptq_marlin", "int8_scaled_mm", "rmsnorm")
 )
 # The template arguments after the dtype of gemm's first tile.
 TILE_ARGS = gemm_module.TILES[0].shape_args
@@ -152,7 +153,7 @@ def test_the_note_says_when_the_op_has_no_kernel_for_the_arch(buildable):
     assert report.planned == []
     assert report.notes() == [
         "skipped gdn_decode (1 variant) for 7.5: it runs on sm_80 and newer (it uses "
-        "mma.sync, ldmatrix and cp.async); op gdn_decode has no kernel for 7.5"
+        "cp.async); op gdn_decode has no kernel for 7.5"
     ]
 
 
@@ -254,6 +255,8 @@ def test_the_ops_archs_are_read_from_the_module_declarations():
 # --- a call on a GPU the op does not run on ------------------------------------------
 
 T4 = SimpleNamespace(name="Tesla T4", major=7, minor=5, multi_processor_count=40)
+A100 = SimpleNamespace(name="NVIDIA A100", major=8, minor=0, multi_processor_count=108)
+B200 = SimpleNamespace(name="NVIDIA B200", major=10, minor=0, multi_processor_count=148)
 
 
 def _fake_gpu(monkeypatch, props):
@@ -290,24 +293,114 @@ def test_the_gemms_refuse_a_gpu_before_sm80(monkeypatch, op, plan):
 def test_gptq_marlin_gemm_refuses_a_gpu_before_sm80(monkeypatch):
     _fake_gpu(monkeypatch, T4)
     monkeypatch.setattr(gptq_marlin, "_devices", {})
-    with pytest.raises(NotImplementedError, match=r"^gptq_marlin_gemm needs .* 8\.0 or newer"):
+    with pytest.raises(NotImplementedError) as info:
         gptq_marlin._device_facts(0)
+    assert str(info.value) == (
+        "gptq_marlin_gemm runs on sm_80 and newer (it uses mma.sync, ldmatrix and cp.async); "
+        "cuda:0 (Tesla T4) is sm_75 (compute capability 7.5)"
+    )
     assert gptq_marlin._devices == {}
+
+
+def test_gptq_marlin_gemm_reads_the_gpus_it_runs_on_from_its_module(monkeypatch):
+    """The streaming module's declaration is the one place: changed, the refusal follows."""
+    _fake_gpu(monkeypatch, A100)
+    monkeypatch.setattr(gptq_marlin, "_devices", {})
+    monkeypatch.setattr(gptq_marlin._STREAM, "archs", ArchSupport(minimum=(9, 0), uses="X"))
+    with pytest.raises(NotImplementedError) as info:
+        gptq_marlin._device_facts(0)
+    assert str(info.value) == (
+        "gptq_marlin_gemm runs on sm_90 and newer (it uses X); cuda:0 (NVIDIA A100) is sm_80 "
+        "(compute capability 8.0)"
+    )
 
 
 def test_gdn_decode_refuses_a_gpu_before_sm80(monkeypatch):
     """The op's lookup of its module (a memo miss) is refused before anything compiles,
-    and nothing is remembered for that GPU."""
+    and nothing is remembered for that GPU. It needs sm_80 for cp.async alone."""
     _fake_gpu(monkeypatch, T4)
     memo = gdn_decode._GDN_DECODE
     monkeypatch.delitem(memo, 0, raising=False)
     with pytest.raises(NotImplementedError) as info:
         memo[0]
     assert str(info.value) == (
-        "gdn_decode cannot be built for sm_75: it runs on sm_80 and newer (it uses mma.sync, "
-        "ldmatrix and cp.async)"
+        "gdn_decode runs on sm_80 and newer (it uses cp.async); cuda:0 (Tesla T4) is sm_75 "
+        "(compute capability 7.5)"
     )
     assert 0 not in memo
+
+
+@contextlib.contextmanager
+def _absent(memo, key):
+    """``memo`` without ``key`` inside the block; as it was again after it."""
+    saved = memo.pop(key, None)
+    try:
+        yield
+    finally:
+        memo.pop(key, None)
+        if saved is not None:
+            memo[key] = saved
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """The specs the loader is asked to load (it loads a stand-in module, builds nothing)."""
+    asked = []
+
+    def load_spec(spec):
+        asked.append(spec)
+        return SimpleNamespace(get_function=lambda name: f"{spec.name}.{name}")
+
+    monkeypatch.setattr(kernel_module.loader, "load_spec", load_spec)
+    return asked
+
+
+SM80_USES = "runs on sm_80 and newer (it uses mma.sync, ldmatrix and cp.async)"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "arch_list", "module", "refused"),
+    [
+        # sm_80 modules on a T4 whose list also names 8.0: built for sm_80 alone, they
+        # would load and then fail at launch with "no kernel image".
+        (T4, "7.5;8.0", gptq_marlin._DEQUANTIZE, "gptq_marlin_gemm (module gptq_marlin_"
+         f"dequantize) {SM80_USES}"),
+        (T4, "7.5;8.0", gemm_sm80._GEMM_SM80, f"gemm (module gemm_sm80) {SM80_USES}"),
+        (T4, "7.5;8.0", gdn_decode._GDN_DECODE, "gdn_decode runs on sm_80 and newer (it uses "
+         "cp.async)"),
+        # sm_90a code does not run on an sm_100 GPU.
+        (B200, "9.0a;10.0a", gemm_module._GEMM, "gemm runs on sm_90a only (it uses "
+         "wgmma and TMA)"),
+        (A100, "7.5;8.0", gptq_marlin._DEQUANTIZE, None),
+        (T4, "7.5;8.0", rmsnorm._RMSNORM, None),
+    ],
+    ids=lambda v: getattr(v, "name", None),
+)  # fmt: skip
+def test_a_module_is_refused_for_a_gpu_it_does_not_run_on_whatever_the_arch_list(
+    monkeypatch, loads, gpu, arch_list, module, refused
+):
+    """The arch list alone does not decide: the GPU the tensor is on must be one the
+    module's kernels run on, else NotImplementedError naming the op (and the module), the
+    GPU and the archs, before anything is built and with nothing remembered."""
+    _fake_gpu(monkeypatch, gpu)
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", arch_list)
+    key = (0, *module.variants[0]) if module.variants[0] else 0
+    # The archs of the list the module runs on: what its spec alone would build for.
+    wanted = tuple(a for a in parse_arch_list(arch_list) if module.archs.supports(a))
+    assert wanted and module.spec(*module.variants[0], device_index=0).cuda_archs == wanted
+    with _absent(module, key):
+        if refused is None:
+            assert module[key].module.get_function("f") == f"{module.name}.f"
+            assert [spec.cuda_archs for spec in loads] == [wanted]
+            return
+        with pytest.raises(NotImplementedError) as info:
+            module[key]
+        assert key not in module
+    assert str(info.value) == (
+        f"{refused}; cuda:0 ({gpu.name}) is sm_{gpu.major}{gpu.minor} (compute capability "
+        f"{gpu.major}.{gpu.minor})"
+    )
+    assert loads == []
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0)])

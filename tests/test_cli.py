@@ -17,6 +17,8 @@ from mllm_kernel.__main__ import main
 from mllm_kernel.cli import output
 from mllm_kernel.cli.output import paint, table, use_colour
 from mllm_kernel.jit_utils import cache, cache_admin, paths, registry, toolchain
+from mllm_kernel.jit_utils.cuda_arch import ArchSupport
+from mllm_kernel.jit_utils.kernel_module import KernelModule
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ["show-env", "show-config", "show-clangd-recommend-config", "clear-cache", "precompile"]
@@ -307,6 +309,41 @@ def test_show_config_gives_a_module_that_cannot_run_on_the_arch_one_row(no_cuda_
     assert main(["show-config", "--device", "cuda", "--arch", "8.0;9.0a"]) == 0
     rows = _section(capsys.readouterr().out, "CUDA kernels").splitlines()[1:]
     assert len([r for r in rows if r.split()[0] == "gemm"]) == variants
+
+
+def test_show_config_lists_the_exports_of_a_module_that_cannot_run_on_the_arch(
+    no_cuda_arch, capsys
+):
+    """Its row is collapsed, and still says what it exports: they are read from its spec
+    for an arch it runs on, where "-" stood."""
+    report = cache_admin.config_report(device="cuda", arch="7.5")
+    exports = {k.name: k.exports for k in report.kernels}
+    assert exports["gptq_marlin_dequantize"] == ("dequantize",)
+    assert exports["gemm"] == ("gemm",)
+    assert main(["show-config", "--device", "cuda", "--arch", "7.5"]) == 0
+    rows = _section(capsys.readouterr().out, "CUDA kernels").splitlines()[1:]
+    (stream,) = [r for r in rows if r.split()[0] == "gptq_marlin_gemm"]
+    assert stream.split()[1:3] == ["stream", "36"] and " not for sm_75 " in stream
+
+
+@pytest.mark.parametrize("arch", [None, "7.5", "9.0a"])
+def test_show_config_reads_exports_for_an_arch_the_module_runs_on(no_cuda_arch, arch):
+    """A module for one arch the stand-in (9.0a) is not: read for that arch, with no arch
+    set as with one it does not run on."""
+    module = KernelModule(
+        "sm100a_only_kernel",
+        device="cuda",
+        sources=["softmax.cu"],
+        exports=["only_on_sm100a"],
+        builtin=False,
+        archs=ArchSupport(arch_specific=(10, 0), uses="tcgen05"),
+    )
+    try:
+        report = cache_admin.config_report(device="cuda", arch=arch)
+    finally:
+        registry.unregister(module.name, "cuda")
+    (kernel,) = [k for k in report.kernels if k.name == module.name]
+    assert kernel.exports == ("only_on_sm100a",)
 
 
 def test_show_config_lists_unclaimed_modules(fresh_cache, capsys):

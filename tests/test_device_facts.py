@@ -5,6 +5,7 @@ op), the errors for a bad index and the Hopper admission are checked without a G
 from __future__ import annotations
 
 import importlib
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from mllm_kernel.cuda.device_facts import (
     require_hopper,
 )
 from mllm_kernel.jit_utils.cuda_driver import GpuUnavailableError
+from mllm_kernel.jit_utils.logging_setup import get_logger
 
 # By module path: mllm_kernel.cuda.jit's attributes gemm and int8_scaled_mm are the ops.
 gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
@@ -178,3 +180,50 @@ def test_the_ops_refuse_gpus_before_sm80_naming_op_gpu_and_archs(gpus, monkeypat
     ):
         int8_module._plan(16, 4096, 4096, 0)
     assert int8_module._plans == {}
+
+
+@pytest.fixture
+def logged():
+    """The records of the ``mllm_kernel`` logger during the test, at INFO and above
+    (through a handler of its own: what caplog sees of a logger that does not propagate
+    differs between pytest versions)."""
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger, handler = get_logger(), Collect()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_an_sm90_gpu_without_sm90a_code_says_once_that_it_runs_the_sm80_kernels(
+    gpus, monkeypatch, logged
+):
+    """Not silent: an H100 that runs the sm_80 kernels because the arch list has no
+    sm_90a code says so at INFO, once for that GPU (every op, every call after reads the
+    decision); an A100, whose own kernels they are, and an H100 with sm_90a code say
+    nothing."""
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0+PTX")
+    for op in ("gemm", "int8_scaled_mm", "gemm"):
+        assert matmul_path(0, op).wgmma is False
+    assert matmul_path(1, "gemm").wgmma is False
+    assert [(r.levelno, r.getMessage()) for r in logged] == [
+        (
+            logging.INFO,
+            "cuda:0 (NVIDIA H100) is sm_90 but the archs built for (8.0+PTX, from "
+            "$MLLM_KERNEL_CUDA_ARCH_LIST) have no sm_90a code: gemm and int8_scaled_mm run "
+            "their sm_80 kernels (mma.sync) there, not the wgmma ones; add 9.0a to the arch "
+            "list to run those",
+        )
+    ]
+    logged.clear()
+    monkeypatch.setattr(facts_module, "_matmul_paths", {})
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "8.0;9.0a")
+    assert matmul_path(0, "gemm").wgmma is True
+    assert logged == []

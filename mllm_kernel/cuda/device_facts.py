@@ -26,9 +26,13 @@ from mllm_kernel.jit_utils.cuda_arch import (
     AMPERE_OR_NEWER,
     HOPPER_ONLY,
     CudaArch,
+    choose_cuda_archs,
     resolve_cuda_archs,
 )
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
+from mllm_kernel.jit_utils.logging_setup import get_logger
+
+_logger = get_logger()
 
 
 @dataclass(frozen=True)
@@ -114,19 +118,14 @@ class MatmulPath:
     wgmma: bool
 
 
-def _has_sm90a(index: int) -> bool:
-    return any(
-        (arch.major, arch.minor, arch.suffix) == (9, 0, "a") for arch in resolve_cuda_archs(index)
-    )
-
-
 def matmul_path(index: int, op: str) -> MatmulPath:
     """The kernels ``op`` (``gemm``, ``int8_scaled_mm``) runs on GPU ``index``, decided
     once per index: the wgmma kernels where the GPU is sm_90 and the archs this process
     builds for include sm_90a; else the sm_80 kernels (mma.sync exists on every GPU from
     sm_80 on: Ampere, Ada, Orin, Blackwell, and Hopper without sm_90a code, as when
-    ``MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX`` runs them there). NotImplementedError naming
-    ``op``, the GPU's arch and the supported ones below sm_80.
+    ``MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX`` runs them there: an INFO line says so, once
+    for that GPU, since they are slower there than the wgmma kernels).
+    NotImplementedError naming ``op``, the GPU's arch and the supported ones below sm_80.
 
     >>> matmul_path(0, "gemm").wgmma  # doctest: +SKIP
     True
@@ -143,5 +142,19 @@ def matmul_path(index: int, op: str) -> MatmulPath:
             f"sm_{major}{minor} "
             f"(compute capability {major}.{minor})"
         )
-    path = MatmulPath(facts, wgmma=(major, minor) == (9, 0) and _has_sm90a(index))
-    return _matmul_paths.setdefault(index, path)
+    if (major, minor) != (9, 0):
+        return _matmul_paths.setdefault(index, MatmulPath(facts, wgmma=False))
+    archs, source = choose_cuda_archs(index)
+    path = MatmulPath(facts, wgmma=any((a.major, a.minor, a.suffix) == (9, 0, "a") for a in archs))
+    decided = _matmul_paths.setdefault(index, path)
+    if decided is path and not path.wgmma:  # logged by the thread whose decision holds
+        _logger.info(
+            "cuda:%d (%s) is sm_90 but the archs built for (%s, from %s) have no sm_90a "
+            "code: gemm and int8_scaled_mm run their sm_80 kernels (mma.sync) there, not "
+            "the wgmma ones; add 9.0a to the arch list to run those",
+            index,
+            facts.name,
+            ";".join(map(str, archs)),
+            source,
+        )
+    return decided

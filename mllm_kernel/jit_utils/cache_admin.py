@@ -25,14 +25,20 @@ from typing import Any
 from mllm_kernel.jit_utils import cache, env, paths, prebuilt, registry, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
 from mllm_kernel.jit_utils.cache_names import LOGS_DIR, STAGING_DIR, belongs_to, entry_of
-from mllm_kernel.jit_utils.cuda_arch import cuda_arch_override
+from mllm_kernel.jit_utils.cuda_arch import (
+    ArchSupport,
+    CudaArch,
+    UnsupportedArchError,
+    cuda_arch_override,
+)
 from mllm_kernel.jit_utils.errors import CacheRootError, CudaArchError
 from mllm_kernel.jit_utils.registry import KernelEntry, VariantStatus
 from mllm_kernel.jit_utils.status import CacheState, VariantState
 
 _DAY = 86400.0
-# Any arch would do: it only lets a kernel's spec be read (to list its exports) without a GPU.
-_STAND_IN_ARCH = "9.0a"
+# Any arch the module runs on would do: it only lets a kernel's spec be read (to list its
+# exports) without a GPU, or where the arch in use is not one of the module's.
+_STAND_IN_ARCH = CudaArch(9, 0, "a")
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,16 @@ def _served_by_prebuilt(entry: KernelEntry, variant: tuple[Any, ...]) -> Variant
     return _found(entry, spec, VariantState.PREBUILT, found.artifact, origin)
 
 
+def _stand_in_arch(support: ArchSupport) -> CudaArch:
+    """An arch ``support`` admits: :data:`_STAND_IN_ARCH` where it does, else the one
+    arch of an arch-specific module or the oldest of the others."""
+    if support.supports(_STAND_IN_ARCH):
+        return _STAND_IN_ARCH
+    if support.arch_specific is not None:
+        return CudaArch(*support.arch_specific, "a")
+    return CudaArch(*support.minimum)
+
+
 def _module_facts(entry: KernelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(exports, sources)`` of ``entry``'s module, from its first variant's spec: the
     functions it exports and, for a user kernel, its source files. Empty where it cannot
@@ -225,9 +241,10 @@ def _module_facts(entry: KernelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]
     try:
         try:
             spec = entry.spec(entry.variants[0])
-        except CudaArchError:
-            # Neither depends on the arch; a spec only needs one to proceed.
-            with cuda_arch_override(_STAND_IN_ARCH):
+        except (CudaArchError, UnsupportedArchError):
+            # No arch, or none the module runs on (show-config --arch 7.5 for an sm_80
+            # module): neither fact depends on the arch; a spec only needs one it admits.
+            with cuda_arch_override((_stand_in_arch(entry.archs),)):
                 spec = entry.spec(entry.variants[0])
     except Exception:  # whatever stops the spec, variant_status reports it per variant
         return (), ()

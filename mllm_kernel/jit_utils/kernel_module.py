@@ -38,7 +38,10 @@ The declaration holds the facts each op file used to spell out in its own
   of its kernels (``HOPPER_ONLY`` for wgmma kernels; default every arch). A build
   targets the archs of the arch list it supports and is refused when there are none,
   so no build of a kernel for an arch it cannot run on is ever made or loaded;
-  precompile skips those with a note.
+  precompile skips those with a note. A lookup for a GPU whose own arch it does not
+  run on is refused (NotImplementedError naming the op, the GPU and the archs), even
+  where an explicit arch list names an arch it does run on: that build would load and
+  then fail at launch with "no kernel image".
 
 From these the object is three things:
 
@@ -71,7 +74,12 @@ import torch
 
 from mllm_kernel.jit_utils import loader, registry
 from mllm_kernel.jit_utils.cpp_args import make_cpp_args
-from mllm_kernel.jit_utils.cuda_arch import EVERY_ARCH, ArchSupport, resolve_cuda_archs
+from mllm_kernel.jit_utils.cuda_arch import (
+    EVERY_ARCH,
+    ArchSupport,
+    arch_for_capability,
+    resolve_cuda_archs,
+)
 from mllm_kernel.jit_utils.spec import BuildSpec
 
 Export = str | tuple[str, str]
@@ -167,6 +175,7 @@ class KernelModule(ModuleMemo):
     ) -> None:
         super().__init__(device, self._load_for)
         self.name = name
+        self.op = op
         self.archs = archs
         self.sources = tuple(sources)
         self.exports = tuple(exports)
@@ -217,7 +226,28 @@ class KernelModule(ModuleMemo):
         if self._check_variant is not None and variant not in self._declared:
             self._check_variant(*variant)  # raises the op's own error
             raise ValueError(f"{self.name}: no variant {variant}; declared: {self.variants}")
+        if index is not None:
+            self._require_runs_on(index)
         return Exports(self.load(*variant, device_index=index), self.exports)
+
+    def _require_runs_on(self, index: int) -> None:
+        """NotImplementedError naming the op (and this module where its name differs),
+        GPU ``index`` and the archs these kernels run on, unless the GPU's own arch is one
+        of them. The arch list alone does not tell: on a T4 (sm_75) with
+        ``MLLM_KERNEL_CUDA_ARCH_LIST="7.5;8.0"``, an sm_80-and-newer module would be built
+        for sm_80 only, and its launches would fail with "no kernel image"."""
+        # Imported here: mllm_kernel.cuda's ops import this module as they load.
+        from mllm_kernel.cuda.device_facts import device_facts
+
+        gpu = device_facts(index)
+        major, minor = gpu.capability
+        if self.archs.supports(arch_for_capability(major, minor)):
+            return
+        what = self.name if self.op in (None, self.name) else f"{self.op} (module {self.name})"
+        raise NotImplementedError(
+            f"{what} runs on {self.archs.explain()}; cuda:{index} ({gpu.name}) is "
+            f"sm_{major}{minor} (compute capability {major}.{minor})"
+        )
 
     def __repr__(self) -> str:
         return f"KernelModule({self.name!r}, device={self.device!r})"

@@ -100,10 +100,7 @@ void launch(const Params& p, int64_t num_bits, DLDevice device) {
 inline void check_sizes(int64_t size_k, int64_t size_n, int64_t num_bits) {
   ValueCheck(num_bits == 4 || num_bits == 8, "argument 'num_bits': expected 4 or 8, got ",
              num_bits);
-  ValueCheck(size_k > 0 && size_k % 16 == 0,
-             "argument 'size_k': expected a positive multiple of 16, got ", size_k);
-  ValueCheck(size_n > 0 && size_n % 64 == 0,
-             "argument 'size_n': expected a positive multiple of 64, got ", size_n);
+  marlin::check_tile_sizes(size_k, size_n);
 }
 
 }  // namespace marlin_repack

@@ -16,7 +16,8 @@
 //              Slices are loaded with cp.async, all of a thread's loads (8 vectors,
 //              backward 8 of each input) in flight at once: at 16k fp32 90% of a
 //              copy against 83% for plain loads (H200); 8 vectors per thread beat 16
-//              by 1-4%, the most at 128k (87% against 83%).
+//              by 1-4%, the most at 128k (87% against 83%). Before sm_80 (no
+//              cp.async) they are plain loads, so that the op runs on every arch.
 //   global     rows too long even for that (> 8 x 227 KiB): pass 2 re-reads the row.
 // The online pass keeps a running (max m, sum s) per thread and rescales s when m
 // grows, so max and sum come from one read; the block, then the cluster (through
@@ -233,6 +234,25 @@ __device__ __forceinline__ void online_add(float& m, float& s, const float (&x)[
 /// pass 2 reads the copy; or (kGlobal) both passes read global memory, pass 2 from L2.
 enum class Load { kGlobal, kShared };
 
+/// Starts copying vector `src` into shared memory at `dst`, for this thread to read back
+/// after wait_shared_copies(). cp.async from sm_80 on; before it (no cp.async) a plain
+/// load and store, done by the time it returns.
+template <typename T, int N>
+__device__ __forceinline__ void copy_to_shared(Vec<T, N>* dst, const T* src) {
+#if __CUDA_ARCH__ >= 800
+  cp_async_16(dst, src);
+#else
+  dst->load(src);
+#endif
+}
+
+/// Waits for this thread's copy_to_shared() copies.
+__device__ __forceinline__ void wait_shared_copies() {
+#if __CUDA_ARCH__ >= 800
+  cp_async_wait_all();
+#endif
+}
+
 /// The shared and global tiers, forward and backward: CTA blockIdx.x % cluster size
 /// takes slice [rank * slice_vecs, (rank + 1) * slice_vecs) of row blockIdx.x / cluster
 /// size (a cluster of one: the whole row). Pass 1 reads the slice once and reduces it
@@ -267,10 +287,10 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
   if constexpr (kShared) {
     // Each thread reads back only what it copied: no barrier needed.
     for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {
-      cp_async_16(&cached_in[v - begin], in + v * N);
-      if constexpr (kBackward) cp_async_16(&cached_grad[v - begin], grad + v * N);
+      copy_to_shared(&cached_in[v - begin], in + v * N);
+      if constexpr (kBackward) copy_to_shared(&cached_grad[v - begin], grad + v * N);
     }
-    cp_async_wait_all();
+    wait_shared_copies();
   }
 #pragma unroll 4
   for (int64_t v = begin + threadIdx.x; v < end; v += blockDim.x) {

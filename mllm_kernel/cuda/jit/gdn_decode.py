@@ -13,7 +13,7 @@ import torch
 from mllm_kernel.cuda.device_facts import device_facts
 from mllm_kernel.cuda.jit.bounds_check import error_counter, raise_if_counted
 from mllm_kernel.jit_utils import env
-from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER
+from mllm_kernel.jit_utils.cuda_arch import ArchSupport
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.ops.gdn import GDN_DECODE
 
@@ -22,7 +22,8 @@ _GDN_DECODE = KernelModule(
     device="cuda",
     sources=["gdn_decode.cu"],
     exports=["gdn_decode"],
-    archs=AMPERE_OR_NEWER,
+    # The state is staged through shared memory by cp.async; no mma.sync or ldmatrix.
+    archs=ArchSupport(minimum=(8, 0), uses="cp.async"),
 )
 
 

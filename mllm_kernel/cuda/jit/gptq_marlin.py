@@ -41,6 +41,7 @@ from mllm_kernel.jit_utils.cuda_arch import (
     AMPERE_OR_NEWER,
     HOPPER_ONLY,
     CudaArch,
+    arch_for_capability,
     resolve_cuda_archs,
 )
 from mllm_kernel.jit_utils.kernel_module import KernelModule
@@ -279,17 +280,18 @@ _lock = threading.Lock()
 
 def _device_facts(index: int) -> tuple[int, bool, bool]:
     """SM count of GPU ``index``, whether it runs the Hopper GEMM, and whether its code
-    has thread-block clusters (built for sm_90 or newer); NotImplementedError below sm_80
-    (mma.sync on bf16 and cp.async need Ampere)."""
+    has thread-block clusters (built for sm_90 or newer); NotImplementedError naming the
+    GPU and the archs its module declares where the streaming kernel (what every GPU
+    runs for small M) does not run."""
     facts = _devices.get(index)
     if facts is not None:
         return facts
     gpu = device_facts(index)
     major, minor = gpu.capability
-    if major < 8:
+    if not _STREAM.archs.supports(arch_for_capability(major, minor)):
         raise NotImplementedError(
-            f"gptq_marlin_gemm needs a GPU of compute capability 8.0 or newer (Ampere, Ada, "
-            f"Hopper: mma.sync and cp.async); cuda:{index} has {major}.{minor}"
+            f"gptq_marlin_gemm runs on {_STREAM.archs.explain()}; cuda:{index} ({gpu.name}) "
+            f"is sm_{major}{minor} (compute capability {major}.{minor})"
         )
     archs = resolve_cuda_archs(index)
     hopper = (major, minor) == (9, 0) and CudaArch(9, 0, "a") in archs
