@@ -1,10 +1,13 @@
 """gdn_decode against flash-linear-attention (fla), the original mllm-kernel and the
 state-traffic floor: Qwen3-Next's linear-attention heads (H=16, HV=32, K=V=128), one
-decode token per sequence, batch 1 to 512.
+decode token per sequence, batch 1 to 512. With ``--extend``, gdn_extend instead: packed
+prefill / extend sequences (section "extend" below).
 
     python benchmarks/bench_gdn.py [--batches 1,8,32,128,512] [--bf16-state-batches 128,512]
                                    [--configs 0,1,...] [--out FILE]
                                    [--original _peers/mllm-kernel]
+    python benchmarks/bench_gdn.py --extend [--tokens 1024,4096,16384]
+                                   [--sequences 1,4,16,64] [--out FILE]
 
 The contenders, each on bf16 q, k, v, a, b and fp32 A_log, dt_bias:
 
@@ -35,6 +38,24 @@ Every contender runs as a CUDA graph of calls whose pool rows rotate through at 
 (decode runs in graphs in serving engines); the graphs are sampled in turn, in an order
 rotated every round, and the median is kept. A first call of each is checked against
 the float64 reference of the tests (the last column: max |error| of its bf16 outputs).
+
+extend (``--extend``): ``total tokens`` packed into ``sequences`` of equal length, the
+same heads, bf16 q/k/v/a/b, fp32 A_log, dt_bias and pool. The contenders:
+
+* ours: ``gdn_extend(q, k, v, a, b, A_log, dt_bias, pool, indices, cu_seqlens)``.
+* fla: ``chunk_gated_delta_rule`` on the same packed tensors (``cu_seqlens``), the gates
+  fused as for decode (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``,
+  ``use_qk_l2norm_in_kernel``), ``state_v_first``, the initial states a view of the
+  pool's first rows and the final states a new tensor (no scatter into the pool).
+* original: the original mllm-kernel's ``gdn_extend_chunkwise`` (built by its own JIT).
+* floor: a ``copy_`` of the bytes every contender must move once (q, k, v, a, b read, o
+  written, each state read and written): where a memory-bound kernel would end.
+
+Each is timed as eager calls (fla's varlen path reads cu_seqlens on the host, so it cannot
+be captured in a CUDA graph), the contenders in turn in an order rotated every round,
+the median kept; at these sizes a call takes hundreds of microseconds, so the host's
+share is small. The error column compares each one's first output with the float64
+reference (tests/gdn_reference.py).
 """
 
 from __future__ import annotations
@@ -61,10 +82,11 @@ sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from gdn_reference import gdn_reference  # noqa: E402
+from gdn_reference import gdn_extend_reference, gdn_reference  # noqa: E402
 
 from mllm_kernel.cuda.device_facts import device_facts  # noqa: E402
 from mllm_kernel.cuda.jit.gdn_decode import _GDN_DECODE, gdn_decode  # noqa: E402
+from mllm_kernel.cuda.jit.gdn_extend import gdn_extend  # noqa: E402
 
 H, HV, K, V = 16, 32, 128, 128
 BF16 = torch.bfloat16
@@ -161,9 +183,12 @@ def original_modules(root: Path) -> Iterator[None]:
         sys.modules.update(saved)
 
 
-def load_original(root: Path, example: dict) -> Callable[..., torch.Tensor] | None:
-    """The original's gdn_decode, built (first call on ``example``) and ready; None, with
-    the reason on stderr, where it cannot be had."""
+def load_original(
+    root: Path, example: dict, module: str = "gdn_decode", name: str = "gdn_decode"
+) -> Callable[..., torch.Tensor] | None:
+    """The original's function ``name`` of ``mllm_kernel.cuda.jit.<module>``, built (first
+    call on ``example``) and ready; None, with the reason on stderr, where it cannot be
+    had."""
     from mllm_kernel.jit_utils import toolchain
 
     # Its JIT (tvm-ffi's) finds the CUDA libraries from CUDA_HOME and the arch from nvidia-smi.
@@ -172,8 +197,7 @@ def load_original(root: Path, example: dict) -> Callable[..., torch.Tensor] | No
     os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", f"{major}.{minor}")
     try:
         with original_modules(root):
-            module = importlib.import_module("mllm_kernel.cuda.jit.gdn_decode")
-            original = module.gdn_decode
+            original = getattr(importlib.import_module(f"mllm_kernel.cuda.jit.{module}"), name)
             original(**example)
             torch.cuda.synchronize()
         return original
@@ -317,6 +341,163 @@ def measure(
     return {"batch": batch, "state": state_dtype, "bytes": state_bytes, "check": check, **times}
 
 
+# --- extend -------------------------------------------------------------------------------
+
+
+def extend_inputs(total: int, sequences: int) -> dict:
+    """gdn_extend's arguments: ``total`` tokens in ``sequences`` of equal length, each on
+    pool row n (the pool holds exactly the sequences' states)."""
+
+    def randn(*shape, dtype=BF16):
+        return torch.randn(shape, device="cuda").to(dtype)
+
+    length = total // sequences
+    return {
+        "q": randn(total, H, K),
+        "k": randn(total, H, K),
+        "v": randn(total, HV, V),
+        "a": randn(total, HV) * 0.5,
+        "b": randn(total, HV),
+        "A_log": torch.empty(HV, device="cuda").uniform_(0.5, 4).log(),
+        "dt_bias": randn(HV, dtype=torch.float32) * 0.5 - 3,
+        "state_pool": randn(sequences, HV, V, K, dtype=torch.float32) * 0.3,
+        "cache_indices": torch.arange(sequences, device="cuda"),
+        "cu_seqlens": torch.arange(0, total + 1, length, device="cuda"),
+    }
+
+
+def extend_contenders(case: dict, chunk_rule, original) -> dict[str, Callable[[], object]]:
+    """Each contender as one call on ``case`` (the pool updated in place where it takes
+    one); the floor copies the bytes they all move."""
+    found = {"ours": lambda: gdn_extend(**case)}
+    if chunk_rule is not None:
+        initial = case["state_pool"]
+        offsets_on_host = case["cu_seqlens"].cpu()  # what a serving engine has at hand
+
+        def fla_call():
+            return chunk_rule(
+                case["q"][None], case["k"][None], case["v"][None], g=case["a"][None],
+                beta=case["b"][None], A_log=case["A_log"], dt_bias=case["dt_bias"],
+                initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True,
+                cu_seqlens=case["cu_seqlens"], cu_seqlens_cpu=offsets_on_host,
+            )[0][0]  # fmt: skip
+
+        found["fla"] = fla_call
+    if original is not None:
+        found["original"] = lambda: original(**case)
+    moved = sum(case[n].nbytes for n in ("q", "k", "v", "a", "b")) + case["v"].nbytes
+    moved += 2 * case["state_pool"].nbytes
+    src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    found["floor"] = lambda: dst.copy_(src)
+    return found
+
+
+def time_eager(calls: dict[str, Callable[[], object]], rounds: int = 5, repeat: int = 2):
+    """Median seconds per call of each of ``calls``, ``repeat`` calls a sample, the calls
+    sampled in turn in an order rotated every round."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    names = list(calls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for call in calls.values():
+        call()
+    torch.cuda.synchronize()
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start.record()
+            for _ in range(repeat):
+                calls[name]()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / 1e3 / repeat)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure_extend(total: int, sequences: int, chunk_rule, original) -> dict:
+    case = extend_inputs(total, sequences)
+    saved = case["state_pool"].clone()
+    expected, _ = gdn_extend_reference(
+        case["q"], case["k"], case["v"], saved, case["cache_indices"], case["cu_seqlens"],
+        a=case["a"], b=case["b"], A_log=case["A_log"], dt_bias=case["dt_bias"],
+    )  # fmt: skip
+    found = extend_contenders(case, chunk_rule, original)
+    check, times = [], {}
+    for name in [n for n in found if n != "floor"]:
+        case["state_pool"].copy_(saved)
+        try:
+            error = (found[name]().double() - expected).abs().max().item()
+            check.append(f"{name} {error:.2g}")
+        except Exception as error:
+            print(f"bench_gdn: {name} at {total}/{sequences}: {error!r}", file=sys.stderr)
+            del found[name]
+    times = time_eager(found)
+    del case, found
+    torch.cuda.empty_cache()
+    return {"tokens": total, "sequences": sequences, "check": ", ".join(check), **times}
+
+
+def render_extend(rows: list[dict], notes: list[str]) -> str:
+    name = torch.cuda.get_device_name()
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    lines = [
+        f"# gdn_extend: {name}",
+        "",
+        f"- {now}; torch {torch.__version__}; H={H}, HV={HV}, K=V={V}; bf16 q/k/v/a/b, fp32",
+        "  pool; equal-length sequences; times in us per call, eager (module docstring).",
+        "- 'floor': a copy_ of the bytes each contender moves once; 'fla / ours',",
+        "  'original / ours': their time over ours (> 1: ours is faster).",
+        *notes,
+        "",
+        "| tokens | sequences | floor | ours | Mtok/s | fla | fla / ours | original "
+        "| original / ours | max abs error vs float64 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def us(seconds):
+        return f"{seconds * 1e6:.0f}" if seconds is not None else "n/a"
+
+    def ratio(seconds, ours):
+        return f"{seconds / ours:.2f}x" if seconds is not None and ours else "n/a"
+
+    for row in rows:
+        ours = row.get("ours")
+        rate = f"{row['tokens'] / ours / 1e6:.1f}" if ours else "n/a"
+        lines.append(
+            f"| {row['tokens']} | {row['sequences']} | {us(row.get('floor'))} | {us(ours)} | "
+            f"{rate} | {us(row.get('fla'))} | {ratio(row.get('fla'), ours)} | "
+            f"{us(row.get('original'))} | {ratio(row.get('original'), ours)} | "
+            f"{row['check'] or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main_extend(args: argparse.Namespace) -> str:
+    """The extend table (``--extend``)."""
+    notes = []
+    try:
+        import fla
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk_rule
+
+        notes.append(f"- fla {fla.__version__}.")
+    except Exception as error:
+        chunk_rule = None
+        notes.append(f"- fla not available ({error!r}).")
+    example = extend_inputs(128, 2)
+    original = load_original(args.original, example, "gdn_extend_chunkwise", "gdn_extend_chunkwise")
+    if original is None:
+        notes.append(f"- the original (from {args.original}) not available: see stderr.")
+    rows = []
+    for total in [int(t) for t in args.tokens.split(",") if t]:
+        for sequences in [int(n) for n in args.sequences.split(",") if n]:
+            print(f"{total} tokens, {sequences} sequences ...", file=sys.stderr, flush=True)
+            rows.append(measure_extend(total, sequences, chunk_rule, original))
+            # the row at once: a run cut short still shows what it measured
+            print(render_extend(rows, notes).splitlines()[-1], file=sys.stderr, flush=True)
+    return render_extend(rows, notes)
+
+
 # --- the table --------------------------------------------------------------------------------
 
 
@@ -380,11 +561,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="", help="launch configurations to force too")
     parser.add_argument("--original", type=Path, default=REPO / "_peers" / "mllm-kernel")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--extend", action="store_true", help="gdn_extend instead of decode")
+    parser.add_argument("--tokens", default="1024,4096,16384", help="--extend: total tokens")
+    parser.add_argument("--sequences", default="1,4,16,64", help="--extend: sequences")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gdn: no CUDA GPU visible; nothing to measure", file=sys.stderr)
         return 1
     torch.manual_seed(0)
+    if args.extend:
+        table = main_extend(args)
+        print(table)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(table)
+        return 0
     notes = []
     try:
         import fla

@@ -1,7 +1,9 @@
 """The gated delta rule in float64, token by token: the reference of gdn_decode's tests
-(and the chunked extend's, which must equal decode applied token by token)."""
+and of gdn_extend's (the same recurrence over packed variable-length sequences)."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -9,6 +11,24 @@ import torch
 def softplus(x: torch.Tensor) -> torch.Tensor:
     """log(1 + e^x), and x itself above 20 (the original's and torch's threshold)."""
     return torch.where(x > 20, x, torch.log1p(torch.exp(x.clamp(max=20))))
+
+
+def gates(
+    *,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(g, beta)`` in float64: the log decay -exp(A_log) softplus(a + dt_bias) unless
+    ``g`` is given, the update gate sigmoid(b) unless ``beta`` is."""
+    if g is None:
+        g = -torch.exp(A_log.double()) * softplus(a.double() + dt_bias.double())
+    if beta is None:
+        beta = torch.sigmoid(b.double())
+    return g.double(), beta.double()
 
 
 def gdn_reference(
@@ -48,11 +68,7 @@ def gdn_reference(
     # value head j reads key head j // (HV // H)
     q = q.repeat_interleave(value_heads // heads, dim=2)
     k = k.repeat_interleave(value_heads // heads, dim=2)
-    if g is None:
-        g = -torch.exp(A_log.double()) * softplus(a.double() + dt_bias.double())
-    if beta is None:
-        beta = torch.sigmoid(b.double())
-    g, beta = g.double(), beta.double()
+    g, beta = gates(a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta)
 
     pool = state_pool.double().clone()
     index = cache_indices.long()
@@ -71,3 +87,46 @@ def gdn_reference(
         states[:, t] = state
     pool[index[held]] = state[held]
     return (o[:, 0] if one_token else o), pool, states
+
+
+def gdn_extend_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state_pool: torch.Tensor,
+    cache_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    **gate_args: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, new_pool)`` in float64 for gdn_extend's arguments: the packed sequences
+    (``q`` ``[total_tokens, H, K]``, ``cu_seqlens`` ``[N + 1]``) as a padded batch for
+    gdn_reference, the padding inert (no decay, beta 0: the state stays as it is).
+    ``o`` is ``[total_tokens, HV, V]``, NaN at rows outside every sequence; ``gate_args``
+    are a, b, A_log, dt_bias, g, beta as gdn_reference takes them.
+    """
+    g, beta = gates(**gate_args)
+    bounds = cu_seqlens.long().tolist()
+    lengths = [end - start for start, end in itertools.pairwise(bounds)]
+    batch, longest = len(lengths), max(lengths, default=0)
+    rows = torch.full((batch, longest), -1, dtype=torch.long)
+    for n, (start, length) in enumerate(zip(bounds, lengths, strict=False)):
+        rows[n, :length] = torch.arange(start, start + length)
+    rows = rows.to(q.device)
+    valid = rows >= 0
+
+    def padded(x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        out = x.double()[rows.clamp(min=0)]
+        out[~valid] = fill
+        return out
+
+    o, pool, _ = gdn_reference(
+        padded(q), padded(k), padded(v), state_pool, cache_indices, g=padded(g),
+        beta=padded(beta), scale=scale, use_qk_l2norm=use_qk_l2norm,
+    )  # fmt: skip
+    packed = torch.full((q.shape[0], *v.shape[1:]), float("nan"), dtype=torch.float64)
+    packed = packed.to(q.device)
+    packed[rows[valid]] = o[valid]
+    return packed, pool

@@ -33,6 +33,7 @@ EXPECTED_SASS = {
     # The sm_80 path of the same ops: mma.sync's 16-bit and int8 instructions.
     "gemm_sm80": "HMMA",
     "int8_scaled_mm_sm80": "IMMA",
+    "gdn_extend": "HMMA",  # the chunk's products on mma.sync
 }
 
 

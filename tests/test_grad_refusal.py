@@ -97,6 +97,11 @@ def _cuda_cases(device: str):
         indices = torch.arange(2, device=device)
         cuda.gdn_decode(q, k, v, ab, ab, rand(2), rand(2), state_pool, indices)
 
+    def gdn_ext(q, state_pool):
+        k, v, ab = rand(3, 2, 64, dtype=bf16), rand(3, 2, 64, dtype=bf16), rand(3, 2, dtype=bf16)
+        indices, offsets = torch.arange(2, device=device), torch.tensor([0, 1, 3], device=device)
+        cuda.gdn_extend(q, k, v, ab, ab, rand(2), rand(2), state_pool, indices, offsets)
+
     cases = {
         "add_constant": lambda: (lambda x: cuda.add_constant(x, 2), [rand(2, 8, grad=True)]),
         "add_constant_runtime": lambda: (
@@ -134,6 +139,10 @@ def _cuda_cases(device: str):
         ),
         "gptq_marlin_gemm": lambda: (marlin, [rand(1, 64, dtype=f16, grad=True)]),
         "gdn_decode": lambda: (gdn, [rand(2, 2, 64, dtype=bf16, grad=True), rand(4, 2, 64, 64)]),
+        "gdn_extend": lambda: (
+            gdn_ext,
+            [rand(3, 2, 64, dtype=bf16, grad=True), rand(4, 2, 64, 64)],
+        ),
     }
     if device == "cuda":
         for name in CUDA_ONLY_REFUSED_BY_THE_OP:

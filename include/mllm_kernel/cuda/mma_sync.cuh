@@ -36,6 +36,15 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&frag)[2], uint32_t shared
                : "r"(shared_address));
 }
 
+/// ldmatrix_x4 with each 8x8 matrix transposed: lane 4 g + t receives elements (2 t, g)
+/// and (2 t + 1, g) of each matrix whose rows the lanes address. Gives the A or B
+/// fragment of an operand stored with its two dims swapped (the K dim along a row).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&frag)[4], uint32_t shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+               : "r"(shared_address));
+}
+
 /// c += a * b for one 16 x 8 x 16 tile, inputs in `T` (fp16_t or bf16_t), fp32 accumulation.
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,

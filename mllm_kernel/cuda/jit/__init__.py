@@ -6,11 +6,12 @@ custom op ``torch.ops.mllm_kernel.<name>`` (what ``torch.compile`` traces); the
 functions here call their kernels directly.
 
 The original mllm-kernel's module paths (``mllm_kernel.cuda.jit.store_cache``,
-``.create_kv_indices``, ``.gdn_decode``, ``.rms_norm_gated``, ``.add_constant``,
-``.gptq_marlin``, ``.gptq_marlin_repack``, ``.awq_marlin_repack``, ``.int8_scaled_mm``,
-``.int8_scaled_mm_cutlass``) are modules too. They are imported below, before the
-function of the same name is bound here: importing a submodule for the first time sets
-the package attribute to the module, and that must not replace the function later.
+``.create_kv_indices``, ``.gdn_decode``, ``.gdn_extend_chunkwise``, ``.rms_norm_gated``,
+``.add_constant``, ``.gptq_marlin``, ``.gptq_marlin_repack``, ``.awq_marlin_repack``,
+``.int8_scaled_mm``, ``.int8_scaled_mm_cutlass``) are modules too. They are imported
+below, before the function of the same name is bound here: importing a submodule for
+the first time sets the package attribute to the module, and that must not replace the
+function later.
 """
 
 from mllm_kernel.cuda.jit.activation import (
@@ -23,6 +24,7 @@ from mllm_kernel.cuda.jit.add_constant import add_constant, add_constant_runtime
 from mllm_kernel.cuda.jit.awq_marlin_repack import awq_marlin_repack
 from mllm_kernel.cuda.jit.create_kv_indices import create_kv_indices
 from mllm_kernel.cuda.jit.gdn_decode import gdn_decode
+from mllm_kernel.cuda.jit.gdn_extend import gdn_extend
 from mllm_kernel.cuda.jit.gemm import gemm
 from mllm_kernel.cuda.jit.gptq_marlin import gptq_marlin_gemm
 from mllm_kernel.cuda.jit.gptq_marlin_repack import gptq_marlin_repack
@@ -51,6 +53,7 @@ __all__ = [
     "create_kv_indices",
     "fused_add_rmsnorm",
     "gdn_decode",
+    "gdn_extend",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "gemm",
