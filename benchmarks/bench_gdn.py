@@ -61,18 +61,11 @@ reference (tests/gdn_reference.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import math
-import os
 import statistics
 import sys
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -82,6 +75,7 @@ sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(REPO / "tests"))
 
+import original_peer  # noqa: E402
 from gdn_reference import gdn_extend_reference, gdn_reference  # noqa: E402
 
 from mllm_kernel.cuda.device_facts import device_facts  # noqa: E402
@@ -137,74 +131,6 @@ def copy_bandwidth(total_bytes: int = 2**31) -> float:
     dst.copy_(src)
     seconds = time_graphs({"copy": (capture([lambda: dst.copy_(src)] * 5), 5)})["copy"]
     return total_bytes / seconds / 1e9
-
-
-# --- the original mllm-kernel -----------------------------------------------------------
-
-
-class _OriginalFinder(importlib.abc.MetaPathFinder):
-    """Resolves ``mllm_kernel`` and its submodules to the original's source tree (a
-    package of the same name), ahead of any other finder (an editable install of ours)."""
-
-    def __init__(self, root: Path) -> None:
-        self.package = root / "mllm_kernel"
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "mllm_kernel":
-            return importlib.util.spec_from_file_location(
-                name, self.package / "__init__.py", submodule_search_locations=[str(self.package)]
-            )
-        if name.startswith("mllm_kernel."):
-            parent = sys.modules[name.rpartition(".")[0]]
-            return importlib.machinery.PathFinder.find_spec(name, parent.__path__)
-        return None
-
-
-@contextlib.contextmanager
-def original_modules(root: Path) -> Iterator[None]:
-    """Inside: ``import mllm_kernel...`` imports the original's modules; after: ours
-    again. The original's functions keep their own modules (their globals), so they work
-    after the block as long as its JIT built them inside it (a first call)."""
-
-    def ours(name: str) -> bool:
-        return name == "mllm_kernel" or name.startswith("mllm_kernel.")
-
-    saved = {name: module for name, module in sys.modules.items() if ours(name)}
-    for name in saved:
-        del sys.modules[name]
-    finder = _OriginalFinder(root)
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [name for name in sys.modules if ours(name)]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-
-
-def load_original(
-    root: Path, example: dict, module: str = "gdn_decode", name: str = "gdn_decode"
-) -> Callable[..., torch.Tensor] | None:
-    """The original's function ``name`` of ``mllm_kernel.cuda.jit.<module>``, built (first
-    call on ``example``) and ready; None, with the reason on stderr, where it cannot be
-    had."""
-    from mllm_kernel.jit_utils import toolchain
-
-    # Its JIT (tvm-ffi's) finds the CUDA libraries from CUDA_HOME and the arch from nvidia-smi.
-    os.environ.setdefault("CUDA_HOME", str(toolchain.find_cuda().home))
-    major, minor = torch.cuda.get_device_capability()
-    os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", f"{major}.{minor}")
-    try:
-        with original_modules(root):
-            original = getattr(importlib.import_module(f"mllm_kernel.cuda.jit.{module}"), name)
-            original(**example)
-            torch.cuda.synchronize()
-        return original
-    except Exception:
-        print(f"bench_gdn: the original from {root} is not available:", file=sys.stderr)
-        traceback.print_exc()
-        return None
 
 
 # --- the contenders -----------------------------------------------------------------------
@@ -485,7 +411,13 @@ def main_extend(args: argparse.Namespace) -> str:
         chunk_rule = None
         notes.append(f"- fla not available ({error!r}).")
     example = extend_inputs(128, 2)
-    original = load_original(args.original, example, "gdn_extend_chunkwise", "gdn_extend_chunkwise")
+    original = original_peer.load_original(
+        args.original,
+        "mllm_kernel.cuda.jit.gdn_extend_chunkwise",
+        "gdn_extend_chunkwise",
+        example,
+        "bench_gdn",
+    )
     if original is None:
         notes.append(f"- the original (from {args.original}) not available: see stderr.")
     rows = []
@@ -559,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,32,128,512")
     parser.add_argument("--bf16-state-batches", default="128,512")
     parser.add_argument("--configs", default="", help="launch configurations to force too")
-    parser.add_argument("--original", type=Path, default=REPO / "_peers" / "mllm-kernel")
+    parser.add_argument("--original", type=Path, default=original_peer.DEFAULT_ROOT)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--extend", action="store_true", help="gdn_extend instead of decode")
     parser.add_argument("--tokens", default="1024,4096,16384", help="--extend: total tokens")
@@ -586,8 +518,12 @@ def main(argv: list[str] | None = None) -> int:
         fused_recurrent = None
         notes.append(f"- fla not available ({error!r}).")
     example = {n: t for n, t in inputs(2, torch.float32).items() if n != "state_bytes"}
-    original = load_original(
-        args.original, {**example, "cache_indices": torch.arange(2, device="cuda")}
+    original = original_peer.load_original(
+        args.original,
+        "mllm_kernel.cuda.jit.gdn_decode",
+        "gdn_decode",
+        {**example, "cache_indices": torch.arange(2, device="cuda")},
+        "bench_gdn",
     )
     if original is None:
         notes.append(f"- the original (from {args.original}) not available: see stderr.")
