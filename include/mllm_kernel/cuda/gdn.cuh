@@ -9,10 +9,13 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <tvm/ffi/optional.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
@@ -252,6 +255,35 @@ __device__ __forceinline__ void update_row(float (&s)[N], const float (&k)[N], f
                                            float u_k) {
 #pragma unroll
   for (int i = 0; i < N; ++i) s[i] = fmaf(decay, s[i], u_k * k[i]);
+}
+
+// ---------------------------------------------------------------------------
+// Host-side argument rules both entry points (decode, extend) share.
+// ---------------------------------------------------------------------------
+
+/// True when `x` (a CUDA tensor) starts at and steps through its leading dims by
+/// multiples of `bytes`.
+inline bool aligned_rows(const TensorView& x, int64_t bytes) {
+  const int64_t elem = x.dtype().bits / 8;
+  if (reinterpret_cast<std::uintptr_t>(data_ptr<char>(x)) % bytes != 0) return false;
+  for (int i = 0; i + 1 < x.ndim(); ++i) {
+    if (x.size(i) > 1 && (x.stride(i) * elem) % bytes != 0) return false;
+  }
+  return true;
+}
+
+/// Checks that exactly one form of a gate is given: `given` (precomputed) or every one
+/// of `raw`; names the argument at fault.
+inline void check_gate_form(const tvm::ffi::Optional<TensorView>& given, const char* given_name,
+                            std::initializer_list<std::pair<bool, const char*>> raw,
+                            const char* raw_names) {
+  for (const auto& [present, name] : raw) {
+    ValueCheck(!(given.has_value() && present), "argument '", name, "': pass either ", given_name,
+               "= or ", raw_names, ", not both (", name, " must be None when ", given_name,
+               "= is given)");
+    ValueCheck(given.has_value() || present, "argument '", name, "': required (a tensor) unless ",
+               given_name, "= is given");
+  }
 }
 
 }  // namespace mllm_kernel::cuda::gdn

@@ -468,17 +468,6 @@ inline int choose_config(int64_t rows, int64_t tokens, int64_t sm_count, bool fp
   return !fp32_state || rows <= 384 * sm_count ? 2 : 1;
 }
 
-/// True when `x` (a CUDA tensor) starts at and steps through its leading dims by
-/// multiples of `bytes`.
-inline bool aligned_rows(const TensorView& x, int64_t bytes) {
-  const int64_t elem = x.dtype().bits / 8;
-  if (reinterpret_cast<std::uintptr_t>(data_ptr<char>(x)) % bytes != 0) return false;
-  for (int i = 0; i + 1 < x.ndim(); ++i) {
-    if (x.size(i) > 1 && (x.stride(i) * elem) % bytes != 0) return false;
-  }
-  return true;
-}
-
 /// (batch, token, head) strides of a [B, H, D] or [B, T, H, D] tensor.
 inline Heads heads(const TensorView& x, bool with_tokens) {
   Heads out;
@@ -507,20 +496,6 @@ inline gdn::FloatTensor head_parameter(const TensorView& x) {
   out.type = gdn::float_type(x.dtype());
   out.stride_h = x.stride(0);
   return out;
-}
-
-/// Checks that exactly one form of a gate is given: `given` (precomputed) or every one
-/// of `raw`; names the argument at fault.
-inline void check_gate_form(const tvm::ffi::Optional<TensorView>& given, const char* given_name,
-                            std::initializer_list<std::pair<bool, const char*>> raw,
-                            const char* raw_names) {
-  for (const auto& [present, name] : raw) {
-    ValueCheck(!(given.has_value() && present), "argument '", name, "': pass either ", given_name,
-               "= or ", raw_names, ", not both (", name, " must be None when ", given_name,
-               "= is given)");
-    ValueCheck(given.has_value() || present, "argument '", name, "': required (a tensor) unless ",
-               given_name, "= is given");
-  }
 }
 
 }  // namespace gdn_decode_impl
@@ -585,11 +560,11 @@ inline void gdn_decode(TensorView out, TensorView q, TensorView k, TensorView v,
   ValueCheck(HV % H == 0, "argument 'v': num_v_heads (", HV,
              ") must be a multiple of q's num_k_heads (", H, ")");
 
-  gdn_decode_impl::check_gate_form(
+  gdn::check_gate_form(
       g, "g",
       {{a.has_value(), "a"}, {A_log.has_value(), "A_log"}, {dt_bias.has_value(), "dt_bias"}},
       "(a, A_log, dt_bias)");
-  gdn_decode_impl::check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
+  gdn::check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
   const TensorView& decay = g.has_value() ? *g : *a;
   const TensorView& update = beta.has_value() ? *beta : *b;
   const char* decay_name = g.has_value() ? "g" : "a";
@@ -612,7 +587,8 @@ inline void gdn_decode(TensorView out, TensorView q, TensorView k, TensorView v,
       .device(kDLCUDA, device)
       .strides({kAnySize, kAnySize, dim_k, 1})
       .verify(state_pool, "state_pool");
-  ValueCheck(aligned_rows(state_pool, 16), "argument 'state_pool': each state must start at a ",
+  ValueCheck(gdn::aligned_rows(state_pool, 16),
+             "argument 'state_pool': each state must start at a ",
              "16-byte aligned address (data pointer and strides of the first two dims), got "
              "strides ",
              dims_str(state_pool.strides()));
@@ -626,7 +602,7 @@ inline void gdn_decode(TensorView out, TensorView q, TensorView k, TensorView v,
         .device(kDLCUDA, device)
         .strides({kAnySize, kAnySize, kAnySize, dim_k, 1})
         .verify(*intermediate_states, "intermediate_states");
-    ValueCheck(aligned_rows(*intermediate_states, 16),
+    ValueCheck(gdn::aligned_rows(*intermediate_states, 16),
                "argument 'intermediate_states': each state must start at a 16-byte aligned "
                "address (data pointer and strides of the first three dims), got strides ",
                dims_str((*intermediate_states).strides()));
@@ -692,7 +668,7 @@ inline void gdn_decode(TensorView out, TensorView q, TensorView k, TensorView v,
 
   const int64_t elem = dtype.value().bits / 8;
   const int64_t state_vec = 16 / (state_dtype.value().bits / 8);
-  p.vector_qk = aligned_rows(q, state_vec * elem) && aligned_rows(k, state_vec * elem);
+  p.vector_qk = gdn::aligned_rows(q, state_vec * elem) && gdn::aligned_rows(k, state_vec * elem);
   RuntimeCheck(tokens.value() < (int64_t{1} << 31), "gdn_decode: at most 2^31 - 1 tokens per ",
                "sequence, got ", tokens.value());
   RuntimeCheck(HV < (int64_t{1} << 31), "gdn_decode: at most 2^31 - 1 heads, got ", HV);

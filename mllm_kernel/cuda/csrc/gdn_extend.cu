@@ -725,17 +725,6 @@ void launch(const Params& p, int64_t sequences, DLDevice device) {
       extend_chunks<T, S, K>, p);
 }
 
-/// True when `x` (a CUDA tensor) starts at and steps through its leading dims by
-/// multiples of `bytes`.
-inline bool aligned_rows(const TensorView& x, int64_t bytes) {
-  const int64_t elem = x.dtype().bits / 8;
-  if (reinterpret_cast<std::uintptr_t>(data_ptr<char>(x)) % bytes != 0) return false;
-  for (int i = 0; i + 1 < x.ndim(); ++i) {
-    if (x.size(i) > 1 && (x.stride(i) * elem) % bytes != 0) return false;
-  }
-  return true;
-}
-
 inline Rows rows_of(const TensorView& x) {
   return Rows{data_ptr<char>(x), x.stride(0), x.stride(1)};
 }
@@ -749,20 +738,6 @@ inline gdn::FloatTensor float_tensor(const TensorView& x, bool per_token) {
   out.stride_n = per_token ? x.stride(0) : 0;
   out.stride_h = x.stride(per_token ? 1 : 0);
   return out;
-}
-
-/// Checks that exactly one form of a gate is given: `given` (precomputed) or every one
-/// of `raw`; names the argument at fault (gdn_decode's rule and words).
-inline void check_gate_form(const tvm::ffi::Optional<TensorView>& given, const char* given_name,
-                            std::initializer_list<std::pair<bool, const char*>> raw,
-                            const char* raw_names) {
-  for (const auto& [present, name] : raw) {
-    ValueCheck(!(given.has_value() && present), "argument '", name, "': pass either ", given_name,
-               "= or ", raw_names, ", not both (", name, " must be None when ", given_name,
-               "= is given)");
-    ValueCheck(given.has_value() || present, "argument '", name, "': required (a tensor) unless ",
-               given_name, "= is given");
-  }
 }
 
 }  // namespace gdn_extend_impl
@@ -814,11 +789,11 @@ inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
   ValueCheck(HV % H == 0, "argument 'v': num_v_heads (", HV,
              ") must be a multiple of q's num_k_heads (", H, ")");
 
-  check_gate_form(
+  gdn::check_gate_form(
       g, "g",
       {{a.has_value(), "a"}, {A_log.has_value(), "A_log"}, {dt_bias.has_value(), "dt_bias"}},
       "(a, A_log, dt_bias)");
-  check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
+  gdn::check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
   const TensorView& decay = g.has_value() ? *g : *a;
   const TensorView& update = beta.has_value() ? *beta : *b;
   TensorMatcher({tokens, heads_v})
@@ -845,7 +820,8 @@ inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
       .device(kDLCUDA, device)
       .strides({kAnySize, kAnySize, dim_k, 1})
       .verify(state_pool, "state_pool");
-  ValueCheck(aligned_rows(state_pool, 16), "argument 'state_pool': each state must start at a ",
+  ValueCheck(gdn::aligned_rows(state_pool, 16),
+             "argument 'state_pool': each state must start at a ",
              "16-byte aligned address (data pointer and strides of the first two dims), got "
              "strides ",
              dims_str(state_pool.strides()));
@@ -915,10 +891,10 @@ inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
   p.slices = static_cast<int>(V / kBlockV);
   p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(K)));
   p.l2norm = use_qk_l2norm;
-  p.vector_k = aligned_rows(k, 16);
-  p.pairs_q = aligned_rows(q, 4);
-  p.pairs_v = aligned_rows(v, 4);
-  p.pairs_out = aligned_rows(out, 4);
+  p.vector_k = gdn::aligned_rows(k, 16);
+  p.pairs_q = gdn::aligned_rows(q, 4);
+  p.pairs_v = gdn::aligned_rows(v, 4);
+  p.pairs_out = gdn::aligned_rows(out, 4);
 
   dispatch_dtype<fp16_t, bf16_t>(dtype.value(), "q", [&](auto input_tag) {
     using T = typename decltype(input_tag)::type;
