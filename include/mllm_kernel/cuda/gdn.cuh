@@ -286,4 +286,35 @@ inline void check_gate_form(const tvm::ffi::Optional<TensorView>& given, const c
   }
 }
 
+/// Checks the raw decay gate's per-head parameters: A_log and dt_bias, [num_v_heads]
+/// each, fp32, fp16 or bf16, on `device`.
+inline void check_head_parameters(const TensorView& A_log, const TensorView& dt_bias,
+                                  SymbolicSize& heads_v, SymbolicDevice& device) {
+  TensorMatcher({heads_v})
+      .dtype<fp32_t, fp16_t, bf16_t>()
+      .device(kDLCUDA, device)
+      .verify(A_log, "A_log");
+  TensorMatcher({heads_v})
+      .dtype<fp32_t, fp16_t, bf16_t>()
+      .device(kDLCUDA, device)
+      .verify(dt_bias, "dt_bias");
+}
+
+/// Checks the state pool, binding its sizes and dtype: [pool_size, num_v_heads,
+/// head_v_dim, head_k_dim], fp32 or bf16, the last two dims contiguous, each state on a
+/// 16-byte boundary (the kernels move it in 16-byte vectors).
+inline void check_state_pool(const TensorView& state_pool, SymbolicSize& pool,
+                             SymbolicSize& heads_v, SymbolicSize& dim_v, SymbolicSize& dim_k,
+                             SymbolicDtype& state_dtype, SymbolicDevice& device) {
+  TensorMatcher({pool, heads_v, dim_v, dim_k})
+      .dtype<fp32_t, bf16_t>(state_dtype)
+      .device(kDLCUDA, device)
+      .strides({kAnySize, kAnySize, dim_k, 1})
+      .verify(state_pool, "state_pool");
+  ValueCheck(aligned_rows(state_pool, 16), "argument 'state_pool': each state must start at a ",
+             "16-byte aligned address (data pointer and strides of the first two dims), got "
+             "strides ",
+             dims_str(state_pool.strides()));
+}
+
 }  // namespace mllm_kernel::cuda::gdn

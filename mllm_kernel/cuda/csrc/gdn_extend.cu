@@ -804,27 +804,8 @@ inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
       .dtype<fp32_t, fp16_t, bf16_t>()
       .device(kDLCUDA, device)
       .verify(update, beta.has_value() ? "beta" : "b");
-  if (!g.has_value()) {
-    TensorMatcher({heads_v})
-        .dtype<fp32_t, fp16_t, bf16_t>()
-        .device(kDLCUDA, device)
-        .verify(*A_log, "A_log");
-    TensorMatcher({heads_v})
-        .dtype<fp32_t, fp16_t, bf16_t>()
-        .device(kDLCUDA, device)
-        .verify(*dt_bias, "dt_bias");
-  }
-
-  TensorMatcher({pool, heads_v, dim_v, dim_k})
-      .dtype<fp32_t, bf16_t>(state_dtype)
-      .device(kDLCUDA, device)
-      .strides({kAnySize, kAnySize, dim_k, 1})
-      .verify(state_pool, "state_pool");
-  ValueCheck(gdn::aligned_rows(state_pool, 16),
-             "argument 'state_pool': each state must start at a ",
-             "16-byte aligned address (data pointer and strides of the first two dims), got "
-             "strides ",
-             dims_str(state_pool.strides()));
+  if (!g.has_value()) gdn::check_head_parameters(*A_log, *dt_bias, heads_v, device);
+  gdn::check_state_pool(state_pool, pool, heads_v, dim_v, dim_k, state_dtype, device);
   TensorMatcher({sequences})
       .dtype<int32_t, int64_t>()
       .device(kDLCUDA, device)
