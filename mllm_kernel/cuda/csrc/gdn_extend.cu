@@ -10,7 +10,8 @@
 //   1. stage: the chunk's k rows to shared memory (raw, with 1 / |k|), its gates (the
 //      cumulated log decay, beta), the state entering it as bf16 hi / lo (S0);
 //   2. project: each warp, for its 16 tokens: k S0^T and q S0^T on tensor cores (q's
-//      fragments straight from global memory, |q| from them); the right-hand sides
+//      fragments straight from global memory, |q| from them: q is only ever the A
+//      operand of its own warp's rows); the right-hand sides
 //      R = beta (v - e^G rk k S0^T) to shared memory, the output's state part in
 //      registers;
 //   3. scores: each warp, its 16 rows of K K^T (the strictly lower A of the solve, fp32)
@@ -21,9 +22,13 @@
 //   5. finish: each warp adds P d to its 16 output rows and stores them; then the state
 //      decays by e^{G_last} and takes d'^T K, on tensor cores.
 //
+// Every global load of a step goes out as one batch before any is used (the step waits
+// for memory once, not once per k step): q's fragments for all of K, v's pairs with
+// them, the chunk's k rows; a token past the chunk reads the chunk's last and is zeroed.
+//
 // The state is read from the pool once and written once per call; nothing is atomic on
 // it, and the result does not depend on the schedule. Shared memory: 64 KiB for bf16
-// inputs and K = 128 (two or three CTAs an SM), regions reused between the steps.
+// inputs and K = 128 (three CTAs an SM), regions reused between the steps.
 #include <tvm/ffi/optional.h>
 
 #include <algorithm>
@@ -81,14 +86,6 @@ struct Params {
   bool pairs_v = true;
   bool pairs_out = true;
 };
-
-/// Elements col, col + 1 of a row of 16-bit values as a packed pair (col in the low half):
-/// one 4-byte load when `aligned`.
-__device__ __forceinline__ uint32_t load_pair(const void* row, int col, bool aligned) {
-  const uint16_t* pair = static_cast<const uint16_t*>(row) + col;
-  if (aligned) return *reinterpret_cast<const uint32_t*>(pair);
-  return pair[0] | (static_cast<uint32_t>(pair[1]) << 16);
-}
 
 /// Shared memory of a CTA for inputs T and head_k_dim K: three regions, each reused by
 /// the steps that follow the one that filled it (design note), plus the scalars.
@@ -248,29 +245,38 @@ __device__ __forceinline__ void store_state(S* rows, const StateFragments<K>& s)
 // ---------------------------------------------------------------------------
 
 /// The chunk's `count` k rows from token c0 into the key tiles (zeros past them), each
-/// row by two threads of 16-byte vectors (the pair's vectors adjacent), with 1 / |k|.
+/// row by two threads of 16-byte vectors (the pair's vectors adjacent), with 1 / |k|. The
+/// loads go out as one batch (a row past the chunk reads the chunk's last, zeroed).
 template <typename T, int K>
 __device__ __forceinline__ void stage_keys(const Params& p, const Shared<T, K>& sm, const Work& wk,
                                            int64_t c0, int count) {
+  constexpr int kVectors = K / 16;  // a thread's 16-byte vectors
   const int row = static_cast<int>(threadIdx.x) / 2, part = static_cast<int>(threadIdx.x) % 2;
   const bool valid = row < count;
-  const T* src = valid ? p.k.at<const T>(c0 + row, wk.hk) : nullptr;
+  const T* src = p.k.at<const T>(c0 + min(row, count - 1), wk.hk) + 8 * part;
+  uint4 raw[kVectors];
+  if (p.vector_k) {
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) raw[i] = *reinterpret_cast<const uint4*>(src + 16 * i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const Vec<T, 8> x = gdn::load_elements<T, 8>(src + 16 * i, false);
+      memcpy(&raw[i], &x, sizeof(x));
+    }
+  }
   float sq = 0.0f;
 #pragma unroll
-  for (int i = 0; i < K / 16; ++i) {
-    const int col = (2 * i + part) * 8;
-    uint32_t words[4] = {0u, 0u, 0u, 0u};
-    if (valid) {
-      const Vec<T, 8> x = gdn::load_elements<T, 8>(src + col, p.vector_k);
-      memcpy(words, &x, sizeof(words));
-    }
+  for (int i = 0; i < kVectors; ++i) {
+    const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x0, x1;
-      gdn::input_pair<T>(words[e], x0, x1, hi[e], lo[e]);
+      gdn::input_pair<T>(valid ? words[e] : 0u, x0, x1, hi[e], lo[e]);
       sq = fmaf(x0, x0, fmaf(x1, x1, sq));
     }
+    const int col = 16 * i + 8 * part;
     *reinterpret_cast<uint4*>(sm.key_hi.at(row, col)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     if constexpr (Layout<T, K>::kSplitInputs) {
       *reinterpret_cast<uint4*>(sm.key_lo.at(row, col)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
@@ -330,40 +336,92 @@ __device__ __forceinline__ void stage_state(const Shared<T, K>& sm, const StateF
 // 2. project
 // ---------------------------------------------------------------------------
 
-/// q's rows of a warp's 16 tokens (the lane's rows g and g + 8; null past the chunk).
-template <typename T>
-struct QueryRows {
-  const T* row[2];
-};
+/// Loads pairs of 16-bit elements at (row[h], column col(c, h)) for c < kPairs, h < 2, as
+/// packed bits, zero where row h is not `valid[h]` (its pointer must still be readable):
+/// one batch of loads, all issued before any is used, on one of two branch-free paths
+/// (4-byte loads when `aligned`, else two 2-byte loads a pair).
+template <int kPairs, typename Col>
+__device__ __forceinline__ void load_pairs(const void* const (&row)[2], const bool (&valid)[2],
+                                           bool aligned, Col&& col, uint32_t (&bits)[kPairs][2]) {
+  if (aligned) {
+#pragma unroll
+    for (int c = 0; c < kPairs; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        bits[c][h] =
+            *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(row[h]) + col(c, h));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < kPairs; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t* pair = static_cast<const uint16_t*>(row[h]) + col(c, h);
+        bits[c][h] = pair[0] | (static_cast<uint32_t>(pair[1]) << 16);
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kPairs; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) bits[c][h] = valid[h] ? bits[c][h] : 0u;
+  }
+}
 
+/// The rows of `x` ([tokens, heads, dim]) at the lane's two tokens of the warp's 16 (g and
+/// g + 8), head `head`, from column col0; a token past the chunk reads the chunk's last
+/// (never used: load_pairs zeroes it).
 template <typename T>
-__device__ __forceinline__ QueryRows<T> query_rows(const Params& p, const Work& wk, int64_t c0,
-                                                   int count) {
+__device__ __forceinline__ void lane_rows(const Rows& x, int64_t c0, int count, int head, int col0,
+                                          const void* (&row)[2], bool (&valid)[2]) {
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, g = gdn::lane_id() / 4;
-  QueryRows<T> rows;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = 16 * warp + 8 * h + g;
-    rows.row[h] = i < count ? p.q.at<const T>(c0 + i, wk.hk) : nullptr;
+    valid[h] = i < count;
+    row[h] = x.at<const T>(c0 + min(i, count - 1), head) + col0;
   }
-  return rows;
 }
 
-/// The A fragment of the warp's 16 q rows at columns k0 .. k0 + 15, from global memory
-/// (the lane's four pairs) as bf16 hi (and lo for fp16 inputs); adds the squares of the
-/// lane's elements to sq[0] (row g) and sq[1] (row g + 8).
-template <typename T>
-__device__ __forceinline__ void load_query_fragment(const QueryRows<T>& rows, bool pairs, int k0,
-                                                    uint32_t (&hi)[4], uint32_t (&lo)[4],
-                                                    float (&sq)[2]) {
+/// The raw bits of the warp's q A fragments over all of K, [k step][register] in mma's A
+/// layout (register r: row g + 8 (r % 2), columns 2 t + 8 (r / 2) of the step): one batch
+/// of loads.
+template <typename T, int K>
+struct QueryBits {
+  uint32_t bits[K / 16][4];
+};
+
+template <typename T, int K>
+__device__ __forceinline__ QueryBits<T, K> load_query_bits(const Params& p, const Work& wk,
+                                                           int64_t c0, int count) {
+  const void* row[2];
+  bool valid[2];
+  lane_rows<T>(p.q, c0, count, wk.hk, 0, row, valid);
   const int t = gdn::lane_id() % 4;
+  uint32_t pairs[K / 8][2];  // pair c: step c / 2, columns 2 t + 8 (c % 2)
+  load_pairs<K / 8>(
+      row, valid, p.pairs_q, [&](int c, int) { return 16 * (c / 2) + 8 * (c % 2) + 2 * t; }, pairs);
+  QueryBits<T, K> q;
+#pragma unroll
+  for (int c = 0; c < K / 8; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) q.bits[c / 2][h + 2 * (c % 2)] = pairs[c][h];
+  }
+  return q;
+}
+
+/// The A fragment of step `step` of q as bf16 hi (and lo for fp16 inputs); adds the
+/// squares of the lane's elements to sq[0] (row g) and sq[1] (row g + 8).
+template <typename T, int K>
+__device__ __forceinline__ void query_fragment(const QueryBits<T, K>& q, int step,
+                                               uint32_t (&hi)[4], uint32_t (&lo)[4],
+                                               float (&sq)[2]) {
 #pragma unroll
   for (int reg = 0; reg < 4; ++reg) {
-    const int h = reg % 2, col = k0 + 2 * t + 8 * (reg / 2);  // mma's A layout
-    const uint32_t bits = rows.row[h] != nullptr ? load_pair(rows.row[h], col, pairs) : 0u;
     float x0, x1;
-    gdn::input_pair<T>(bits, x0, x1, hi[reg], lo[reg]);
-    sq[h] = fmaf(x0, x0, fmaf(x1, x1, sq[h]));
+    gdn::input_pair<T>(q.bits[step][reg], x0, x1, hi[reg], lo[reg]);
+    sq[reg % 2] = fmaf(x0, x0, fmaf(x1, x1, sq[reg % 2]));
   }
 }
 
@@ -378,7 +436,14 @@ __device__ __forceinline__ void project_state(const Params& p, const Shared<T, K
   constexpr int kTiles = kBlockV / 8;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = gdn::lane_id();
   const int g = lane / 4, t = lane % 4, m0 = 16 * warp;
-  const QueryRows<T> q_rows = query_rows<T>(p, wk, c0, count);
+  const QueryBits<T, K> q = load_query_bits<T, K>(p, wk, c0, count);
+  // v at the lane's rows and the C fragments' columns, loaded with q, used after the mma
+  const void* v_row[2];
+  bool v_valid[2];
+  lane_rows<T>(p.v, c0, count, wk.hv, wk.v0, v_row, v_valid);
+  uint32_t v_bits[kTiles][2];
+  load_pairs<kTiles>(
+      v_row, v_valid, p.pairs_v, [&](int nt, int) { return 8 * nt + 2 * t; }, v_bits);
   float ks[kTiles][4] = {}, qs[kTiles][4] = {};
   float sq[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -386,7 +451,7 @@ __device__ __forceinline__ void project_state(const Params& p, const Shared<T, K
     uint32_t k_hi[4], k_lo[4], q_hi[4], q_lo[4];
     gdn::load_a(k_hi, sm.key_hi, m0, k0);
     if constexpr (L::kSplitInputs) gdn::load_a(k_lo, sm.key_lo, m0, k0);
-    load_query_fragment<T>(q_rows, p.pairs_q, k0, q_hi, q_lo, sq);
+    query_fragment<T, K>(q, k0 / 16, q_hi, q_lo, sq);
 #pragma unroll
     for (int n0 = 0; n0 < kBlockV; n0 += 16) {
       uint32_t s_hi[4], s_lo[4];
@@ -411,14 +476,12 @@ __device__ __forceinline__ void project_state(const Params& p, const Shared<T, K
     const int i = m0 + 8 * h + g;
     const float beta = sc.beta[i], k_coef = sc.decay[i] * sc.inv_norm_k[i];
     const float q_coef = sc.decay[i] * rq[h];
-    const T* v_row = i < count ? p.v.at<const T>(c0 + i, wk.hv) + wk.v0 : nullptr;
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) {
       const int col = 8 * nt + 2 * t;
       float v0, v1;
       uint32_t unused_hi, unused_lo;
-      gdn::input_pair<T>(v_row != nullptr ? load_pair(v_row, col, p.pairs_v) : 0u, v0, v1,
-                         unused_hi, unused_lo);
+      gdn::input_pair<T>(v_bits[nt][h], v0, v1, unused_hi, unused_lo);
       *reinterpret_cast<float2*>(sm.residual + i * L::kResidualStride + col) = make_float2(
           beta * (v0 - k_coef * ks[nt][2 * h]), beta * (v1 - k_coef * ks[nt][2 * h + 1]));
       o[nt][2 * h] = q_coef * qs[nt][2 * h];
@@ -502,12 +565,12 @@ __device__ __forceinline__ void write_scores(const Params& p, const Shared<T, K>
     }
   }
 
-  const QueryRows<T> q_rows = query_rows<T>(p, wk, c0, count);
+  const QueryBits<T, K> q = load_query_bits<T, K>(p, wk, c0, count);
   rows_times_keys<T, K, L::kSplitInputs>(
       sm,
       [&](int k0, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
         float unused[2] = {0.0f, 0.0f};
-        load_query_fragment<T>(q_rows, p.pairs_q, k0, hi, lo, unused);
+        query_fragment<T, K>(q, k0 / 16, hi, lo, unused);
       },
       acc);
 #pragma unroll
