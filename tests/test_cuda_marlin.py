@@ -1,9 +1,9 @@
 """W4A16 / W8A16 in the Marlin format on a GPU: repacks bit for bit against the
 pure-torch layout (tests/marlin_reference.py), and gptq_marlin_gemm against a float64
 product with the dequantized weight, (q - zero) * scale, over M, shapes with tails,
-both activation dtypes, every group size and weight type, act-order, zero points,
-c=, split-K, Hopper's fused wgmma and dequantize + GEMM paths, CUDA graphs and a second
-GPU."""
+both activation dtypes, every group size and weight type (fp8 e4m3 too: fp8(q) * scale),
+act-order, zero points, c=, split-K, Hopper's fused wgmma and dequantize + GEMM paths,
+CUDA graphs and a second GPU."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from mllm_kernel.cuda.jit import (
     scalar_types,
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
+from mllm_kernel.cuda.jit.marlin_format import fp8_fused_exponent_bias_into_scales
 
 pytestmark = pytest.mark.cuda
 
@@ -72,6 +73,11 @@ class Weights:
         self.type_id, self.n = scalar_type.id, n
         groups = 1 if group_size == -1 else k // group_size
         q = torch.randint(0, 2**bits, (k, n))
+        fp8 = scalar_type == scalar_types.float8_e4m3fn
+        if fp8:
+            # Every byte but the two NaNs (0x7f, 0xff): subnormals, both zeros, +-448.
+            q = torch.randint(0, 254, (k, n))
+            q += (q >= 0x7F).long()
         scales = (torch.rand(groups, n) * 0.02 + 0.005).to(dtype)
         if act_order:
             rows_group = torch.arange(k) // group_size
@@ -85,6 +91,12 @@ class Weights:
         self.b_q_weight = gptq_marlin_repack(pack_gptq(q, bits).to(device), self.perm, k, n, bits)
         self.b_scales = marlin_permute_scales(scales, k, n, group_size).to(device)
         self.b_zeros, self.is_zp_float = None, zp_float
+        if fp8:
+            # The kernel's fp8 weights leave the exponent bias to the scales.
+            self.b_scales = fp8_fused_exponent_bias_into_scales(self.b_scales)
+            values = q.to(torch.uint8).view(torch.float8_e4m3fn).double()
+            self.w = dequantize(values, scales, 0.0, rows_group).to(device)
+            return
         if scalar_type.bias:
             zeros = float(scalar_type.bias)
         elif zp_float:
@@ -476,6 +488,48 @@ def test_gemm_plans_once_per_shape(monkeypatch):
     assert [p[:3] for p in planned] == [(3, 256, 512), (2, 256, 512)]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("m", [1, 5, 16, 64, 300, 1024])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_gemm_fp8_weights(dtype, group_size, m, n, k):
+    """float8_e4m3fn weights (every non-NaN byte) repacked as 8-bit weights, channelwise
+    or group-128 scales with the exponent bias fused in: against fp8(q) * scale in
+    float64, into a NaN-poisoned c (every element written). On Hopper M = 300 and 1024
+    run dequantize + GEMM, the smaller M (and everywhere else every M) the streaming
+    kernel's fp8 builds."""
+    torch.manual_seed(m + n + k + group_size)
+    w = Weights(k, n, dtype, "float8_e4m3fn", group_size)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    workspace = marlin_make_workspace("cuda")
+    out = _run(w, a, c=c, workspace=workspace)
+    assert out.data_ptr() == c.data_ptr()
+    _check(out, a, w)
+    assert not workspace.any(), "the workspace is left zeroed"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_fp8_extreme_values_are_exact(dtype):
+    """Weights of single fp8 values (the largest normal, the smallest subnormal and its
+    negative, zero) in one column each, times a one-hot a: each output is one weight times
+    its scale, which the kernel rounds once, like torch."""
+    k, n = 256, 256
+    values = torch.tensor([0x7E, 0x01, 0x81, 0x00, 0xFE, 0x08], dtype=torch.int64)
+    q = values.repeat(n // len(values) + 1)[:n].expand(k, n).contiguous()
+    scales = torch.full((1, n), 0.5, dtype=dtype)
+    b_q_weight = gptq_marlin_repack(pack_gptq(q, 8).cuda(), None, k, n, 8)
+    b_scales = fp8_fused_exponent_bias_into_scales(marlin_permute_scales(scales, k, n, -1)).cuda()
+    a = torch.zeros(16, k, dtype=dtype, device="cuda")
+    a[torch.arange(16), torch.arange(16) * 7] = 1
+    out = gptq_marlin_gemm(
+        a, None, b_q_weight, b_scales, None, None, None, None, marlin_make_workspace("cuda"),
+        scalar_types.float8_e4m3fn.id, 16, n, k,
+    )  # fmt: skip
+    want = (q[0].to(torch.uint8).view(torch.float8_e4m3fn).double() * 0.5).to(dtype)
+    assert torch.equal(out.cpu(), want.expand(16, n))
+
+
 # The tensors' checks, all in the kernels' C++ (marlin_layout.cuh's check_operands):
 # each refusal names the argument, the expected and what came.
 M, N, K = 3, 128, 256
@@ -596,6 +650,40 @@ def _made(value):
         ({"c": _cuda(M, N, dtype=torch.bfloat16)}, TypeError, "argument 'c'"),
         ({"c": _cuda(M, N + 64, dtype=torch.float16)}, ValueError, "argument 'c'.*size_n"),
         ({"c": _cuda(M, 2 * N, dtype=torch.float16, step=2)}, ValueError, "argument 'c'.*contig"),
+        # fp8 weights: 8-bit words, scales in a's dtype, per channel or groups of 128.
+        (
+            {"b_q_type_id": scalar_types.float8_e4m3fn.id},
+            ValueError,
+            r"argument 'b_q_weight': expected shape \[16, 512\] .*8-bit",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float8_e4m3fn.id,
+                "b_q_weight": _cuda(K // 16, N * 4, dtype=torch.int32),
+                "b_scales": _cuda(2, N, dtype=torch.float32),
+            },
+            TypeError,
+            "argument 'b_scales': expected dtype in {float16} but got float32",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float8_e4m3fn.id,
+                "b_q_weight": _cuda(K // 16, N * 4, dtype=torch.int32),
+                "b_scales": _cuda(4, N, dtype=torch.float16),
+            },
+            ValueError,
+            r"argument 'b_scales': 4 groups over size_k=256 is not a group size fp8 weights "
+            r"take; expected -1 \(one group: per channel\) or 128",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float8_e4m3fn.id,
+                "b_q_weight": _cuda(K // 16, N * 4, dtype=torch.int32),
+                "b_scales": _cuda(8, N, dtype=torch.float16),
+            },
+            ValueError,
+            "argument 'b_scales': 8 groups over size_k=256 is not a group size fp8",
+        ),
     ],
 )
 def test_gemm_rejects_bad_inputs(override, error, match):

@@ -20,6 +20,7 @@ from mllm_kernel.cuda.jit import (
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
 from mllm_kernel.cuda.jit.gptq_marlin import FUSED_MAX_M, FUSED_MIN_M, fused_tiling, plan
+from mllm_kernel.cuda.jit.marlin_format import fp8_fused_exponent_bias_into_scales
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
@@ -121,14 +122,17 @@ def test_ops_are_registered_under_their_public_names():
         assert name in entries, f"{name} is not registered"
     variants = entries["gptq_marlin_gemm"].variants
     # both dtypes x 16/64 tokens per CTA x (4-bit: type zero, int zeros, float zeros,
-    # act-order; 8-bit: the same but float zeros), and 8 tokens per CTA where scales
-    # are deferred: 4-bit fp16 and bf16 (3 zero modes each), 8-bit fp16 (2)
-    assert len(variants) == 28 + 8 and len(set(variants)) == 36
+    # act-order; 8-bit: type zero, int zeros, act-order, fp8), and 8 tokens per CTA where
+    # scales are deferred: 4-bit fp16 and bf16 (3 zero modes each), 8-bit fp16 (2)
+    assert len(variants) == 32 + 8 and len(set(variants)) == 40
     eight = {(v[0], v[1], v[3]) for v in variants if v[2] == 8}
     assert len(eight) == 8 and not any(v[4] for v in variants if v[2] == 8)
     assert (torch.bfloat16, 8, 0) not in eight, "8-bit bf16 weights are not deferred"
     assert all(v[3] == 0 for v in variants if v[4]), "act-order only with the type's zero"
     assert all(v[1] == 4 for v in variants if v[3] == 2), "float zero points only for 4 bits"
+    fp8 = {v for v in variants if v[3] == 3}
+    dtypes = (torch.float16, torch.bfloat16)
+    assert fp8 == {(dtype, 8, rows, 3, False) for dtype in dtypes for rows in (16, 64)}
 
 
 def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
@@ -308,6 +312,28 @@ def test_gemm_refuses_on_any_device(override, error, match):
             ValueError,
             "argument 'is_zp_float': float zero points need uint4",
         ),
+        (
+            {
+                "b_q_type_id": scalar_types.float8_e4m3fn.id,
+                "b_zeros": torch.zeros(2, N // 4, dtype=torch.int32),
+            },
+            ValueError,
+            "argument 'b_zeros': float8_e4m3fn weights take no zero points",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float8_e4m3fn.id,
+                "g_idx": torch.zeros(K, dtype=torch.int32),
+                "perm": torch.zeros(K, dtype=torch.int32),
+            },
+            ValueError,
+            r"argument 'g_idx': act-order .* not supported for float8_e4m3fn",
+        ),
+        (
+            {"b_q_type_id": scalar_types.float4_e2m1f.id},
+            ValueError,
+            r"argument 'b_q_type_id': \d+ is not a supported weight type.*float8_e4m3fn",
+        ),
     ],
 )
 def test_gemm_refuses_what_no_kernel_is_built_for(override, error, match):
@@ -345,6 +371,27 @@ def test_sizes_are_the_kernels_to_check(monkeypatch, m, n, k, shape):
         assert call.shape == shape and call.plan.split >= 1
 
 
+@pytest.mark.parametrize("hopper", [False, True])
+@pytest.mark.parametrize("m", [1, 8, 16, 64, 255, 256, 1024, 4096])
+def test_fp8_weights_plan_the_streaming_kernel_or_dequantize_and_gemm(monkeypatch, hopper, m):
+    """fp8 weights never take the fused kernel (4-bit only) nor 8-token CTAs (their
+    scales are not deferred): the streaming kernel's fp8 build of 16 or 64 tokens, or on
+    Hopper from DEQUANT_GEMM_MIN_M dequantize + GEMM, with zero mode 3 (kFp8)."""
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})
+    for module in ("_STREAM", "_FUSED", "_DEQUANTIZE"):
+        monkeypatch.setattr(gptq_marlin_module, module, _AnyBuild())
+    monkeypatch.setattr(gptq_marlin_module, "_devices", {0: (132, hopper, hopper)})
+    for dtype in (torch.float16, torch.bfloat16):
+        key = (m, 4096, 4096, 0, dtype, scalar_types.float8_e4m3fn.id, False, False, False)
+        call = gptq_marlin_module._planned(key, torch.zeros(1))
+        assert call.zero_mode == 3 and call.bias == 0 and call.plan.fused_tokens == 0
+        if hopper and m >= gptq_marlin_module.DEQUANT_GEMM_MIN_M:
+            assert call.plan.dequant_gemm and call.module == (0, dtype, 8, False)
+        else:
+            rows = 16 if m <= 16 else 64
+            assert call.module == (0, dtype, 8, rows, 3, False)
+
+
 class _AnyBuild:
     """Stands in for a KernelModule: every variant is a module named by its key."""
 
@@ -370,3 +417,15 @@ def test_format_helpers_reject_bad_inputs():
         marlin_zero_points(torch.zeros(2, 128), 256, 128, 2)
     with pytest.raises(ValueError, match=r"argument 'device'.*CUDA"):
         marlin_make_workspace("cpu")
+    with pytest.raises(TypeError, match=r"argument 's': expected dtype float16 or bfloat16"):
+        fp8_fused_exponent_bias_into_scales(torch.ones(1, 64))
+
+
+@pytest.mark.parametrize(("dtype", "gap"), [(torch.float16, 8), (torch.bfloat16, 120)])
+def test_fp8_scales_carry_the_exponent_bias(dtype, gap):
+    """Exactly 2**8 (fp16) or 2**120 (bf16) times the scales, a new tensor, as vLLM's
+    helper of the same name (the kernel leaves the bias out of its fp8 weights)."""
+    s = (torch.rand(3, 128) * 0.1 + 1e-3).to(dtype)
+    fused = fp8_fused_exponent_bias_into_scales(s)
+    assert fused.dtype == dtype and fused.data_ptr() != s.data_ptr()
+    assert torch.equal(fused.double(), s.double() * 2.0**gap)

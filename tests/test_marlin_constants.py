@@ -4,7 +4,9 @@ kernels' own headers (``include/mllm_kernel/cuda/marlin_config.cuh``,
 prints the headers' values (the streaming kernel's CTA width, turn and split-K limits,
 the builds that defer scales, the fused kernel's tile and split limits per token tile,
 the zero modes, and where the scale and zero-point permutations put each column), which
-each test compares with the Python copy the plan or the format helpers use.
+each test compares with the Python copy the plan or the format helpers use; and the fp8
+e4m3 dequantization (``dequant.cuh``'s ``Fp8Dequant``) of all 256 byte values, against
+torch's float8_e4m3fn in float64.
 
 No GPU: the program runs on the host and calls no CUDA function.
 """
@@ -23,7 +25,10 @@ marlin_format = importlib.import_module("mllm_kernel.cuda.jit.marlin_format")
 pytestmark = pytest.mark.nvcc
 
 CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
-ZERO_MODES = ("kBias", "kIntZero", "kFloatZero")
+ZERO_MODES = ("kBias", "kIntZero", "kFloatZero", "kFp8")
+# Byte j of fp8 test word b is (b + 64 j) % 256: every byte value sits in every byte of
+# some word, and a word's four bytes differ.
+FP8_WORDS = [sum(((b + 64 * j) % 256) << (8 * j) for j in range(4)) for b in range(256)]
 
 
 def _program() -> str:
@@ -45,6 +50,7 @@ def _program() -> str:
         "#include <cuda_fp16.h>",
         "#include <cstdio>",
         '#include "mllm_kernel/cuda/cluster.cuh"',
+        '#include "mllm_kernel/cuda/dequant.cuh"',
         '#include "mllm_kernel/cuda/marlin_config.cuh"',
         '#include "mllm_kernel/cuda/marlin_layout.cuh"',
         "using namespace mllm_kernel::cuda;",
@@ -72,6 +78,17 @@ def _program() -> str:
     lines += series("channel_scale_position", "marlin::channel_scale_position", 64)
     for bits in (4, 8):
         lines += series(f"word_slot_{bits}", f"marlin::word_slot<{bits}>", 32 // bits)
+    words = ", ".join(f"{word}u" for word in FP8_WORDS)
+    lines.append(f"  constexpr unsigned kFp8Words[] = {{{words}}};")
+    for dtype, cpp in CPP_TYPES.items():
+        lines.append(show(f"fp8_gap_{dtype}", f"Fp8Dequant<{cpp}>::kExponentGap"))
+        for pair in (0, 1):
+            lines += [
+                f'  std::printf("fp8_pairs_{dtype}_{pair}");',
+                "  for (unsigned word : kFp8Words)",
+                f'    std::printf(" %u", Fp8Dequant<{cpp}>::pair_bits(word, {pair}));',
+                '  std::printf("\\n");',
+            ]
     return "\n".join([*lines, "  return 0;", "}"]) + "\n"
 
 
@@ -139,3 +156,30 @@ def test_packed_words_are_ordered_as_the_kernels_read(kernel_facts, bits):
     is the kernels' word_slot."""
     slots = kernel_facts[f"word_slot_{bits}"]
     assert [slots[value] for value in marlin_format._WORD_ORDER[bits]] == list(range(32 // bits))
+
+
+def test_fp8_exponent_gap_is_the_kernels(kernel_facts):
+    """fp8_fused_exponent_bias_into_scales multiplies by what Fp8Dequant leaves out."""
+    for dtype in CPP_TYPES:
+        assert kernel_facts[f"fp8_gap_{dtype}"] == [marlin_format.FP8_EXPONENT_GAP[dtype]]
+
+
+@pytest.mark.parametrize("dtype", CPP_TYPES)
+def test_fp8_dequant_of_every_byte_is_torchs_float8(kernel_facts, dtype):
+    """Each of the 256 bytes, in each byte of a word (pair 0 is bytes 0 and 2, pair 1
+    bytes 1 and 3, the low half first), dequantizes to T bits whose value times
+    2**kExponentGap is the byte's float8_e4m3fn value exactly (subnormals, +-0 and the
+    largest, +-448, included); the two NaN bytes are the caller's to avoid."""
+    gap = marlin_format.FP8_EXPONENT_GAP[dtype]
+    words = torch.tensor(FP8_WORDS, dtype=torch.int64)
+    byte = [(words >> (8 * j)) & 0xFF for j in range(4)]
+    for pair in (0, 1):
+        bits = torch.tensor(kernel_facts[f"fp8_pairs_{dtype}_{pair}"], dtype=torch.int64)
+        for half, j in ((0, pair), (1, pair + 2)):
+            got = ((bits >> (16 * half)) & 0xFFFF).to(torch.int32).to(torch.int16).view(dtype)
+            want = byte[j].to(torch.uint8).view(torch.float8_e4m3fn).double()
+            finite = ~want.isnan()
+            assert finite.sum() == 254
+            assert torch.equal(got.double()[finite] * 2.0**gap, want[finite])
+            # The signs of zeros too.
+            assert torch.equal(got[finite].signbit(), want[finite].signbit())

@@ -1,6 +1,6 @@
-"""W4A16 / W8A16 in the Marlin format: ``gptq_marlin_gemm`` and the repacks that bring
-GPTQ and AWQ checkpoints to its weight layout, with the original mllm-kernel's
-signatures (those of vLLM and sglang)."""
+"""W4A16 / W8A16 (integer or fp8 weights) in the Marlin format: ``gptq_marlin_gemm`` and
+the repacks that bring GPTQ, AWQ and fp8 checkpoints to its weight layout, with the
+original mllm-kernel's signatures (those of vLLM and sglang)."""
 
 from __future__ import annotations
 
@@ -44,15 +44,19 @@ def gptq_marlin_gemm(
       ``b_zeros`` None or empty), or ``uint4.id`` / ``uint8.id`` with ``b_zeros``: int32
       ``[num_groups, size_n * bits // 32]`` from ``marlin_zero_points`` /
       ``awq_to_marlin_zero_points``, or with ``is_zp_float`` float zero points in
-      ``a.dtype`` ``[num_groups, size_n]`` permuted like the scales (4-bit only).
+      ``a.dtype`` ``[num_groups, size_n]`` permuted like the scales (4-bit only); or
+      ``float8_e4m3fn.id``: fp8 e4m3 bytes packed as 8-bit weights (``gptq_marlin_repack``
+      with ``num_bits=8``), ``dequant(q) = fp8(q) * scale``, group size -1 or 128, the
+      scales carrying the exponent bias (``fp8_fused_exponent_bias_into_scales``, after
+      ``marlin_permute_scales``), no zero points, no act-order.
     - Act-order: ``g_idx`` (the group of each row, in Marlin row order: sorted) and
       ``perm`` (the repack's permutation), int32 ``[size_k]`` each, or both empty/None.
       ``is_k_full=False`` (K split over ranks) lifts the check that the groups divide K.
       Group indices must lie in ``[0, num_groups)`` and ``perm``'s in ``[0, size_k)``
-      (they are clamped, not checked). Not with zero points.
+      (they are clamped, not checked). Not with zero points nor fp8.
     - ``workspace``: int32, one entry per SM at least (``marlin_make_workspace``), zero
       between calls (left zero).
-    - ``global_scale`` must be None or empty (no FP4 types). ``use_atomic_add`` and
+    - ``global_scale`` must be None or empty (no FP4 types yet). ``use_atomic_add`` and
       ``use_fp32_reduce`` are accepted for compatibility: partial sums are always
       reduced in fp32, in a fixed order (run to run identical results).
     - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).

@@ -1,5 +1,5 @@
-// Integer weights -> fp16/bf16 pairs in registers, exactly, with the magic-number
-// trick: OR-ing a small integer q into the low mantissa bits of a 16-bit float
+// Integer and fp8 weights -> fp16/bf16 pairs in registers, exactly. Integers take
+// the magic-number trick: OR-ing a small integer q into the low mantissa bits of a 16-bit float
 // whose unit in the last place is 1 gives `magic + q`; subtracting `magic + zero`
 // leaves `q - zero` without a conversion instruction. fp16 uses magic 1024 (ulp 1
 // up to 2048), bf16 magic 128 (ulp 1 up to 256: enough for 4-bit values; 8-bit
@@ -113,6 +113,32 @@ struct IntDequant {
       const float hi = __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | (i + 2))) - offset;
       return pair_of<T>(lo, hi);
     }
+  }
+};
+
+/// fp8 e4m3 (float8_e4m3fn) bytes of a packed word as `T` pairs, by moving bits: a
+/// byte's sign to T's sign bit, its 4 exponent and 3 mantissa bits under the low bits of
+/// T's exponent and the top of its mantissa. The result is the byte's value times
+/// 2^-kExponentGap (the difference of the exponent biases: fp16 15 - 7, bf16 127 - 7),
+/// exactly, subnormals included (they land on T's subnormals or, in bf16, its normals'
+/// range); the scales carry 2^kExponentGap, as vLLM's Marlin expects them (its
+/// fp8_fused_exponent_bias_into_scales). NaN bytes (0x7f, 0xff) come out as finite
+/// values. Pairs as for 8-bit integers: (byte i, byte i + 2).
+template <typename T>
+struct Fp8Dequant {
+  // T's mantissa bits less e4m3's 3: how far a byte's exponent and mantissa move up.
+  static constexpr int kShift = std::is_same_v<T, __half> ? 7 : 4;
+  static constexpr int kExponentGap = std::is_same_v<T, __half> ? 8 : 120;
+
+  /// Pair `i` (0 or 1) of `word` as the bits of two T values (byte i low, i + 2 high).
+  __host__ __device__ static constexpr uint32_t pair_bits(uint32_t word, int i) {
+    // Bytes i and i + 2 at bits 8..15 and 24..31, where each half's sign bit is theirs.
+    const uint32_t high = i == 0 ? word << 8 : word;
+    return (high & 0x80008000u) | ((high & 0x7f007f00u) >> (8 - kShift));
+  }
+
+  __device__ __forceinline__ static Pair<T> pair(uint32_t word, int i) {
+    return pair_from_bits<T>(pair_bits(word, i));
   }
 };
 

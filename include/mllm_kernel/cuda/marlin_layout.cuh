@@ -19,7 +19,9 @@
 namespace mllm_kernel::cuda {
 namespace marlin {
 
-enum ZeroMode : int { kBias = 0, kIntZero = 1, kFloatZero = 2 };
+// How a weight becomes a value: q minus the type's zero (kBias), an int or a float zero
+// point, or, for fp8 e4m3 weights (kFp8), the float itself (dequant.cuh's Fp8Dequant).
+enum ZeroMode : int { kBias = 0, kIntZero = 1, kFloatZero = 2, kFp8 = 3 };
 
 struct Params {
   const void* a;  // [M, K], row stride lda
@@ -100,8 +102,10 @@ inline void check_tile_sizes(int64_t size_k, int64_t size_n) {
 }
 
 /// Rows per group as the kernels take them (0: one group over K, or act-order, where
-/// g_idx gives each row its group) for `groups` rows of scales over `size_k`.
-inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool is_k_full) {
+/// g_idx gives each row its group) for `groups` rows of scales over `size_k` (for `fp8`
+/// weights: one group or groups of 128).
+inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool is_k_full,
+                          bool fp8) {
   if (act_order) {
     ValueCheck(!is_k_full || (groups > 1 && size_k % groups == 0),
                "argument 'b_scales': act-order with is_k_full=True needs num_groups > 1 "
@@ -111,6 +115,10 @@ inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool i
   }
   if (groups == 1) return 0;
   const int64_t size = size_k % groups == 0 ? size_k / groups : 0;
+  // The original's fp8 builds: per channel or groups of 128.
+  ValueCheck(!fp8 || size == 128, "argument 'b_scales': ", groups, " groups over size_k=", size_k,
+             " is not a group size fp8 weights take; expected -1 (one group: per channel) or "
+             "128");
   ValueCheck(size >= 32 && (size & (size - 1)) == 0, "argument 'b_scales': ", groups,
              " groups over size_k=", size_k,
              " is not a supported group size; expected group sizes -1 (one group: per "
@@ -181,9 +189,12 @@ inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
     RuntimeCheck(!g_idx.has_value() && !perm.has_value(),
                  "g_idx/perm given to a build without act-order");
   }
-  const int64_t rows_per_group = group_size(groups.value(), size_k, act_order, is_k_full);
-  if (zero_mode == kBias) {
-    RuntimeCheck(!b_zeros.has_value(), "b_zeros given for zero_mode kBias");
+  const int64_t rows_per_group =
+      group_size(groups.value(), size_k, act_order, is_k_full, zero_mode == kFp8);
+  if (zero_mode == kBias || zero_mode == kFp8) {
+    RuntimeCheck(!b_zeros.has_value(), "b_zeros given for zero_mode ", zero_mode);
+    RuntimeCheck(zero_mode == kBias || (bits == 8 && !act_order),
+                 "fp8 weights: 8 bits, without act-order");
   } else {
     RuntimeCheck(b_zeros.has_value(), "b_zeros missing for zero_mode ", zero_mode);
     if (zero_mode == kIntZero) {

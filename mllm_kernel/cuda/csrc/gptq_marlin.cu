@@ -1,7 +1,9 @@
 // W4A16 / W8A16 GEMM on weights in the Marlin layout (see marlin_repack.cu):
 //   c[M, N] = a[M, K] @ dequant(b)[K, N],  dequant(q) = (q - zero) * scale,
 // with zero the type's bias (uint4b8: 8, uint8b128: 128), an int zero point per
-// group and column (uint4/uint8 + b_zeros) or a float one (is_zp_float).
+// group and column (uint4/uint8 + b_zeros) or a float one (is_zp_float); or, for fp8
+// e4m3 bytes (zero mode kFp8), dequant(q) = fp8(q) * scale, with the scales carrying
+// the exponent bias that dequant.cuh's Fp8Dequant leaves out.
 //
 // Streaming kernel (`marlin_stream_kernel`), for the small M of decoding, where
 // reading the weights bounds the time. A CTA is 4 warps; each warp owns one 64-column
@@ -12,10 +14,10 @@
 // activations (`Rows` = 8, 16 or 64 tokens per CTA) pass through two shared-memory
 // chunks of 256 k; those chunks are the CTA's only barriers. The tiles are multiplied
 // with mma.sync m16n8k16 into fp32, four tiles a turn, in one of two ways:
-//   - 8 or 16 tokens (no act-order, not 8-bit weights in bf16): the weights are the A
-//     operand, entering as magic + step q straight from their bits, the tokens one or
-//     two B operands, and each group's scale and zero apply once to its fp32 sums
-//     (DeferredScales);
+//   - 8 or 16 tokens (no act-order, not 8-bit weights in bf16, not fp8): the weights
+//     are the A operand, entering as magic + step q straight from their bits, the
+//     tokens one or two B operands, and each group's scale and zero apply once to its
+//     fp32 sums (DeferredScales);
 //   - otherwise the weights are dequantized in registers (the magic-number trick,
 //     dequant.cuh), scaled, and are the B operand of 16-row blocks of activations.
 // Scales and zero points are loaded one group ahead, and the zero mode and act-order
@@ -152,8 +154,9 @@ template <int Bits>
 using LaneWords = Vec<uint32_t, Bits == 4 ? 4 : 8>;
 
 /// Block jb (columns 8 jb + g) of a lane's tile words, dequantized: rows 2t + {0, 1}
-/// in `lo`, 2t + {8, 9} in `hi` (the two B registers of an m16n8k16 mma).
-template <typename T, int Bits, bool ActOrder, bool FloatZero>
+/// in `lo`, 2t + {8, 9} in `hi` (the two B registers of an m16n8k16 mma). `ZeroMode`
+/// kFp8 reads the bytes as fp8 e4m3 (their exponent bias is in the scales).
+template <typename T, int Bits, bool ActOrder, int ZeroMode>
 __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int jb,
                                               const TileConstants<T, Bits, ActOrder>& tc,
                                               Pair<T>& lo, Pair<T>& hi) {
@@ -167,9 +170,15 @@ __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int 
   } else {
     word = words.data[jb], first = 0;
   }
-  lo = Deq::pair(word, first, tc.offset[jb]);
-  hi = Deq::pair(word, first + 1, tc.offset[jb]);
-  if constexpr (FloatZero) {
+  if constexpr (ZeroMode == kFp8) {
+    static_assert(Bits == 8, "fp8 weights are bytes");
+    lo = Fp8Dequant<T>::pair(word, 0);
+    hi = Fp8Dequant<T>::pair(word, 1);
+  } else {
+    lo = Deq::pair(word, first, tc.offset[jb]);
+    hi = Deq::pair(word, first + 1, tc.offset[jb]);
+  }
+  if constexpr (ZeroMode == kFloatZero) {
     const Pair<T> zero{tc.float_zero.data[jb], tc.float_zero.data[jb]};
     lo = __hsub2(lo, zero);
     hi = __hsub2(hi, zero);
@@ -186,7 +195,7 @@ __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int 
 
 /// Dequantizes a lane's tile words and multiplies them with the A fragments of the row
 /// blocks that hold any of the `rows` valid rows.
-template <typename T, int Bits, int MBlocks, bool ActOrder, bool FloatZero>
+template <typename T, int Bits, int MBlocks, bool ActOrder, int ZeroMode>
 __device__ __forceinline__ void tile_mma(float (&acc)[MBlocks][8][4],
                                          const uint32_t (&a_frag)[MBlocks][4],
                                          const LaneWords<Bits>& words,
@@ -194,7 +203,7 @@ __device__ __forceinline__ void tile_mma(float (&acc)[MBlocks][8][4],
 #pragma unroll
   for (int jb = 0; jb < 8; ++jb) {
     Pair<T> lo, hi;
-    dequant_block<T, Bits, ActOrder, FloatZero>(words, jb, tc, lo, hi);
+    dequant_block<T, Bits, ActOrder, ZeroMode>(words, jb, tc, lo, hi);
 #pragma unroll
     for (int mb = 0; mb < MBlocks; ++mb) {
       if (mb == 0 || mb * 16 < rows) {
@@ -442,7 +451,9 @@ struct StreamConfig {
   static constexpr int kZeroMode = ZeroMode;
   static constexpr bool kActOrder = ActOrder;
   static_assert(!ActOrder || ZeroMode == kBias, "act-order takes the type's zero");
-  static constexpr bool kDeferred = kDefersScales<T, Bits, Rows, ActOrder>;
+  static_assert(ZeroMode != kFp8 || Bits == 8, "fp8 weights are bytes");
+  // fp8 values enter the mma scaled: unscaled, bf16's would be some 2^-120.
+  static constexpr bool kDeferred = ZeroMode != kFp8 && kDefersScales<T, Bits, Rows, ActOrder>;
   static_assert(Rows != 8 || kDeferred, "8-token CTAs are for deferred scales");
   static constexpr int kMBlocks = Rows > 16 ? Rows / 16 : 1;  // 16-row A blocks
   static constexpr int kTokenBlocks = Rows / 8;               // 8-token B blocks (deferred)
@@ -633,8 +644,8 @@ struct StreamConsumer {
       for (int mb = 0; mb < C::kMBlocks; ++mb) {
         ldmatrix_x4(a_frag[mb], a_tiles + chunks.offset[mb][u]);
       }
-      tile_mma<T, C::kBits, C::kMBlocks, C::kActOrder, C::kZeroMode == kFloatZero>(
-          acc, a_frag, words, constants, rows);
+      tile_mma<T, C::kBits, C::kMBlocks, C::kActOrder, C::kZeroMode>(acc, a_frag, words, constants,
+                                                                     rows);
     }
   }
 
@@ -955,10 +966,14 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb) {
       Pair<T> lo, hi;
+      // fp8 weights come to the 8-bit builds without act-order.
+      constexpr int kFp8Here = Bits == 8 && !ActOrder ? kFp8 : kBias;
       if (p.zero_mode == kFloatZero) {
-        dequant_block<T, Bits, ActOrder, true>(words, jb, tc, lo, hi);
+        dequant_block<T, Bits, ActOrder, kFloatZero>(words, jb, tc, lo, hi);
+      } else if (p.zero_mode == kFp8) {
+        dequant_block<T, Bits, ActOrder, kFp8Here>(words, jb, tc, lo, hi);
       } else {
-        dequant_block<T, Bits, ActOrder, false>(words, jb, tc, lo, hi);
+        dequant_block<T, Bits, ActOrder, kBias>(words, jb, tc, lo, hi);
       }
       *reinterpret_cast<Pair<T>*>(&tile[8 * jb + lane / 4][k_local]) = lo;
       *reinterpret_cast<Pair<T>*>(&tile[8 * jb + lane / 4][k_local + 8]) = hi;
@@ -1015,7 +1030,7 @@ void permute_a(Params& p, tvm::ffi::Optional<TensorView> scratch, SymbolicDevice
 /// split > 1 the K slices of `k_tiles_per_split` k16 tiles are summed in a cluster's
 /// shared memory (`cluster_reduce`, sm_90 and newer) or through `partials` fp32 [split,
 /// M, N] and the workspace's counters (one row block). `ZeroMode` is the build's zero mode
-/// (kBias, kIntZero, kFloatZero).
+/// (kBias, kIntZero, kFloatZero, or kFp8 for fp8 e4m3 weights).
 template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
 void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
@@ -1032,7 +1047,7 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
                             is_k_full, bias);
   p.split = static_cast<int>(split);
   p.k_tiles_per_split = static_cast<int>(k_tiles_per_split);
-  using Layout = StreamLayout<Bits, Rows, kDefersScales<T, Bits, Rows, ActOrder>>;
+  using Layout = typename StreamConfig<T, Bits, Rows, ZeroMode, ActOrder>::Layout;
   const int64_t column_tiles = div_ceil<int64_t>(size_n, kStreamCols);
   RuntimeCheck(k_tiles_per_split > 0 && k_tiles_per_split % kTurnTiles == 0 && split >= 1 &&
                    split * k_tiles_per_split >= size_k / 16,

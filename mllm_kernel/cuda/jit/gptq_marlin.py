@@ -1,7 +1,8 @@
 """``gptq_marlin_gemm`` on the GPU (declared in :mod:`mllm_kernel.ops.marlin`):
-fp16/bf16 activations times 4- or 8-bit weights in the Marlin format (GPTQ and AWQ
-checkpoints through :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`), with the
-original mllm-kernel's module path.
+fp16/bf16 activations times 4- or 8-bit integer or fp8 e4m3 weights in the Marlin format
+(GPTQ and AWQ checkpoints through :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`,
+fp8 bytes through :func:`gptq_marlin_repack` with ``num_bits=8``), with the original
+mllm-kernel's module path.
 
 Three ways to run, chosen per call by :func:`plan` (the one place that knows):
 
@@ -102,15 +103,19 @@ class WeightType:
     scalar_type: ScalarType
     bits: int
     needs_zeros: bool  # uint4 / uint8: zero points come in b_zeros
+    fp8: bool = False  # float8_e4m3fn: the bytes are floats (zero mode "fp8")
 
 
 _WEIGHT_TYPES = {
     t.id: WeightType(t, t.size_bits, t.bias == 0)
     for t in (scalar_types.uint4b8, scalar_types.uint8b128, scalar_types.uint4, scalar_types.uint8)
 }
+_WEIGHT_TYPES[scalar_types.float8_e4m3fn.id] = WeightType(
+    scalar_types.float8_e4m3fn, 8, needs_zeros=False, fp8=True
+)
 # The builds' zero modes (marlin_layout.cuh's ZeroMode): the type's zero, int or float
-# zero points.
-_ZERO_MODE = {"bias": 0, "int": 1, "float": 2}
+# zero points, or fp8 e4m3 values.
+_ZERO_MODE = {"bias": 0, "int": 1, "float": 2, "fp8": 3}
 
 
 def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
@@ -122,17 +127,19 @@ def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
 
 def _stream_variants() -> list[tuple]:
     """(dtype, bits, tokens per CTA, zero mode, act-order) the streaming kernel is built
-    in: float zero points only for 4-bit weights, act-order only with the type's zero,
-    8 tokens only with deferred scales."""
+    in: float zero points only for 4-bit weights, fp8 only for 8-bit ones (without
+    act-order), act-order only with the type's zero, 8 tokens only with deferred scales
+    (never fp8's)."""
     variants = []
     for dtype in _DTYPES:
         for bits in (4, 8):
-            modes = [(0, False), (1, False), (0, True)] + ([(2, False)] if bits == 4 else [])
+            modes = [(0, False), (1, False), (0, True)]
+            modes.append((_ZERO_MODE["float"] if bits == 4 else _ZERO_MODE["fp8"], False))
             for rows in _ROWS:
                 variants += [
                     (dtype, bits, rows, zero, act)
                     for zero, act in modes
-                    if rows != 8 or _defers_scales(dtype, bits, act)
+                    if rows != 8 or (zero != _ZERO_MODE["fp8"] and _defers_scales(dtype, bits, act))
                 ]
     return variants
 
@@ -344,7 +351,7 @@ def _planned(key: tuple, a: torch.Tensor) -> _Call:
     how = plan(
         shape[0], max(n, 64), max(k, 16), sms, hopper, sms, clusters,
         fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"],
-        eight_rows=_defers_scales(dtype, bits, act_order),
+        eight_rows=not weight_type.fp8 and _defers_scales(dtype, bits, act_order),
     )  # fmt: skip
     if how.fused_tokens:
         module = _FUSED[index, dtype, how.fused_tokens, zero_mode]
@@ -371,7 +378,20 @@ def _weight_type(type_id: int) -> WeightType:
 
 
 def _zero_mode(weight_type: WeightType, zeros: bool, act_order: bool, is_zp_float: bool) -> int:
-    """The zero mode of the build: the type's zero, int or float zero points."""
+    """The zero mode of the build: the type's zero, int or float zero points, or fp8."""
+    if weight_type.fp8:
+        # The original's fp8 builds: no zero points, no act-order.
+        if zeros:
+            raise ValueError(
+                "argument 'b_zeros': float8_e4m3fn weights take no zero points; pass None or "
+                "an empty b_zeros"
+            )
+        if act_order:
+            raise ValueError(
+                "argument 'g_idx': act-order (g_idx/perm) is not supported for "
+                "float8_e4m3fn weights; pass None or empty tensors"
+            )
+        return _ZERO_MODE["fp8"]
     if not weight_type.needs_zeros:
         if zeros:
             raise ValueError(
@@ -400,7 +420,8 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
     """needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
     with sm_90a code, :data:`FUSED_MIN_M` <= M < :data:`FUSED_MAX_M` runs the fused
     wgmma kernel for 4-bit weights (no act-order, no float zero points), and larger M
-    (from :data:`DEQUANT_GEMM_MIN_M` for the other weights) dequantize + wgmma GEMM.
+    (from :data:`DEQUANT_GEMM_MIN_M` for the other weights, fp8 among them) dequantize +
+    wgmma GEMM.
 
     >>> from mllm_kernel.cuda.jit.scalar_type import scalar_types
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,

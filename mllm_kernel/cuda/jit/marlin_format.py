@@ -83,6 +83,27 @@ def marlin_permute_scales(
     return s.reshape(-1, len(perm))[:, index].reshape(groups, size_n).contiguous()
 
 
+# log2 of what dequant.cuh's Fp8Dequant leaves out of an fp8 e4m3 weight in each
+# activation dtype: the difference of the exponent biases (fp16 15 - 7, bf16 127 - 7).
+FP8_EXPONENT_GAP = {torch.float16: 8, torch.bfloat16: 120}
+
+
+def fp8_fused_exponent_bias_into_scales(s: torch.Tensor) -> torch.Tensor:
+    """Scales ``s`` (fp16 or bf16, the activations' dtype) of float8_e4m3fn weights times
+    ``2**8`` (fp16) or ``2**120`` (bf16), as :func:`gptq_marlin_gemm` takes them: its fp8
+    weights enter without the exponent bias, which the scales carry (vLLM's helper of this
+    name, applied after :func:`marlin_permute_scales`). A new tensor; exact.
+
+    >>> fp8_fused_exponent_bias_into_scales(torch.ones(1, 64, dtype=torch.float16))[0, 0]
+    tensor(256., dtype=torch.float16)
+    """
+    s = op_inputs.tensor(s, "s")
+    gap = FP8_EXPONENT_GAP.get(s.dtype)
+    if gap is None:
+        raise TypeError(f"argument 's': expected dtype float16 or bfloat16 but got {s.dtype}")
+    return s * 2.0**gap
+
+
 def marlin_zero_points(zp: torch.Tensor, size_k: int, size_n: int, num_bits: int) -> torch.Tensor:
     """Integer zero points ``zp`` ``[num_groups, size_n]`` (values ``0 .. 2**num_bits - 1``)
     packed as :func:`gptq_marlin_gemm` takes ``b_zeros`` for ``uint4`` / ``uint8``
@@ -126,9 +147,11 @@ def awq_to_marlin_zero_points(
 
 
 __all__ = [
+    "FP8_EXPONENT_GAP",
     "SCALE_PERM",
     "SCALE_PERM_SINGLE",
     "awq_to_marlin_zero_points",
+    "fp8_fused_exponent_bias_into_scales",
     "marlin_make_workspace",
     "marlin_permute_scales",
     "marlin_zero_points",
