@@ -21,11 +21,13 @@ out=$(mkdir -p "${1:-$repo/gpu_results}" && cd "${1:-$repo/gpu_results}" && pwd)
 cd "$repo"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+# Installed once per machine: reinstalling rewrites tvm-ffi's headers, whose new
+# timestamps would make every cached kernel build again.
+if [ ! -d /tmp/site/tvm_ffi ] && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+    --target /tmp/site .whl/*.whl $(compgen -G ".fla/*.whl") || exit 1
 fi
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 export PYTHONPATH="$repo:${PYTHONPATH:-}"
 export MLLM_KERNEL_CACHE_DIR="${MLLM_KERNEL_CACHE_DIR:-/tmp/mllm_kernel_cache}"
 # Tests and benchmarks share one cache, filled up front by a parallel precompile.
