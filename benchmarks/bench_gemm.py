@@ -1,6 +1,7 @@
 """The Hopper GEMM against cuBLAS (torch.matmul), bf16, random data, in one run.
 
     python benchmarks/bench_gemm.py [--out benchmarks/RESULTS.md] [--quick] [--sm80]
+    python benchmarks/bench_gemm.py --sweep-mid   # every tile choice at M = 64-256
 
 Rows: 4096^3, 6144^3, 8192^3, and the Llama-3-8B/70B linear layers, M in
 {1, 16, 128, 1024, 4096} x (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336),
@@ -101,6 +102,28 @@ def tile_comparison(shapes: list[tuple[int, int, int]]) -> list[str]:
     return lines
 
 
+def mid_m_sweep() -> None:
+    """Microseconds of every tile choice at M in ``MID_M`` on the Llama shapes, with
+    cuBLAS in the same rotation (CUDA graphs, weights from HBM): the data behind
+    choose_tile's choice between the swapped and the plain tiles there."""
+    from mllm_kernel.cuda.jit.gemm import _launch
+
+    for m in harness.MID_M:
+        for n, k in harness.LLAMA_NK:
+            a = harness.random_bf16(m, k)
+            weights = [harness.random_bf16(n, k) for _ in range(harness.weight_copies(n * k * 2))]
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            contenders = {
+                str(c): [partial(_launch, a, b, out, None, c) for b in weights]
+                for c in harness.mid_m_candidates(m)
+            }
+            contenders["cuBLAS"] = harness.cublas_calls(a, weights, out)
+            times = harness.time_graphs(contenders, harness.replays_per_sample(m, n, k), 8)
+            cells = [f"{name}: {t * 1e6:.1f}" for name, t in times.items()]
+            chosen = choose_tile(m, n, k, harness.gpu().sm_count)
+            print(f"M={m} N={n} K={k} (chosen: {chosen}) | " + " | ".join(cells), flush=True)
+
+
 def sm80_tile_sweep() -> list[str]:
     """TFLOP/s of every sm_80 tile (and, at decode, split of K) against cuBLAS at a few
     shapes, interleaved, the kernels as compute_80 PTX: the data behind
@@ -176,7 +199,13 @@ def _compiled_path(tile) -> Path | None:
 def main() -> None:
     parser = harness.argument_parser(__doc__, "8192^3 and M in {1, 4096} only")
     parser.add_argument("--sm80", action="store_true", help="add the sm_80 kernels (proxy)")
+    parser.add_argument(
+        "--sweep-mid", action="store_true", help="only: every tile choice at M = 64-256 vs cuBLAS"
+    )
     args = parser.parse_args()
+    if args.sweep_mid:
+        mid_m_sweep()
+        return
 
     sms = harness.gpu().sm_count
     shapes = [(s, s, s) for s in SQUARES] + [(m, n, k) for m in LLAMA_M for n, k in LLAMA_NK]

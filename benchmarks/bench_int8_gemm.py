@@ -1,6 +1,6 @@
 """W8A8 int8_scaled_mm against cuBLAS bf16 and torch._int_mm + scaling, in one run.
 
-    python benchmarks/bench_int8_gemm.py [--quick] [--sweep] [--sm80]
+    python benchmarks/bench_int8_gemm.py [--quick] [--sweep | --sweep-mid] [--sm80]
 
 At the Llama-3-8B/70B linear shapes, (N, K) in {(4096, 4096), (14336, 4096),
 (4096, 14336), (28672, 8192)} and M in {1, 4, 16, 64, 256, 1024, 4096}, on random data:
@@ -114,7 +114,9 @@ def _candidates(m: int) -> list[TileChoice]:
     return [TileChoice(narrowest, split) for split in (1, 2, 4, 8) if split <= narrowest.max_split]
 
 
-def _sweep_times(m: int, n: int, k: int) -> dict[str, float]:
+def _sweep_times(
+    m: int, n: int, k: int, candidates: list[TileChoice] | None = None
+) -> dict[str, float]:
     a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
     ws = [
         torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
@@ -126,8 +128,12 @@ def _sweep_times(m: int, n: int, k: int) -> dict[str, float]:
         f"{c}, rows {c.group_rows}": [
             lambda w=w, c=c: _launch(out, a, w.t(), sa, sb, None, c) for w in ws
         ]
-        for c in _candidates(m)
+        for c in candidates or _candidates(m)
     }
+    if candidates:  # the mid-M sweep: what a bf16 layer of the same shape costs
+        x = harness.random_bf16(m, k)
+        bf16 = [harness.random_bf16(n, k) for _ in range(max(1, len(ws) // 2))]
+        contenders["cuBLAS bf16"] = harness.cublas_calls(x, bf16, out)
     return harness.time_graphs(contenders, harness.replays_per_sample(m, n, k), 8)
 
 
@@ -162,10 +168,15 @@ def sm80_sweep() -> None:
         print(f"- M={m} N={n} K={k}, TOP/s: " + ", ".join(cells), flush=True)
 
 
-def sweep() -> None:
-    """Microseconds of each candidate configuration per shape, interleaved."""
-    for m, n, k in SWEEP_SMALL + SWEEP_LARGE:
-        times = _sweep_times(m, n, k)
+def sweep(mid: bool = False) -> None:
+    """Microseconds of each candidate configuration per shape, interleaved; ``mid``:
+    every tile family at M in ``MID_M`` (:func:`gemm_harness.mid_m_candidates`), with
+    cuBLAS bf16 in the same rotation."""
+    shapes = SWEEP_SMALL + SWEEP_LARGE
+    if mid:
+        shapes = [(m, n, k) for m in harness.MID_M for n, k in harness.LLAMA_NK]
+    for m, n, k in shapes:
+        times = _sweep_times(m, n, k, harness.mid_m_candidates(m) if mid else None)
         chosen = choose_tile(m, n, k, element_bytes=1)
         cells = [f"{name}: {t * 1e6:.1f}" for name, t in times.items()]
         print(f"M={m} N={n} K={k} (chosen: {chosen}) | " + " | ".join(cells), flush=True)
@@ -175,9 +186,12 @@ def main() -> None:
     parser = harness.argument_parser(__doc__, "two shapes, M in {1, 16, 4096}", out=False)
     parser.add_argument("--sweep", action="store_true", help="time every tile and split")
     parser.add_argument("--sm80", action="store_true", help="add the sm_80 kernel (proxy)")
+    parser.add_argument(
+        "--sweep-mid", action="store_true", help="every tile family at M = 64-256 vs cuBLAS"
+    )
     args = parser.parse_args()
-    if args.sweep:
-        sm80_sweep() if args.sm80 else sweep()
+    if args.sweep or args.sweep_mid:
+        sm80_sweep() if args.sm80 else sweep(mid=args.sweep_mid)
         return
     shapes = harness.LLAMA_NK[:2] if args.quick else harness.LLAMA_NK
     ms = [1, 16, 4096] if args.quick else harness.LLAMA_M

@@ -111,6 +111,22 @@ def time_graphs(
     return {name: seconds / CALLS_PER_GRAPH for name, seconds in times.items()}
 
 
+# Tokens a call where both tile families can win: the swapped (weights on wgmma's
+# 64-row side) and the plain 128-row tiles; the sweeps time every candidate there.
+MID_M = (64, 128, 256)
+
+
+def mid_m_candidates(m: int) -> list:
+    """Every Hopper tile choice worth timing for ``m`` tokens (``MID_M``): the swapped
+    tiles of 64 and more tokens with each split of K they allow (several tile-rows when
+    ``m`` exceeds theirs), and the plain tiles unsplit."""
+    from mllm_kernel.cuda.jit.gemm import TILES, TileChoice
+
+    swapped = [t for t in TILES if t.swap_ab and t.tile_q >= 64]
+    splits = [TileChoice(t, s) for t in swapped for s in (1, 2, 4, 8) if s <= t.max_split]
+    return splits + [TileChoice(t) for t in TILES if not t.swap_ab]
+
+
 @contextlib.contextmanager
 def sm80_builds() -> Iterator[None]:
     """Kernels first called while open are built as compute_80 PTX, which the driver

@@ -161,6 +161,19 @@ def test_every_tile_and_split(config):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(("m", "n", "k"), [(256, 4096, 1024), (200, 4096, 2048), (129, 4100, 1000)])
+def test_gemm_mid_m_choices(gemm_path, m, n, k):
+    """M = 129-256 where choose_tile takes the swapped 128-token tile over two tile-rows
+    (tests/test_gemm_choice.py), through the public call, into a poisoned output."""
+    from mllm_kernel.cuda.jit import gemm
+
+    a, b = _operands(m, n, k, torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out=out)
+    _check(out, a, b)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 7, 129, 1000])
 def test_gemm_fp32_out_and_bias(gemm_path, dtype, m):

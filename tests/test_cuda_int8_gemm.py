@@ -130,6 +130,22 @@ def test_int8_scaled_mm_grid(gemm_path, m, n, k, with_bias, out_dtype):
 
 @pytest.mark.cuda
 @needs_hopper
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(128, 4096, 4096), (128, 14336, 1024), (100, 12288, 512), (256, 4096, 1024)]
+)
+def test_int8_mid_m_choices(m, n, k):
+    """The shapes where choose_tile takes the other tile family (tests/test_gemm_choice.py)
+    through the public call: two tile-rows of the 64-token tile, 128 x 256 tiles with a
+    cluster's second tile-row past M, into a poisoned output."""
+    a, w = _int8(m, k), _int8(n, k)
+    scales_a, scales_b = _scales(m), _scales(n)
+    _poison_allocator(m, n, torch.bfloat16)
+    out = int8_scaled_mm(a, w.t(), scales_a, scales_b, torch.bfloat16)
+    _check(out, _reference(a, w.t(), scales_a, scales_b), torch.bfloat16)
+
+
+@pytest.mark.cuda
+@needs_hopper
 @pytest.mark.parametrize("config", TILES, ids=lambda t: t.name)
 def test_int8_every_tile_and_split(config):
     """Each configuration (and each split of K it allows) on shapes that cross its tails,

@@ -139,20 +139,14 @@ def choose_tile(
     - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
       unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids);
       both in clusters of 2 CTAs on neighbouring tile-rows that multicast B.
+    - Between the two (:func:`_mid_m_tile`), where one family leaves SMs idle, the other
+      takes over: measured with ``bench_gemm.py --sweep-mid`` and ``bench_int8_gemm.py
+      --sweep-mid`` (every tile choice against cuBLAS, H200).
     """
     if m <= 128:
         tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
-        tiles = _ceil_div(n, tile.tile_n) * _ceil_div(m, tile.tile_m)
-        k_blocks = _ceil_div(k * element_bytes, _K_BLOCK_BYTES)
-        min_blocks = 8 if element_bytes == 2 else 32
-        split = 1
-        while (
-            split * 2 <= tile.max_split
-            and tiles * split * 2 <= num_sms
-            and k_blocks // (split * 2) >= min_blocks
-        ):
-            split *= 2
-        return TileChoice(tile, split)
+        choice = _swapped(tile, m, n, k, num_sms, element_bytes)
+        return _mid_m_tile(choice, m, n, k, num_sms, element_bytes) if m > 64 else choice
 
     def wave_efficiency(tile: TileConfig) -> float:
         # Clusters of `multicast` CTAs walk the tiles; the last round may run part-full.
@@ -164,9 +158,69 @@ def choose_tile(
     # (H100; 4096^3 and 8192^3), and 14% faster at M = 1024, N = 14336, K = 4096, where
     # 128 x 256 leaves a 40%-empty last round (wave efficiency 0.85 against 0.97).
     wide, narrow = _BY_NAME["128x256-mc2"], _BY_NAME["128x128-mc2"]
-    if wave_efficiency(narrow) > 1.1 * wave_efficiency(wide):
-        return TileChoice(narrow)
-    return TileChoice(wide)
+    plain = TileChoice(narrow if wave_efficiency(narrow) > 1.1 * wave_efficiency(wide) else wide)
+    return _mid_m_tile(plain, m, n, k, num_sms, element_bytes) if m <= 256 else plain
+
+
+def _swapped(
+    tile: TileConfig, m: int, n: int, k: int, num_sms: int, element_bytes: int
+) -> TileChoice:
+    """``tile`` (a swapped one) with K split over a cluster while there is at most one
+    CTA per SM and each CTA keeps enough k-blocks (see :func:`choose_tile`)."""
+    tiles = _ceil_div(n, tile.tile_n) * _ceil_div(m, tile.tile_m)
+    k_blocks = _ceil_div(k * element_bytes, _K_BLOCK_BYTES)
+    min_blocks = 8 if element_bytes == 2 else 32
+    split = 1
+    while (
+        split * 2 <= tile.max_split
+        and tiles * split * 2 <= num_sms
+        and k_blocks // (split * 2) >= min_blocks
+    ):
+        split *= 2
+    return TileChoice(tile, split)
+
+
+def _ctas(choice: TileChoice, m: int, n: int) -> int:
+    """CTAs of ``choice``'s grid for an ``m x n`` output (clusters count each CTA)."""
+    tile = choice.tile
+    return _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n) * choice.split
+
+
+def _mid_m_tile(
+    choice: TileChoice, m: int, n: int, k: int, num_sms: int, element_bytes: int
+) -> TileChoice:
+    """``choice`` (what the rules for small or large ``m`` give), or the other tile
+    family for 64 < ``m`` <= 256 where ``choice`` leaves at least half the SMs idle or
+    the other one was measured faster (H200, ``--sweep-mid``, us):
+
+    - ``m`` in (128, 256], 16-bit operands: the plain tiles' grid is small when N is
+      (N = 4096: 32 tiles of 128 x 128 per 128 rows), and the swapped 128-token tile
+      over two tile-rows fills the SMs instead: M = 256, N = 4096, K = 4096 / 14336:
+      20.2 / 55.6 against 23.8 / 76.3 for 128 x 128. int8 keeps the plain tile (14.8
+      against 16.1 at K = 4096: its short k-loop favours the wide tile).
+    - ``m`` in (64, 128], int8: the 128-token swapped tile without a split (K = 4096:
+      32 k-blocks, too few to split) is 64 CTAs at N = 4096; two tile-rows of the
+      64-token tile are 128: 12.4 against 15.9. And where N is large, 128 x 256 tiles
+      read A once per 256 columns instead of once per 64: N = 14336 / 28672 (K = 4096 /
+      8192), 26.8 / 91.1 against 31.8 / 97.2 (bf16 measured the other way: 45.6 / 182.4
+      against 43.7 / 153.8, so it keeps the swapped tile).
+    """
+    half = num_sms // 2
+    if m > 128:
+        swapped = TileChoice(_BY_NAME["swap-128x64"])
+        if element_bytes == 2 and _ctas(choice, m, n) <= half < _ctas(swapped, m, n):
+            return swapped
+        return choice
+    if element_bytes != 1:
+        return choice
+    wide = TileChoice(_BY_NAME["128x256-mc2"])
+    if _ctas(wide, m, n) >= num_sms // 3:
+        return wide
+    if _ctas(choice, m, n) <= half:
+        narrow = _swapped(_BY_NAME["swap-64x64"], m, n, k, num_sms, element_bytes)
+        if _ctas(narrow, m, n) > _ctas(choice, m, n):
+            return narrow
+    return choice
 
 
 def _refuse_dtype(dtype: torch.dtype, *shape_args: Any) -> None:
@@ -290,7 +344,7 @@ def gemm(a, b, out, bias, out_dtype):
     if out_dtype is None:
         out_dtype = a.dtype
     if out is None:
-        out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+        out = a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
     return run_gemm(a, b, out, bias, out_dtype)
 
 
@@ -397,7 +451,7 @@ class Gemm:
         try:
             self._check_path(a.get_device())
             if out is None:
-                out = torch.empty((self.M, self.N), dtype=self.out_dtype, device=a.device)
+                out = a.new_empty((self.M, self.N), dtype=self.out_dtype)
             result = self._plan.launch(a, b, out, bias, self.tile_config, self.out_dtype)
         except Exception as error:
             op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)

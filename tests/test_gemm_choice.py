@@ -1,0 +1,62 @@
+"""choose_tile between 64 and 256 tokens, where the swapped and the plain Hopper tiles
+trade places: each assertion is a row of the ``--sweep-mid`` runs in
+benchmarks/RESULTS.md (H200, 132 SMs), the choice measured fastest there. Runs
+without a GPU (the kernels are tested in test_cuda_gemm and test_cuda_int8_gemm)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mllm_kernel.cuda.jit.gemm import TILES, choose_tile
+
+SMS = 132
+BF16, INT8 = 2, 1
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "element_bytes", "expected"),
+    [
+        # 16-bit, M = 256: the swapped 128-token tile over two tile-rows where N = 4096
+        # leaves the plain tiles' grid at half the SMs; the plain tiles elsewhere.
+        (256, 4096, 4096, BF16, "swap-128x64"),
+        (256, 4096, 14336, BF16, "swap-128x64"),
+        (256, 14336, 4096, BF16, "128x256-mc2"),
+        (256, 28672, 8192, BF16, "128x256-mc2"),
+        # int8 keeps the plain tiles at M = 256 (its short k-loop).
+        (256, 4096, 4096, INT8, "128x128-mc2"),
+        (256, 4096, 14336, INT8, "128x128-mc2"),
+        # int8, M = 128: two tile-rows of the 64-token tile where the 128-token one,
+        # unsplit, is half a wave; 128 x 256 where N is large.
+        (128, 4096, 4096, INT8, "swap-64x64"),
+        (128, 14336, 4096, INT8, "128x256-mc2"),
+        (128, 28672, 8192, INT8, "128x256-mc2"),
+        (128, 4096, 14336, INT8, "swap-128x64, split-K 2"),
+        # 16-bit, M = 128 keeps the swapped 128-token tile (measured fastest there).
+        (128, 4096, 4096, BF16, "swap-128x64, split-K 2"),
+        (128, 14336, 4096, BF16, "swap-128x64"),
+        (128, 28672, 8192, BF16, "swap-128x64"),
+        # Outside (64, 256] nothing changes.
+        (64, 4096, 4096, INT8, "swap-64x64"),
+        (64, 14336, 4096, BF16, "swap-64x64"),
+        (1024, 4096, 4096, BF16, "128x256-mc2"),
+        (257, 4096, 4096, BF16, "128x128-mc2"),
+    ],
+)
+def test_measured_choice(m, n, k, element_bytes, expected):
+    assert str(choose_tile(m, n, k, SMS, element_bytes)) == expected
+
+
+@pytest.mark.parametrize("element_bytes", [BF16, INT8])
+@pytest.mark.parametrize("num_sms", [16, 78, 114, 132])
+def test_every_choice_is_a_tile_the_kernel_has(element_bytes, num_sms):
+    """On any SM count and shape: a compiled tile, a split it allows (1 for the plain
+    tiles), and swapped tiles only up to 256 tokens."""
+    for m, n, k in itertools.product(
+        [1, 16, 63, 64, 65, 127, 128, 129, 200, 256, 257, 4096], [64, 4096, 14336], [64, 4096]
+    ):
+        choice = choose_tile(m, n, k, num_sms, element_bytes)
+        assert choice.tile in TILES
+        assert 1 <= choice.split <= choice.tile.max_split, (m, n, k, choice)
+        assert not choice.tile.swap_ab or m <= 256, (m, n, k, choice)
