@@ -88,5 +88,5 @@ def int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias):
     m, k = mat_a.shape
     n = mat_b.shape[1]
     plan = _plans.get((m, n, k, index)) or _plan(m, n, k, index)
-    out = torch.empty((m, n), dtype=out_dtype, device=mat_a.device)
+    out = mat_a.new_empty((m, n), dtype=out_dtype)
     return plan.launch(out, mat_a, mat_b, scales_a, scales_b, bias, plan.choice)
