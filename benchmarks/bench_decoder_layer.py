@@ -30,6 +30,8 @@ fraction of a device-to-device copy's bandwidth measured in the same run
 from __future__ import annotations
 
 import copy
+import statistics
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -50,6 +52,9 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 # roundings: about 0.5%. W8A8 also rounds each projection's input to int8 per token
 # (about 1% per projection, four in a row), which its reference does not. A wrong
 # layout, scale or kernel is off by tens of percent or more (NaN counts as differing).
+# The sleep that holds the GPU while host time is measured: about 50 ms at 2 GHz, longer
+# than the host needs to queue a round of layer calls.
+SLEEP_CYCLES = 100_000_000
 SAME_RESULT = {"ours bf16": 2e-2, "ours W4A16": 2e-2, "ours W8A8": 5e-2}
 
 
@@ -105,18 +110,41 @@ def torch_layer(weights: Weights) -> Callable[[], torch.Tensor]:
         cos, sin = cos[:, None], sin[:, None]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(BF16).flatten(1)
 
-    def layer() -> torch.Tensor:
+    def layer(tick: Tick = _untimed) -> torch.Tensor:
         x = weights.x
-        qkv = rmsnorm(x, weights.norm1) @ weights.qkv.T
+        h = rmsnorm(x, weights.norm1)
+        tick("rmsnorm")
+        qkv = h @ weights.qkv.T
+        tick("qkv")
         q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
         q, k = rope(q, HEADS), rope(k, KV_HEADS)
+        tick("rope")
         weights.k_cache.index_copy_(0, weights.slots, k)
         weights.v_cache.index_copy_(0, weights.slots, v)
-        residual = x + attention(weights, q) @ weights.o.T
-        gate, up = (rmsnorm(residual, weights.norm2) @ weights.gate_up.T).chunk(2, dim=-1)
-        return residual + (torch.nn.functional.silu(gate) * up) @ weights.down.T
+        tick("store cache")
+        h = attention(weights, q)
+        tick("attention (SDPA)")
+        residual = x + h @ weights.o.T
+        tick("o")
+        h = rmsnorm(residual, weights.norm2)
+        tick("add + rmsnorm")
+        gate, up = (h @ weights.gate_up.T).chunk(2, dim=-1)
+        tick("gate_up")
+        h = torch.nn.functional.silu(gate) * up
+        tick("silu_and_mul")
+        h = residual + h @ weights.down.T
+        tick("down + residual")
+        return h
 
     return layer
+
+
+# A layer's steps call ``tick(name)`` after each one; :func:`host_steps` times them.
+Tick = Callable[[str], None]
+
+
+def _untimed(step: str) -> None:
+    """The tick of a timed or graphed call: nothing (about 0.05 us a step)."""
 
 
 class Linear(NamedTuple):
@@ -195,18 +223,32 @@ def our_layer(weights: Weights, make: Callable[[torch.Tensor], Linear]) -> Layer
     b = weights.batch
     residual = torch.empty_like(weights.x)
 
-    def layer() -> torch.Tensor:
+    def layer(tick: Tick = _untimed) -> torch.Tensor:
         residual.copy_(weights.x)
-        h = qkv(jit.rmsnorm(weights.x, weights.norm1, EPS))
+        h = jit.rmsnorm(weights.x, weights.norm1, EPS)
+        tick("rmsnorm")
+        h = qkv(h)
+        tick("qkv")
         q, k, v = h.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
         jit.apply_rope_with_cos_sin_cache_inplace(
             weights.positions, q, k, HEAD_DIM, weights.cos_sin, True
         )
+        tick("rope")
         jit.store_cache(k, v, weights.k_cache, weights.v_cache, weights.slots)
-        h = o(attention(weights, q).view(b, -1))
+        tick("store cache")
+        h = attention(weights, q).view(b, -1)
+        tick("attention (SDPA)")
+        h = o(h)
+        tick("o")
         jit.fused_add_rmsnorm(h, residual, weights.norm2, EPS)
-        h = down(jit.silu_and_mul(gate_up(h)))
-        return residual.add_(h)
+        tick("add + rmsnorm")
+        h = gate_up(h)
+        tick("gate_up")
+        h = jit.silu_and_mul(h)
+        tick("silu_and_mul")
+        h = residual.add_(down(h))
+        tick("down + residual")
+        return h
 
     # The same layer in torch: the same input, norms and cache, our weights in bf16.
     reference = copy.copy(weights)
@@ -237,6 +279,89 @@ def graphed(layer: Callable[[], torch.Tensor]) -> Callable[[], None]:
     with torch.cuda.graph(graph):
         layer()
     return graph.replay
+
+
+def host_seconds(
+    call: Callable[[Tick], object], rounds: int = 15, calls: int = 12
+) -> dict[str, float]:
+    """Median host seconds of each step of ``call`` (what it ticks) and of the whole call
+    (``"whole call"``, untimed steps), with the GPU held busy all the while by a sleep
+    kernel queued first: the launches queue behind it, so only the host's work (Python,
+    tvm-ffi, torch's dispatch and allocator, the driver's launch) is timed, whatever the
+    kernels would take. A step that waits for the GPU shows as the sleep's length."""
+    found: dict[str, list[float]] = {}
+    last = 0.0
+
+    def tick(step: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        found.setdefault(step, []).append(now - last)
+        last = time.perf_counter()
+
+    for _ in range(rounds):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for _ in range(calls):
+            last = time.perf_counter()
+            call(tick)
+        for _ in range(calls):
+            start = time.perf_counter()
+            call(_untimed)
+            found.setdefault("whole call", []).append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+    return {step: statistics.median(values) for step, values in found.items()}
+
+
+def host_table(context: int, rows: list[str]) -> list[str]:
+    """Where an eager layer call's host time goes, at batch 1: each step's host time per
+    row (:func:`host_seconds`), against the launch floor (an empty tvm-ffi kernel, three
+    tensors and two scalars) and torch.empty of one token's hidden state, timed the same
+    way; and the row's graph time."""
+    import tempfile
+    from pathlib import Path
+
+    from bench_runtime import load_empty_op
+
+    weights = Weights(1, context)
+    x, y = torch.empty_like(weights.x), torch.empty_like(weights.x)
+    with tempfile.TemporaryDirectory() as work:
+        empty = load_empty_op(Path(work))
+    references = {
+        "launch floor": lambda tick: (empty(x, y, y, 1, 0.5), tick("launch floor")),
+        "torch.empty [1, 4096]": lambda tick: (
+            torch.empty((1, HIDDEN), dtype=BF16, device=x.device),
+            tick("torch.empty [1, 4096]"),
+        ),
+    }
+    reference = {}
+    for call in references.values():
+        reference |= host_seconds(call)
+    layers = {"torch bf16": Layer(torch_layer(weights), weights, 0)}
+    layers |= {
+        name: our_layer(weights, make)
+        for name, make in (
+            ("ours bf16", bf16_linear), ("ours W4A16", w4a16_linear), ("ours W8A8", w8a8_linear)
+        )
+        if name in rows
+    }  # fmt: skip
+    steps = {name: host_seconds(layer.call) for name, layer in layers.items()}
+    graphs = time_interleaved({name: [graphed(layer.call)] for name, layer in layers.items()})
+    names = list(layers)
+    lines = [
+        "",
+        f"Host time per eager call at batch 1, by step (us; GPU held busy, so no kernel time): "
+        f"launch floor {reference['launch floor'] * 1e6:.2f}, torch.empty of [1, 4096] bf16 "
+        f"{reference['torch.empty [1, 4096]'] * 1e6:.2f}. Each step's time runs from the end "
+        "of the step before; ours' rmsnorm step includes the residual's copy_.",
+        "",
+        "| step | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    order = [step for step in steps[names[-1]] if step != "whole call"]
+    for step in [*order, "whole call"]:
+        cells = [f"{steps[name].get(step, float('nan')) * 1e6:.1f}" for name in names]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    lines.append("| graph (GPU) | " + " | ".join(f"{graphs[n] * 1e6:.1f}" for n in names) + " |")
+    return lines
 
 
 def measure(batch: int, context: int, rows: list[str]) -> dict[str, dict[str, float]]:
@@ -270,6 +395,9 @@ def main() -> None:
     parser = harness.argument_parser(__doc__, "batch 1 only")
     parser.add_argument("--batch", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--context", type=int, default=1024, help="KV positions a sequence")
+    parser.add_argument(
+        "--host", action="store_true", help="also where the eager call's host time goes (batch 1)"
+    )
     args = parser.parse_args()
     batches = [1] if args.quick else [int(b) for b in args.batch.split(",")]
     rows = ["torch bf16", "torch.compile", "ours bf16", "ours W4A16", "ours W8A8"]
@@ -307,6 +435,8 @@ def main() -> None:
                 f"{row['bytes'] / 1e6:.0f} | {100 * row['bytes'] / graph / 1e9 / copy_gbs:.0f}% | "
                 f"{error} |"
             )
+    if args.host:
+        lines += host_table(args.context, rows)
     harness.publish("\n".join(lines), args.out)
 
 
