@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mllm_kernel.ops.op import Op, like
+from mllm_kernel.ops.op import Op, like, named
 
 
 def scale_op(
@@ -351,3 +351,37 @@ def test_every_ops_dtype_arguments_refuse_with_a_type_error(op, name):
         assert _convert(op, name, torch.complex128) is torch.complex128  # the kernel's to refuse
     except TypeError as error:
         assert f"argument '{name}'" in str(error)
+
+
+def named_op(x: torch.Tensor, rows: int, scale: float = 2.0) -> torch.Tensor:
+    """A test op whose fake reads two of its arguments by name."""
+
+
+NAMED = Op(named_op, fake=named(lambda x, rows: x.new_empty((rows, x.shape[1]))))
+
+
+@NAMED.kernel("cpu")
+def named_op_cpu(x, rows, scale):
+    return x[:rows] * scale
+
+
+def test_named_fake_gets_the_arguments_it_names_however_torch_passes_them():
+    """Under fake tensors the result has the fake's shape whether the call passes the
+    arguments by position or by keyword, defaults left out; a compiled call agrees."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(5, 3)
+    with FakeTensorMode() as mode:
+        t = mode.from_tensor(x)
+        assert torch.ops.mllm_kernel.named_op(t, 4).shape == (4, 3)
+        assert torch.ops.mllm_kernel.named_op(t, rows=1, scale=3.0).shape == (1, 3)
+    compiled = torch.compile(lambda t: named_op_cpu(t, 2), fullgraph=True)
+    torch.testing.assert_close(compiled(x), x[:2] * 2.0)
+
+
+def test_named_fake_must_name_arguments_of_the_op():
+    def other_op(x: torch.Tensor) -> torch.Tensor:
+        """A test op."""
+
+    with pytest.raises(ValueError, match=r"the fake names no argument of the op: \['y'\]"):
+        Op(other_op, fake=named(lambda x, y: x))

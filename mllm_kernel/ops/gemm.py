@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mllm_kernel.ops.op import Op
+from mllm_kernel.ops.op import Op, named
 
 DTYPE_NAMES = {
     "bfloat16": torch.bfloat16,
@@ -67,15 +67,6 @@ def _gemm_out_dtype(value: Any) -> torch.dtype | None:
     return None if value is None else named_dtype(value, "out_dtype")
 
 
-def _gemm_fake(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype or a.dtype)
-
-
 def int8_scaled_mm(
     mat_a: torch.Tensor,
     mat_b: torch.Tensor,
@@ -100,17 +91,6 @@ def int8_scaled_mm(
     """
 
 
-def _int8_scaled_mm_fake(
-    mat_a: torch.Tensor,
-    mat_b: torch.Tensor,
-    scales_a: torch.Tensor,
-    scales_b: torch.Tensor,
-    out_dtype: torch.dtype,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    return mat_a.new_empty((mat_a.shape[0], mat_b.shape[1]), dtype=out_dtype)
-
-
 def per_token_quant_int8(
     x: torch.Tensor, scale_dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,26 +105,33 @@ def per_token_quant_int8(
     """
 
 
-def _per_token_quant_int8_fake(
-    x: torch.Tensor, scale_dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # New contiguous tensors, as the eager op allocates them (x's strides are not kept).
-    return (
-        x.new_empty(x.shape, dtype=torch.int8),
-        x.new_empty((*x.shape[:-1], 1), dtype=torch.float32),
-    )
-
-
-GEMM = Op(gemm, out="out", fake=_gemm_fake, convert={"out_dtype": _gemm_out_dtype})
+GEMM = Op(
+    gemm,
+    out="out",
+    fake=named(
+        lambda a, b, out_dtype: a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype or a.dtype)
+    ),
+    convert={"out_dtype": _gemm_out_dtype},
+)
 # The output dtypes are refused here, on any device: the kernels see only the
 # tensors these ops allocate.
 INT8_SCALED_MM = Op(
     int8_scaled_mm,
-    fake=_int8_scaled_mm_fake,
+    fake=named(
+        lambda mat_a, mat_b, out_dtype: mat_a.new_empty(
+            (mat_a.shape[0], mat_b.shape[1]), dtype=out_dtype
+        )
+    ),
     dtypes={"out_dtype": (torch.bfloat16, torch.float16)},
 )
 PER_TOKEN_QUANT_INT8 = Op(
     per_token_quant_int8,
-    fake=_per_token_quant_int8_fake,
+    # New contiguous tensors, as the eager op allocates them (x's strides are not kept).
+    fake=named(
+        lambda x, scale_dtype: (
+            x.new_empty(x.shape, dtype=torch.int8),
+            x.new_empty((*x.shape[:-1], 1), dtype=scale_dtype),
+        )
+    ),
     dtypes={"scale_dtype": (torch.float32,)},  # the scales int8_scaled_mm reads
 )

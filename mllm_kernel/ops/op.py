@@ -94,6 +94,32 @@ class like:
         return fake
 
 
+@dataclass(frozen=True)
+class named:
+    """A fake implementation from the arguments it names: ``fn``'s parameters are some
+    of the op's, and it is called with those by keyword, however torch passes them (its
+    defaults filled in), so a fake spells only what it reads::
+
+        Op(gemm, fake=named(lambda a, b, out_dtype: a.new_empty(...)))
+    """
+
+    fn: Callable[..., Any]
+
+    def bound(self, signature: inspect.Signature) -> Callable[..., Any]:
+        """The fake for an op of ``signature``, as torch calls it (see :meth:`like.bound`)."""
+        wanted = list(inspect.signature(self.fn).parameters)
+        unknown = set(wanted) - set(signature.parameters)
+        if unknown:
+            raise ValueError(f"the fake names no argument of the op: {sorted(unknown)}")
+
+        def fake(*args: Any, **kwargs: Any) -> Any:
+            given = signature.bind(*args, **kwargs)
+            given.apply_defaults()
+            return self.fn(**{name: given.arguments[name] for name in wanted})
+
+        return fake
+
+
 def _is_optional(annotation: Any, kind: type) -> bool:
     """Whether ``annotation`` is ``kind | None``."""
     return typing.get_origin(annotation) in (typing.Union, types.UnionType) and set(
@@ -108,7 +134,7 @@ class Op:
         self,
         signature: Callable[..., Any],
         *,
-        fake: Callable[..., Any] | like | None = None,
+        fake: Callable[..., Any] | like | named | None = None,
         out: str | None = None,
         writes: tuple[str, ...] = (),
         autograd: Autograd | None = None,
@@ -143,7 +169,7 @@ class Op:
                     f"op {self.name}: dtypes names {name!r}, which is not a torch.dtype "
                     "argument without a converter"
                 )
-        if isinstance(fake, like):
+        if isinstance(fake, like | named):
             schema_order = [p for name, p in self.signature.parameters.items() if name != out]
             fake = fake.bound(self.signature.replace(parameters=schema_order))
         self.torch_op: TorchOp = torch_op(
