@@ -125,22 +125,92 @@ def cuda_rows() -> None:
             lambda: small_out.copy_(small + 8),
         ),
     }
+    ops |= _layer_ops(index)
     print(
         f"\n{'CUDA op, 1 token (us/call)':28s} {'eager':>7s} {'bare':>7s} {'floor':>7s} "
         f"{'compile':>8s} {'eager/floor':>12s} {'eager/compile':>14s}"
     )
     for name, (eager, bare, in_torch) in ops.items():
         compiled = torch.compile(in_torch)
-        times = time_interleaved(
-            {"eager": eager, "bare": bare, "floor": floor, "compile": compiled}, inner=200, outer=21
-        )
-        us = {k: v * 1e6 for k, v in times.items()}
+        contenders = {"eager": eager, "bare": bare, "floor": floor, "compile": compiled}
+        if bare is None:
+            del contenders["bare"]
+        times = time_interleaved(contenders, inner=200, outer=21)
+        us = {k: v * 1e6 for k, v in times.items()} | ({} if bare else {"bare": float("nan")})
         print(
             f"{name:28s} {us['eager']:7.2f} {us['bare']:7.2f} {us['floor']:7.2f} "
             f"{us['compile']:8.2f} {us['eager'] / us['floor']:11.2f}x "
             f"{us['eager'] / us['compile']:13.2f}x",
             flush=True,
         )
+
+
+def _layer_ops(index: int) -> dict[str, tuple]:
+    """The decoder layer's other ops at one token (bench_decoder_layer's calls), small
+    weights so the kernels stay shorter than the host's work: name -> (eager call, bare
+    kernel function or None, the torch function compiled: for the GEMMs, the bf16
+    product a model without our kernels runs)."""
+    from bench_decoder_layer import w4a16_linear, w8a8_linear
+
+    import mllm_kernel.cuda.jit as cuda
+
+    # The modules, not the functions of the same names that mllm_kernel.cuda.jit exports.
+    gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
+    store_module = importlib.import_module("mllm_kernel.cuda.jit.store_cache")
+
+    dev, bf16 = "cuda", torch.bfloat16
+    n = k = 1024
+    a, out = torch.randn(1, k, device=dev, dtype=bf16), torch.empty(1, n, device=dev, dtype=bf16)
+    w = (torch.randn(n, k, device=dev) * k**-0.5).to(bf16)
+    choice = gemm_module.choose_tile(
+        1, n, k, torch.cuda.get_device_properties(index).multi_processor_count
+    )
+    w4a16, w8a8 = w4a16_linear(w), w8a8_linear(w)
+    a_q, scales_a = cuda.per_token_quant_int8(a)
+    w_q = torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8)
+    scales_b = torch.rand(n, device=dev)
+    q, kk = (
+        torch.randn(1, 32 * 128, device=dev, dtype=bf16),
+        torch.randn(1, 8 * 128, device=dev, dtype=bf16),
+    )
+    positions = torch.zeros(1, device=dev, dtype=torch.int64)
+    cos_sin = torch.randn(4096, 128, device=dev)
+    k_cache, v_cache = (torch.zeros(64, 8 * 128, device=dev, dtype=bf16) for _ in range(2))
+    slots = torch.tensor([5], device=dev, dtype=torch.int64)
+    mm = lambda: torch.mm(a, w.t())  # noqa: E731
+    return {
+        "gemm [1,1024]x1024": (
+            lambda: cuda.gemm(a, w),
+            lambda: gemm_module._launch(a, w, out, None, choice),
+            mm,
+        ),
+        "gptq_marlin_gemm W4 1024": (lambda: w4a16.call(a), None, mm),
+        "per_token_quant_int8": (
+            lambda: cuda.per_token_quant_int8(a),
+            None,
+            lambda: (a.float() * 127 / a.float().abs().amax(-1, keepdim=True)).round().char(),
+        ),
+        "int8_scaled_mm 1024": (
+            lambda: cuda.int8_scaled_mm(a_q, w_q.t(), scales_a, scales_b, bf16),
+            None,
+            mm,
+        ),
+        "W8A8 linear (both)": (lambda: w8a8.call(a), None, mm),
+        "rope 32q+8k heads": (
+            lambda: cuda.apply_rope_with_cos_sin_cache_inplace(
+                positions, q, kk, 128, cos_sin, True
+            ),
+            None,
+            lambda: (q * 1.0001, kk * 1.0001),
+        ),
+        "store_cache 8 heads": (
+            lambda: cuda.store_cache(kk, kk, k_cache, v_cache, slots),
+            lambda: store_module._STORE_CACHE[index].store_cache(
+                kk, kk, k_cache, v_cache, slots, None
+            ),
+            lambda: k_cache.index_copy_(0, slots, kk),
+        ),
+    }
 
 
 if __name__ == "__main__":
