@@ -135,8 +135,8 @@ def test_int8_scaled_mm_grid(gemm_path, m, n, k, with_bias, out_dtype):
 )
 def test_int8_mid_m_choices(m, n, k):
     """The shapes where choose_tile takes the other tile family (tests/test_gemm_choice.py)
-    through the public call: two tile-rows of the 64-token tile, 128 x 256 tiles with a
-    cluster's second tile-row past M, into a poisoned output."""
+    through the public call: two tile-rows of the 64-token tile, 128 x 128 tiles without
+    a cluster, the swapped tile over two tile-rows, into a poisoned output."""
     a, w = _int8(m, k), _int8(n, k)
     scales_a, scales_b = _scales(m), _scales(n)
     _poison_allocator(m, n, torch.bfloat16)

@@ -27,19 +27,23 @@ BF16, INT8 = 2, 1
         # int8 keeps the plain tiles at M = 256 (its short k-loop).
         (256, 4096, 4096, INT8, "128x128-mc2"),
         (256, 4096, 14336, INT8, "128x128-mc2"),
-        # int8, M = 128: two tile-rows of the 64-token tile where the 128-token one,
-        # unsplit, is half a wave; 128 x 256 where N is large.
+        # M = 65-128 and N large: 128 x 128 tiles without a cluster, both dtypes.
+        (128, 14336, 4096, INT8, "128x128"),
+        (128, 28672, 8192, INT8, "128x128"),
+        (128, 14336, 4096, BF16, "128x128"),
+        (128, 28672, 8192, BF16, "128x128"),
+        (65, 14336, 4096, BF16, "128x128"),
+        # int8, M = 128, N = 4096: two tile-rows of the 64-token tile where the 128-token
+        # one, unsplit, is half a wave; split, it stays.
         (128, 4096, 4096, INT8, "swap-64x64"),
-        (128, 14336, 4096, INT8, "128x256-mc2"),
-        (128, 28672, 8192, INT8, "128x256-mc2"),
         (128, 4096, 14336, INT8, "swap-128x64, split-K 2"),
-        # 16-bit, M = 128 keeps the swapped 128-token tile (measured fastest there).
+        # 16-bit, M = 128, N = 4096 keeps the swapped 128-token tile.
         (128, 4096, 4096, BF16, "swap-128x64, split-K 2"),
-        (128, 14336, 4096, BF16, "swap-128x64"),
-        (128, 28672, 8192, BF16, "swap-128x64"),
+        (128, 4096, 14336, BF16, "swap-128x64, split-K 2"),
         # Outside (64, 256] nothing changes.
         (64, 4096, 4096, INT8, "swap-64x64"),
         (64, 14336, 4096, BF16, "swap-64x64"),
+        (64, 14336, 4096, INT8, "swap-64x64"),
         (1024, 4096, 4096, BF16, "128x256-mc2"),
         (257, 4096, 4096, BF16, "128x128-mc2"),
     ],

@@ -91,6 +91,9 @@ TILES = (
     # 8192^3 on an H100 against the same tiles without it (benchmarks/RESULTS.md).
     TileConfig("128x256-mc2", swap_ab=False, consumers=2, tile_q=256, stages=4, multicast=2),
     TileConfig("128x128-mc2", swap_ab=False, consumers=2, tile_q=128, stages=6, multicast=2),
+    # Without a cluster for 65-128 tokens, where a cluster's second tile-row is empty
+    # (choose_tile's mid-M rules).
+    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6),
     TileConfig("swap-16x64", swap_ab=True, consumers=1, tile_q=16, stages=8, max_split=8),
     TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
     TileConfig("swap-64x64", swap_ab=True, consumers=1, tile_q=64, stages=6, max_split=4),
@@ -198,12 +201,15 @@ def _mid_m_tile(
       over two tile-rows fills the SMs instead: M = 256, N = 4096, K = 4096 / 14336:
       20.2 / 55.6 against 23.8 / 76.3 for 128 x 128. int8 keeps the plain tile (14.8
       against 16.1 at K = 4096: its short k-loop favours the wide tile).
-    - ``m`` in (64, 128], int8: the 128-token swapped tile without a split (K = 4096:
-      32 k-blocks, too few to split) is 64 CTAs at N = 4096; two tile-rows of the
-      64-token tile are 128: 12.4 against 15.9. And where N is large, 128 x 256 tiles
-      read A once per 256 columns instead of once per 64: N = 14336 / 28672 (K = 4096 /
-      8192), 26.8 / 91.1 against 31.8 / 97.2 (bf16 measured the other way: 45.6 / 182.4
-      against 43.7 / 153.8, so it keeps the swapped tile).
+    - ``m`` in (64, 128]: where N gives at least half a wave of 128 x 128 tiles, those
+      tiles without a cluster (a cluster of two would pair the tile-row with an empty
+      one): A is read once per 128 columns instead of once per 64, and both operands
+      fill wgmma's 128 rows. bf16 N = 14336 / 28672 (K = 4096 / 8192): 34.6 / 129.4
+      against 44.2 / 155.1 for the swapped 128-token tile (cuBLAS 33.7 / 130.7); int8:
+      20.4 / 69.5 against 26.8 / 90.8 for 128 x 256 and 31.6 / 96.0 swapped.
+    - ``m`` in (64, 128], int8, smaller N: the 128-token swapped tile without a split
+      (K = 4096: 32 k-blocks, too few to split) is 64 CTAs at N = 4096; two tile-rows
+      of the 64-token tile are 128: 12.2-12.4 against 15.7-15.9.
     """
     half = num_sms // 2
     if m > 128:
@@ -211,11 +217,11 @@ def _mid_m_tile(
         if element_bytes == 2 and _ctas(choice, m, n) <= half < _ctas(swapped, m, n):
             return swapped
         return choice
+    plain = TileChoice(_BY_NAME["128x128"])
+    if _ctas(plain, m, n) >= half:
+        return plain
     if element_bytes != 1:
         return choice
-    wide = TileChoice(_BY_NAME["128x256-mc2"])
-    if _ctas(wide, m, n) >= num_sms // 3:
-        return wide
     if _ctas(choice, m, n) <= half:
         narrow = _swapped(_BY_NAME["swap-64x64"], m, n, k, num_sms, element_bytes)
         if _ctas(narrow, m, n) > _ctas(choice, m, n):
