@@ -3,13 +3,18 @@
 Measured in one interleaved run:
 
     python benchmarks/bench_quant_gemm.py [--out FILE] [--quick] [--m 1,16]
+                                          [--weights uint4b8|fp8|nvfp4]
                                           [--original _peers/mllm-kernel]
                                           [--original-wait SECONDS]
                                           [--original-build-only]
 
 Rows: the Llama-3-8B/70B linear shapes (N, K) in {(4096, 4096), (14336, 4096),
 (4096, 14336), (28672, 8192)} x M in {1, 4, 16, 64, 256, 1024, 4096}. Contenders:
-ours W4A16 (gptq_marlin_gemm, uint4b8, group 128), ours W8A8 (int8_scaled_mm, when
+ours W4A16 (gptq_marlin_gemm, uint4b8, group 128; ``--weights fp8``: float8_e4m3fn,
+group 128, ``--weights nvfp4``: float4_e2m1f with fp8 scales per 16 k and a global scale,
+both in the format vLLM prepares: the W4A16 columns then hold these, and GB/s, % copy
+and the plain read count their bytes, so that the speed per byte read compares with the
+integer weights'), ours W8A8 (int8_scaled_mm, when
 mllm_kernel.cuda.jit has it; "-" otherwise), torch bf16 matmul (cuBLAS),
 torch._int_mm + scaling, and dequantize-then-matmul in torch. Each is timed as CUDA
 graph replays of 10 calls, interleaved (rotated order, median of samples), rotating
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import gemm_harness as harness
@@ -52,6 +58,11 @@ from mllm_kernel.cuda import compile_kernel
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
 from mllm_kernel.cuda.jit import gptq_marlin_gemm, marlin_make_workspace, scalar_types
 from mllm_kernel.cuda.jit.gptq_marlin import plan
+from mllm_kernel.cuda.jit.marlin_format import (
+    fp8_fused_exponent_bias_into_scales,
+    nvfp4_marlin_process_global_scale,
+    nvfp4_marlin_process_scales,
+)
 
 GROUP = 128
 PLAIN_READ_MAX_M = 16  # the weight-bound rows
@@ -133,6 +144,61 @@ class PlainRead:
         return self.best[n, k]
 
 
+@dataclass(frozen=True)
+class WeightFormat:
+    """The weights of the W4A16 columns (``--weights``): their type, bits, rows per scale
+    group and bytes per scale, and whether the fused Hopper kernel and 8-token CTAs take
+    them (as gptq_marlin_gemm plans them)."""
+
+    type_name: str
+    bits: int
+    group: int
+    scale_bytes: int
+    fusable: bool
+    eight_rows: bool
+
+    @property
+    def type_id(self) -> int:
+        return getattr(scalar_types, self.type_name).id
+
+    def nbytes(self, n: int, k: int) -> int:
+        """The bytes of one weight: packed words and scales."""
+        return n * k * self.bits // 8 + (k // self.group) * n * self.scale_bytes
+
+    def make(self, n: int, k: int) -> tuple[torch.Tensor, dict[torch.dtype, tuple]]:
+        """A random weight on the GPU, as gptq_marlin_gemm takes it: the packed words and,
+        per activation dtype (bf16, fp16), its scales and global scale (or None); valid
+        values throughout (no NaN weights or scales), so that ours and the original can
+        be compared on it."""
+        words = torch.randint(
+            -(2**31), 2**31 - 1, (k // 16, n * self.bits // 2), dtype=torch.int32, device="cuda"
+        )
+        groups = k // self.group
+        if self.type_name == "float4_e2m1f":
+            codes = torch.randint(0x30, 0x48, (groups, n), device="cuda")  # e4m3 0.5 .. 4
+            scales = nvfp4_marlin_process_scales(codes.to(torch.uint8).view(torch.float8_e4m3fn))
+            global_scale = torch.tensor(1e-3, device="cuda")
+            return words, {
+                dtype: (scales, nvfp4_marlin_process_global_scale(global_scale.to(dtype)))
+                for dtype in (BF16, FP16)
+            }
+        scales = torch.rand(groups, n, device="cuda") * 0.01
+        if self.type_name == "float8_e4m3fn":
+            words &= 0xF7F7F7F7 - 2**32  # each byte's lowest exponent bit cleared: no NaN
+            return words, {
+                dtype: (fp8_fused_exponent_bias_into_scales(scales.to(dtype)), None)
+                for dtype in (BF16, FP16)
+            }
+        return words, {dtype: (scales.to(dtype), None) for dtype in (BF16, FP16)}
+
+
+WEIGHT_FORMATS = {
+    "uint4b8": WeightFormat("uint4b8", 4, GROUP, 2, fusable=True, eight_rows=True),
+    "fp8": WeightFormat("float8_e4m3fn", 8, GROUP, 2, fusable=False, eight_rows=False),
+    "nvfp4": WeightFormat("float4_e2m1f", 4, 16, 1, fusable=False, eight_rows=False),
+}
+
+
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """``|got - want| / |want|`` (Frobenius norms, in float64); NaN or inf for garbage."""
     got, want = got.double(), want.double()
@@ -140,36 +206,41 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def w4a16_contenders(
-    m: int, n: int, k: int, a: torch.Tensor, read: PlainRead, original: Callable | None
+    m: int,
+    n: int,
+    k: int,
+    a: torch.Tensor,
+    read: PlainRead,
+    original: Callable | None,
+    weight_format: WeightFormat,
 ) -> tuple[dict[str, list], float | None]:
-    """Ours (Marlin uint4b8, group 128) in bf16 and fp16, the original in fp16 on the same
-    words (when given), and torch dequantize-then-matmul on GPTQ weights; for M <=
-    PLAIN_READ_MAX_M also the plain read of the words and bf16 scales ours reads. Returns
-    them and the original's relative error against ours (fp16, the first weight copy)."""
-    sets = harness.weight_copies(n * k // 2, m)
+    """Ours (Marlin, ``weight_format``'s weights: uint4b8 group 128 by default) in bf16 and
+    fp16, the original in fp16 on the same words (when given), and torch
+    dequantize-then-matmul on GPTQ uint4 weights; for M <= PLAIN_READ_MAX_M also the
+    plain read of the words and bf16 scales ours reads. Returns them and the original's
+    relative error against ours (fp16, the first weight copy)."""
+    sets = harness.weight_copies(weight_format.nbytes(n, k), m)
     workspace = marlin_make_workspace("cuda")
     out = torch.empty(m, n, device="cuda", dtype=BF16)
     a16, out16 = a.to(FP16), torch.empty(m, n, device="cuda", dtype=FP16)
-    uint4b8 = scalar_types.uint4b8.id
-    weights = []
-    for _ in range(sets):
-        # Any int32 words are a valid packed weight; the layout does not change the time.
-        q = torch.randint(-(2**31), 2**31 - 1, (k // 16, n * 2), dtype=torch.int32, device="cuda")
-        weights.append((q, (torch.rand(k // GROUP, n, device="cuda") * 0.01).to(BF16)))
+    type_id = weight_format.type_id
+    # Random valid weights: the values do not change the time.
+    made = [weight_format.make(n, k) for _ in range(sets)]
+    weights = [(q, *per_dtype[BF16]) for q, per_dtype in made]
+    fp16 = [(q, *per_dtype[FP16]) for q, per_dtype in made]
     result: dict[str, list] = {
         "w4a16": [
-            lambda q=q, s=s: gptq_marlin_gemm(
-                a, out, q, s, None, None, None, None, workspace, uint4b8, m, n, k
+            lambda q=q, s=s, g=g: gptq_marlin_gemm(
+                a, out, q, s, g, None, None, None, workspace, type_id, m, n, k
             )
-            for q, s in weights
+            for q, s, g in weights
         ]
     }
-    fp16 = [(q, s.to(FP16)) for q, s in weights]
     result["w4a16 fp16"] = [
-        lambda q=q, s=s: gptq_marlin_gemm(
-            a16, out16, q, s, None, None, None, None, workspace, uint4b8, m, n, k
+        lambda q=q, s=s, g=g: gptq_marlin_gemm(
+            a16, out16, q, s, g, None, None, None, workspace, type_id, m, n, k
         )
-        for q, s in fp16
+        for q, s, g in fp16
     ]
     error = None
     if original is not None:
@@ -178,12 +249,12 @@ def w4a16_contenders(
         theirs = marlin_make_workspace("cuda")
         original_out = torch.empty(m, n, device="cuda", dtype=FP16)
         result["original fp16"] = [
-            lambda q=q, s=s: original(
-                a=a16, c=original_out, b_q_weight=q, b_scales=s, global_scale=None,
-                b_zeros=None, g_idx=None, perm=None, workspace=theirs, b_q_type_id=uint4b8,
+            lambda q=q, s=s, g=g: original(
+                a=a16, c=original_out, b_q_weight=q, b_scales=s, global_scale=g,
+                b_zeros=None, g_idx=None, perm=None, workspace=theirs, b_q_type_id=type_id,
                 size_m=m, size_n=n, size_k=k, use_fp32_reduce=True,
             )
-            for q, s in fp16
+            for q, s, g in fp16
         ]  # fmt: skip
         want = result["w4a16 fp16"][0]().clone()
         error = relative_error(result["original fp16"][0](), want)
@@ -198,7 +269,8 @@ def w4a16_contenders(
 
     result["torch dequant+mm"] = [dequant_matmul]
     if m <= PLAIN_READ_MAX_M:
-        result["read"] = read.calls(weights, *read.fastest(n, k, weights))
+        words_and_scales = [(q, s) for q, s, _ in weights]
+        result["read"] = read.calls(words_and_scales, *read.fastest(n, k, words_and_scales))
     return result, error
 
 
@@ -231,14 +303,19 @@ def w8a8_contenders(m: int, n: int, k: int) -> dict[str, list]:
 
 
 def measure(
-    m: int, n: int, k: int, read: PlainRead, original: Callable | None
+    m: int,
+    n: int,
+    k: int,
+    read: PlainRead,
+    original: Callable | None,
+    weight_format: WeightFormat,
 ) -> tuple[dict[str, float], float | None]:
     """Seconds per call of every contender at ``m x n x k``, and the original's relative
     error against ours (None without the original)."""
     a = harness.random_bf16(m, k)
     bf16_weights = [harness.random_bf16(n, k) for _ in range(harness.weight_copies(n * k * 2, m))]
     cublas_out = torch.empty(m, n, device="cuda", dtype=BF16)
-    w4a16, error = w4a16_contenders(m, n, k, a, read, original)
+    w4a16, error = w4a16_contenders(m, n, k, a, read, original, weight_format)
     contenders = {
         "cublas": harness.cublas_calls(a, bf16_weights, cublas_out),
         **w4a16,
@@ -289,6 +366,13 @@ def main() -> None:
     parser = harness.argument_parser(__doc__, "M in {1, 16, 1024} only")
     parser.add_argument("--m", help="comma-separated M values (default: all)")
     parser.add_argument(
+        "--weights",
+        choices=sorted(WEIGHT_FORMATS),
+        default="uint4b8",
+        help="the W4A16 columns' weights: uint4b8 (group 128, the default), fp8 "
+        "(float8_e4m3fn, group 128) or nvfp4 (float4_e2m1f, fp8 scales per 16 k)",
+    )
+    parser.add_argument(
         "--original",
         default=original_peer.default_root(),
         help="the original mllm-kernel's source tree (default: _peers/mllm-kernel where "
@@ -309,6 +393,7 @@ def main() -> None:
     if args.original_build_only:
         sys.exit(0 if load_original(args.original) else 1)
     ms = [int(v) for v in args.m.split(",")] if args.m else harness.LLAMA_M
+    weight_format = WEIGHT_FORMATS[args.weights]
     if args.quick:
         ms = [1, 16, 1024]
 
@@ -338,9 +423,12 @@ def main() -> None:
     print(header, flush=True)
     for n, k in harness.LLAMA_NK:
         for m in ms:
-            t, error = measure(m, n, k, read, original)
+            t, error = measure(m, n, k, read, original, weight_format)
             sms, hopper, clusters = gptq_marlin_module._device_facts(index)
-            how = plan(m, n, k, sms, hopper, sms, clusters, fusable=True)
+            how = plan(
+                m, n, k, sms, hopper, sms, clusters, fusable=weight_format.fusable,
+                eight_rows=weight_format.eight_rows,
+            )  # fmt: skip
             where = " (cluster)" if how.cluster else ""
             if how.fused_tokens:
                 path = f"fused {how.fused_tokens} split {how.fused_split}"
@@ -348,8 +436,7 @@ def main() -> None:
                 path = "dequant+wgmma"
             else:
                 path = f"stream split {how.split}{where}"
-            weight_bytes = n * k // 2 + (k // GROUP) * n * 2
-            gbs = weight_bytes / t["w4a16"] / 1e9
+            gbs = weight_format.nbytes(n, k) / t["w4a16"] / 1e9
             vs_original = _ratio(t, "original fp16", "w4a16 fp16")
             if error is not None and not error <= SAME_RESULT:
                 vs_original += f" RESULTS DIFFER ({error:.1e})"
@@ -369,9 +456,11 @@ def main() -> None:
         [
             harness.heading("Quantized GEMM"),
             "",
-            f"bf16 activations and output; W4A16 = uint4b8 weights, group {GROUP}; W8A8 = "
+            f"bf16 activations and output; W4A16 = {weight_format.type_name} weights, group "
+            f"{weight_format.group}; W8A8 = "
             f"int8 per-token x per-channel. CUDA-graph replays, interleaved. Device copy: "
-            f"{copy_gbs:.0f} GB/s (read + written); % copy = W4 weight bytes / time over it. "
+            f"{copy_gbs:.0f} GB/s (read + written); % copy = weight bytes (words and scales) / "
+            f"time over it. "
             f"Plain read (M <= {PLAIN_READ_MAX_M}): a kernel that only reads the packed "
             f"weights and the scales, in 16-byte loads, from HBM (rotating copies), at its "
             f"fastest grid x block of a sweep ({launches or 'none run'}); W4A16 / plain read "

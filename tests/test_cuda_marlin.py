@@ -1,9 +1,9 @@
 """W4A16 / W8A16 in the Marlin format on a GPU: repacks bit for bit against the
 pure-torch layout (tests/marlin_reference.py), and gptq_marlin_gemm against a float64
 product with the dequantized weight, (q - zero) * scale, over M, shapes with tails,
-both activation dtypes, every group size and weight type (fp8 e4m3 too: fp8(q) * scale),
-act-order, zero points, c=, split-K, Hopper's fused wgmma and dequantize + GEMM paths,
-CUDA graphs and a second GPU."""
+both activation dtypes, every group size and weight type (fp8 e4m3 too: fp8(q) * scale;
+NVFP4: e2m1(q) * scale * global scale), act-order, zero points, c=, split-K, Hopper's
+fused wgmma and dequantize + GEMM paths, CUDA graphs and a second GPU."""
 
 from __future__ import annotations
 
@@ -23,11 +23,23 @@ from mllm_kernel.cuda.jit import (
     scalar_types,
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
-from mllm_kernel.cuda.jit.marlin_format import fp8_fused_exponent_bias_into_scales
+from mllm_kernel.cuda.jit.marlin_format import (
+    fp8_fused_exponent_bias_into_scales,
+    nvfp4_marlin_process_global_scale,
+    nvfp4_marlin_process_scales,
+)
 
 pytestmark = pytest.mark.cuda
 
 DTYPES = [torch.float16, torch.bfloat16]
+# The e2m1 codes' values (sign, 2 exponent bits with bias 1, 1 mantissa bit), by hand.
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+E2M1_VALUES = torch.cat([E2M1_VALUES, -E2M1_VALUES])
+
+
+def _e4m3(codes: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn bytes ``codes`` as float32 values."""
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -73,6 +85,10 @@ class Weights:
         self.type_id, self.n = scalar_type.id, n
         groups = 1 if group_size == -1 else k // group_size
         q = torch.randint(0, 2**bits, (k, n))
+        self.global_scale = None
+        if scalar_type == scalar_types.float4_e2m1f:
+            self._nvfp4(q, k, n, dtype, group_size, device)
+            return
         fp8 = scalar_type == scalar_types.float8_e4m3fn
         if fp8:
             # Every byte but the two NaNs (0x7f, 0xff): subnormals, both zeros, +-448.
@@ -107,11 +123,26 @@ class Weights:
             self.b_zeros = awq_to_marlin_zero_points(pack_awq(zeros, bits), k, n, bits).to(device)
         self.w = dequantize(q, scales, zeros, rows_group).to(device)  # [K, N] float64
 
+    def _nvfp4(self, q, k, n, dtype, group_size, device):
+        """NVFP4 as vLLM prepares it: e2m1 codes q packed as 4-bit weights, e4m3 scales
+        per 16 rows (every non-negative value: zero, subnormals, 448), permuted then
+        processed into the kernel's bytes, and a global scale in a's dtype, processed."""
+        assert group_size == 16, "NVFP4 takes groups of 16"
+        self.b_q_weight = gptq_marlin_repack(pack_gptq(q, 4).to(device), None, k, n, 4)
+        scales = _e4m3(torch.randint(0, 0x7F, (k // 16, n)))
+        permuted = marlin_permute_scales(scales, k, n, 16)
+        self.b_scales = nvfp4_marlin_process_scales(permuted).to(device)
+        g = (torch.rand(()) * 2e-3 + 1e-4).to(dtype)
+        self.global_scale = nvfp4_marlin_process_global_scale(g).to(device)
+        self.b_zeros, self.is_zp_float, self.g_idx, self.perm = None, False, None, None
+        rows_group = torch.arange(k) // 16
+        self.w = dequantize(E2M1_VALUES[q], scales * g.double(), 0.0, rows_group).to(device)
+
 
 def _run(w: Weights, a: torch.Tensor, c=None, workspace=None):
     m, k = a.shape
     return gptq_marlin_gemm(
-        a, c, w.b_q_weight, w.b_scales, None, w.b_zeros, w.g_idx, w.perm,
+        a, c, w.b_q_weight, w.b_scales, w.global_scale, w.b_zeros, w.g_idx, w.perm,
         workspace if workspace is not None else marlin_make_workspace(a.device),
         w.type_id, m, w.n, k, is_zp_float=w.is_zp_float,
     )  # fmt: skip
@@ -530,6 +561,79 @@ def test_gemm_fp8_extreme_values_are_exact(dtype):
     assert torch.equal(out.cpu(), want.expand(16, n))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 16, 64, 300, 1024])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_gemm_nvfp4_weights(dtype, m, n, k):
+    """NVFP4 weights (every e2m1 code, every non-negative e4m3 scale) prepared as vLLM
+    prepares them: against e2m1(q) * scale * global in float64, into a NaN-poisoned c
+    (every element written), the workspace left zeroed. On Hopper M = 300 and 1024 run
+    dequantize + GEMM, the smaller M (and everywhere else every M) the streaming kernel's
+    NVFP4 builds, split over K where the shape is small."""
+    torch.manual_seed(m + n + k)
+    w = Weights(k, n, dtype, "float4_e2m1f", 16)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    workspace = marlin_make_workspace("cuda")
+    out = _run(w, a, c=c, workspace=workspace)
+    assert out.data_ptr() == c.data_ptr()
+    _check(out, a, w)
+    assert not workspace.any(), "the workspace is left zeroed"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 13, 40])
+def test_gemm_nvfp4_k_split(split_sums, dtype, m):
+    """NVFP4 with K split over several CTAs (summed in a cluster or through global
+    memory): each slice's sums take the global scale before they are added."""
+    n, k = 4096, 2560
+    sms, hopper, clusters = gptq_marlin_module._devices[torch.cuda.current_device()]
+    how = gptq_marlin_module.plan(m, n, k, sms, hopper, sms, clusters)
+    assert how.split > 1 and how.cluster == (split_sums == "cluster")
+    torch.manual_seed(m)
+    w = Weights(k, n, dtype, "float4_e2m1f", 16)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    _check(_run(w, a), a, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [16, 300])
+def test_gemm_nvfp4_single_values_are_exact(dtype, m):
+    """Columns of single e2m1 codes (all 16, -0 included) under scales of every kind
+    (zero, the smallest subnormal, a subnormal, 1, 448) and a global scale, times a
+    one-hot a: each output is one code x scale x global, which the kernel rounds once,
+    like torch (M = 300: dequantize + GEMM on Hopper, where the weight is rounded once
+    and the GEMM multiplies it by one)."""
+    k, n = 256, 256
+    codes = torch.arange(n) % 16
+    q = codes.expand(k, n).contiguous()
+    scale_codes = torch.tensor([0x00, 0x01, 0x05, 0x38, 0x7E])[torch.arange(n) // 16 % 5]
+    scales = _e4m3(scale_codes).expand(k // 16, n).contiguous()
+    g = torch.tensor(0.0123, dtype=dtype)
+    b_q_weight = gptq_marlin_repack(pack_gptq(q, 4).cuda(), None, k, n, 4)
+    b_scales = nvfp4_marlin_process_scales(marlin_permute_scales(scales, k, n, 16)).cuda()
+    global_scale = nvfp4_marlin_process_global_scale(g).cuda()
+    a = torch.zeros(m, k, dtype=dtype, device="cuda")
+    a[torch.arange(m), torch.arange(m) * 7 % k] = 1
+    out = gptq_marlin_gemm(
+        a, None, b_q_weight, b_scales, global_scale, None, None, None,
+        marlin_make_workspace("cuda"), scalar_types.float4_e2m1f.id, m, n, k,
+    )  # fmt: skip
+    want = (E2M1_VALUES[codes] * scales[0].double() * g.double()).to(dtype)
+    assert torch.equal(out.cpu(), want.expand(m, n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_nvfp4_empty_global_scale_is_refused(dtype):
+    """The original's way of passing no tensor (an empty one) is no global scale: NVFP4
+    weights then have none, which the kernel refuses, naming the argument."""
+    w = Weights(256, 128, dtype, "float4_e2m1f", 16)
+    w.global_scale = torch.empty(0, dtype=dtype, device="cuda")
+    a = torch.randn(3, 256, device="cuda").to(dtype)
+    with pytest.raises(ValueError, match=r"argument 'global_scale': float4_e2m1f .* need"):
+        _run(w, a)
+
+
 # The tensors' checks, all in the kernels' C++ (marlin_layout.cuh's check_operands):
 # each refusal names the argument, the expected and what came.
 M, N, K = 3, 128, 256
@@ -683,6 +787,66 @@ def _made(value):
             },
             ValueError,
             "argument 'b_scales': 8 groups over size_k=256 is not a group size fp8",
+        ),
+        # NVFP4: float8_e4m3fn scales of 16-row groups, paired; a.dtype [1] global scale.
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "b_scales": _cuda(K // 16, N, dtype=torch.float8_e4m3fn),
+            },
+            ValueError,
+            r"argument 'global_scale': float4_e2m1f \(NVFP4\) weights need their global "
+            r"scale \(nvfp4_marlin_process_global_scale\), got none",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "b_scales": _cuda(K // 16, N, dtype=torch.float8_e4m3fn),
+                "global_scale": _cuda(1, dtype=torch.float32),
+            },
+            TypeError,
+            "argument 'global_scale': expected dtype in {float16} but got float32",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "b_scales": _cuda(K // 16, N, dtype=torch.float8_e4m3fn),
+                "global_scale": _cuda(2, dtype=torch.float16),
+            },
+            ValueError,
+            r"argument 'global_scale': expected dim 0 to be 1 but got 2",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "b_scales": _cuda(K // 16, N, dtype=torch.float16),
+                "global_scale": _cuda(1, dtype=torch.float16),
+            },
+            TypeError,
+            "argument 'b_scales': expected dtype in {float8_e4m3fn} but got float16",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "b_scales": _cuda(K // 32, N, dtype=torch.float8_e4m3fn),
+                "global_scale": _cuda(1, dtype=torch.float16),
+            },
+            ValueError,
+            r"argument 'b_scales': 8 groups over size_k=256 is not the group size NVFP4 "
+            r"weights take; expected size_k / 16 groups \(16 rows each\)",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "a": _cuda(M, 272, dtype=torch.float16),
+                "size_k": 272,
+                "b_q_weight": _cuda(272 // 16, N * 2, dtype=torch.int32),
+                "b_scales": _cuda(272 // 16, N, dtype=torch.float8_e4m3fn),
+                "global_scale": _cuda(1, dtype=torch.float16),
+            },
+            ValueError,
+            "argument 'size_k': NVFP4 weights pair their groups' scale rows; expected a "
+            "multiple of 32, got 272",
         ),
     ],
 )

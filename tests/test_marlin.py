@@ -20,7 +20,11 @@ from mllm_kernel.cuda.jit import (
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
 from mllm_kernel.cuda.jit.gptq_marlin import FUSED_MAX_M, FUSED_MIN_M, fused_tiling, plan
-from mllm_kernel.cuda.jit.marlin_format import fp8_fused_exponent_bias_into_scales
+from mllm_kernel.cuda.jit.marlin_format import (
+    fp8_fused_exponent_bias_into_scales,
+    nvfp4_marlin_process_global_scale,
+    nvfp4_marlin_process_scales,
+)
 from mllm_kernel.cuda.jit.scalar_type import ScalarType, scalar_types
 from mllm_kernel.jit_utils.cuda_arch import CudaArch
 
@@ -122,9 +126,9 @@ def test_ops_are_registered_under_their_public_names():
         assert name in entries, f"{name} is not registered"
     variants = entries["gptq_marlin_gemm"].variants
     # both dtypes x 16/64 tokens per CTA x (4-bit: type zero, int zeros, float zeros,
-    # act-order; 8-bit: type zero, int zeros, act-order, fp8), and 8 tokens per CTA where
-    # scales are deferred: 4-bit fp16 and bf16 (3 zero modes each), 8-bit fp16 (2)
-    assert len(variants) == 32 + 8 and len(set(variants)) == 40
+    # act-order, NVFP4; 8-bit: type zero, int zeros, act-order, fp8), and 8 tokens per CTA
+    # where scales are deferred: 4-bit fp16 and bf16 (3 zero modes each), 8-bit fp16 (2)
+    assert len(variants) == 36 + 8 and len(set(variants)) == 44
     eight = {(v[0], v[1], v[3]) for v in variants if v[2] == 8}
     assert len(eight) == 8 and not any(v[4] for v in variants if v[2] == 8)
     assert (torch.bfloat16, 8, 0) not in eight, "8-bit bf16 weights are not deferred"
@@ -133,6 +137,8 @@ def test_ops_are_registered_under_their_public_names():
     fp8 = {v for v in variants if v[3] == 3}
     dtypes = (torch.float16, torch.bfloat16)
     assert fp8 == {(dtype, 8, rows, 3, False) for dtype in dtypes for rows in (16, 64)}
+    fp4 = {v for v in variants if v[3] == 4}
+    assert fp4 == {(dtype, 4, rows, 4, False) for dtype in dtypes for rows in (16, 64)}
 
 
 def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
@@ -269,6 +275,14 @@ def _gemm_args(**override):
     ("override", "error", "match"),
     [
         ({"global_scale": torch.ones(1)}, ValueError, "argument 'global_scale'.*FP4"),
+        (
+            {
+                "global_scale": torch.ones(1, dtype=torch.float16),
+                "b_q_type_id": scalar_types.float8_e4m3fn.id,
+            },
+            ValueError,
+            r"argument 'global_scale': only float4_e2m1f \(NVFP4\) weights take a global scale",
+        ),
         ({"b_q_type_id": "uint4b8"}, TypeError, "argument 'b_q_type_id': expected an int"),
         ({"size_n": 128.0}, TypeError, "argument 'size_n': expected an int"),
         ({"is_k_full": 1}, TypeError, "argument 'is_k_full': expected a bool"),
@@ -330,9 +344,27 @@ def test_gemm_refuses_on_any_device(override, error, match):
             r"argument 'g_idx': act-order .* not supported for float8_e4m3fn",
         ),
         (
-            {"b_q_type_id": scalar_types.float4_e2m1f.id},
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "b_zeros": torch.zeros(2, N // 8, dtype=torch.int32),
+            },
             ValueError,
-            r"argument 'b_q_type_id': \d+ is not a supported weight type.*float8_e4m3fn",
+            "argument 'b_zeros': float4_e2m1f weights take no zero points",
+        ),
+        (
+            {
+                "b_q_type_id": scalar_types.float4_e2m1f.id,
+                "g_idx": torch.zeros(K, dtype=torch.int32),
+                "perm": torch.zeros(K, dtype=torch.int32),
+            },
+            ValueError,
+            r"argument 'g_idx': act-order .* not supported for float4_e2m1f",
+        ),
+        (
+            {"b_q_type_id": scalar_types.float8_e5m2.id},
+            ValueError,
+            r"argument 'b_q_type_id': \d+ is not a supported weight type.*float8_e4m3fn.*"
+            r"float4_e2m1f",
         ),
     ],
 )
@@ -392,6 +424,36 @@ def test_fp8_weights_plan_the_streaming_kernel_or_dequantize_and_gemm(monkeypatc
             assert call.module == (0, dtype, 8, rows, 3, False)
 
 
+@pytest.mark.parametrize("hopper", [False, True])
+@pytest.mark.parametrize("m", [1, 8, 16, 64, 255, 256, 1024, 4096])
+def test_nvfp4_weights_plan_the_streaming_kernel_or_dequantize_and_gemm(monkeypatch, hopper, m):
+    """NVFP4 weights never take the fused kernel (integer weights only) nor 8-token CTAs
+    (their scales are not deferred): the streaming kernel's NVFP4 build of 16 or 64
+    tokens, or on Hopper from DEQUANT_GEMM_MIN_M dequantize + GEMM's 4-bit build, with
+    zero mode 4 (kFp4)."""
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})
+    for module in ("_STREAM", "_FUSED", "_DEQUANTIZE"):
+        monkeypatch.setattr(gptq_marlin_module, module, _AnyBuild())
+    monkeypatch.setattr(gptq_marlin_module, "_devices", {0: (132, hopper, hopper)})
+    for dtype in (torch.float16, torch.bfloat16):
+        key = (m, 4096, 4096, 0, dtype, scalar_types.float4_e2m1f.id, False, False, False)
+        call = gptq_marlin_module._planned(key, torch.zeros(1))
+        assert call.zero_mode == 4 and call.bias == 0 and call.plan.fused_tokens == 0
+        if hopper and m >= gptq_marlin_module.DEQUANT_GEMM_MIN_M:
+            assert call.plan.dequant_gemm and call.module == (0, dtype, 4, False)
+        else:
+            rows = 16 if m <= 16 else 64
+            assert call.module == (0, dtype, 4, rows, 4, False)
+
+
+def test_the_ops_copy_of_the_nvfp4_type_id_is_scalar_types():
+    """ops/marlin.py cannot import the device package's scalar types: its copy of
+    float4_e2m1f's id, which alone takes a global scale, is checked here."""
+    from mllm_kernel.ops import marlin as ops_marlin
+
+    assert scalar_types.float4_e2m1f.id == ops_marlin._FLOAT4_E2M1F_ID
+
+
 class _AnyBuild:
     """Stands in for a KernelModule: every variant is a module named by its key."""
 
@@ -429,3 +491,56 @@ def test_fp8_scales_carry_the_exponent_bias(dtype, gap):
     fused = fp8_fused_exponent_bias_into_scales(s)
     assert fused.dtype == dtype and fused.data_ptr() != s.data_ptr()
     assert torch.equal(fused.double(), s.double() * 2.0**gap)
+
+
+def _vllm_nvfp4_scales(s: torch.Tensor) -> torch.Tensor:
+    """vLLM's nvfp4_marlin_process_scales step by step, as its source spells them (the
+    version the original mllm-kernel's kernel reads: with the pair interleave): to fp16,
+    interleave pairs of rows by 8 columns, swap the middle two of each 4, then the high
+    byte of (s * 2**7)'s int16 bits shifted left by one."""
+    s = s.to(torch.half)
+    s = s.view(s.size(0) // 2, 2, -1, 8).permute(0, 2, 1, 3).reshape(s.size(0), -1)
+    s = s.view(-1, 4)[:, [0, 2, 1, 3]].view(s.size(0), -1)
+    s = (s * 2**7).view(torch.int16) << 1
+    return s.view(torch.float8_e4m3fn)[:, 1::2].contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_nvfp4_scales_are_vllms_bytes(dtype):
+    """The scale bytes equal vLLM's helper's (followed step by step above), byte for
+    byte, for every non-negative e4m3 value (zero, subnormals, 448) in a [64, 512] table;
+    the result is float8_e4m3fn, the input left as it was."""
+    torch.manual_seed(5)
+    codes = torch.randint(0, 0x7F, (64, 512))
+    codes[0, :0x7F] = torch.arange(0x7F)
+    scales = codes.to(torch.uint8).view(torch.float8_e4m3fn).to(dtype)
+    before = scales.clone()
+    got = nvfp4_marlin_process_scales(scales)
+    assert got.dtype == torch.float8_e4m3fn and got.shape == (64, 512)
+    assert torch.equal(got.view(torch.uint8), _vllm_nvfp4_scales(scales).view(torch.uint8))
+    assert torch.equal(scales, before)
+
+
+@pytest.mark.parametrize(("dtype", "power"), [(torch.float16, 7), (torch.bfloat16, 119)])
+def test_nvfp4_global_scale_carries_the_exponent_bias(dtype, power):
+    """Exactly 2**7 (fp16) or 2**119 (bf16) times the global scale, shape [1] (a 0-d
+    scale too), a new tensor, as vLLM's helper of the same name."""
+    for g in (torch.tensor(1e-3, dtype=dtype), torch.tensor([0.25], dtype=dtype)):
+        out = nvfp4_marlin_process_global_scale(g)
+        assert out.shape == (1,) and out.dtype == dtype and out.data_ptr() != g.data_ptr()
+        assert torch.equal(out.double(), g.double().reshape(1) * 2.0**power)
+
+
+def test_nvfp4_helpers_reject_bad_inputs():
+    with pytest.raises(ValueError, match=r"argument 's': NVFP4 scales must be >= 0"):
+        nvfp4_marlin_process_scales(-torch.ones(2, 64))
+    with pytest.raises(ValueError, match=r"argument 's': expected shape .*even.*\[3, 64\]"):
+        nvfp4_marlin_process_scales(torch.ones(3, 64))
+    with pytest.raises(ValueError, match=r"argument 's': expected shape .*\[2, 96\]"):
+        nvfp4_marlin_process_scales(torch.ones(2, 96))
+    with pytest.raises(TypeError, match=r"argument 's': expected a floating-point dtype"):
+        nvfp4_marlin_process_scales(torch.ones(2, 64, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"argument 'global_scale': expected dtype float16"):
+        nvfp4_marlin_process_global_scale(torch.ones(1))
+    with pytest.raises(ValueError, match=r"argument 'global_scale': expected one value"):
+        nvfp4_marlin_process_global_scale(torch.ones(2, dtype=torch.float16))

@@ -1,6 +1,6 @@
-"""W4A16 / W8A16 (integer or fp8 weights) in the Marlin format: ``gptq_marlin_gemm`` and
-the repacks that bring GPTQ, AWQ and fp8 checkpoints to its weight layout, with the
-original mllm-kernel's signatures (those of vLLM and sglang)."""
+"""W4A16 / W8A16 (integer, fp8 or NVFP4 weights) in the Marlin format: ``gptq_marlin_gemm``
+and the repacks that bring GPTQ, AWQ, fp8 and NVFP4 checkpoints to its weight layout, with
+the original mllm-kernel's signatures (those of vLLM and sglang)."""
 
 from __future__ import annotations
 
@@ -48,15 +48,21 @@ def gptq_marlin_gemm(
       ``float8_e4m3fn.id``: fp8 e4m3 bytes packed as 8-bit weights (``gptq_marlin_repack``
       with ``num_bits=8``), ``dequant(q) = fp8(q) * scale``, group size -1 or 128, the
       scales carrying the exponent bias (``fp8_fused_exponent_bias_into_scales``, after
-      ``marlin_permute_scales``), no zero points, no act-order.
+      ``marlin_permute_scales``), no zero points, no act-order; or ``float4_e2m1f.id``
+      (NVFP4): e2m1 codes packed as 4-bit weights (``gptq_marlin_repack`` with
+      ``num_bits=4``), ``dequant(q) = e2m1(q) * scale * global_scale``, groups of 16
+      (``size_k`` a multiple of 32), ``b_scales`` float8_e4m3fn ``[size_k // 16, size_n]``
+      from ``marlin_permute_scales`` then ``nvfp4_marlin_process_scales`` (scales >= 0),
+      ``global_scale`` ``a.dtype`` ``[1]`` from ``nvfp4_marlin_process_global_scale``, no
+      zero points, no act-order.
     - Act-order: ``g_idx`` (the group of each row, in Marlin row order: sorted) and
       ``perm`` (the repack's permutation), int32 ``[size_k]`` each, or both empty/None.
       ``is_k_full=False`` (K split over ranks) lifts the check that the groups divide K.
       Group indices must lie in ``[0, num_groups)`` and ``perm``'s in ``[0, size_k)``
-      (they are clamped, not checked). Not with zero points nor fp8.
+      (they are clamped, not checked). Not with zero points, fp8 nor NVFP4.
     - ``workspace``: int32, one entry per SM at least (``marlin_make_workspace``), zero
       between calls (left zero).
-    - ``global_scale`` must be None or empty (no FP4 types yet). ``use_atomic_add`` and
+    - ``global_scale``: NVFP4's (above), None or empty for the others. ``use_atomic_add`` and
       ``use_fp32_reduce`` are accepted for compatibility: partial sums are always
       reduced in fp32, in a fixed order (run to run identical results).
     - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).
@@ -65,12 +71,19 @@ def gptq_marlin_gemm(
     """
 
 
-def _no_global_scale(global_scale: torch.Tensor | None) -> None:
-    # No kernel takes a global scale: refused here, whatever the device.
-    if global_scale is not None and global_scale.numel():
+# scalar_types.float4_e2m1f.id (mllm_kernel.cuda.jit.scalar_type: a device package, which
+# this module does not import; tests/test_marlin.py checks the copy): NVFP4 weights, the
+# only ones that take a global scale.
+_FLOAT4_E2M1F_ID = 562949953487106
+
+
+def _global_scale_only_for_nvfp4(global_scale: torch.Tensor | None, b_q_type_id: int) -> None:
+    # Refused here, whatever the device; NVFP4's global scale itself (given, its shape and
+    # dtype) is the kernels' to check.
+    if global_scale is not None and global_scale.numel() and b_q_type_id != _FLOAT4_E2M1F_ID:
         raise ValueError(
-            "argument 'global_scale': only FP4 weights take a global scale, and FP4 is not "
-            "supported; pass None or an empty tensor"
+            "argument 'global_scale': only float4_e2m1f (NVFP4) weights take a global scale; "
+            "pass None or an empty tensor"
         )
 
 
@@ -129,7 +142,7 @@ GPTQ_MARLIN_GEMM = Op(
     fake=_gemm_result,
     # Sizes a traced graph passes on (size_m is x.shape[0]).
     symbolic=("size_m", "size_n", "size_k"),
-    check=_no_global_scale,
+    check=_global_scale_only_for_nvfp4,
 )
 GPTQ_MARLIN_REPACK = Op(
     gptq_marlin_repack,

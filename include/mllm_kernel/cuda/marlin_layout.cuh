@@ -20,18 +20,21 @@ namespace mllm_kernel::cuda {
 namespace marlin {
 
 // How a weight becomes a value: q minus the type's zero (kBias), an int or a float zero
-// point, or, for fp8 e4m3 weights (kFp8), the float itself (dequant.cuh's Fp8Dequant).
-enum ZeroMode : int { kBias = 0, kIntZero = 1, kFloatZero = 2, kFp8 = 3 };
+// point, or, for fp8 e4m3 weights (kFp8), the float itself (dequant.cuh's Fp8Dequant),
+// or for NVFP4 (kFp4) the e2m1 value times its group's fp8 scale and the global scale
+// (marlin_nvfp4.cuh).
+enum ZeroMode : int { kBias = 0, kIntZero = 1, kFloatZero = 2, kFp8 = 3, kFp4 = 4 };
 
 struct Params {
   const void* a;  // [M, K], row stride lda
   int64_t lda;
-  const uint32_t* b;     // Marlin words, [K / 16, N * 16 * bits / 32]
-  const void* scales;    // [groups, N], Marlin-permuted
-  const void* zeros;     // int32 [groups, N * bits / 32] or T [groups, N], or nullptr
-  const int32_t* g_idx;  // [K] group of each Marlin row (act-order), or nullptr
-  const int32_t* perm;   // [K] act-order: Marlin row k is column perm[k] of a, or nullptr
-  void* c;               // [M, N], row stride ldc
+  const uint32_t* b;         // Marlin words, [K / 16, N * 16 * bits / 32]
+  const void* scales;        // [groups, N], Marlin-permuted (NVFP4: bytes, marlin_nvfp4.cuh)
+  const void* global_scale;  // NVFP4: T [1], or nullptr
+  const void* zeros;         // int32 [groups, N * bits / 32] or T [groups, N], or nullptr
+  const int32_t* g_idx;      // [K] group of each Marlin row (act-order), or nullptr
+  const int32_t* perm;       // [K] act-order: Marlin row k is column perm[k] of a, or nullptr
+  void* c;                   // [M, N], row stride ldc
   int64_t ldc;
   float* partials;    // [split, M, N] when split > 1
   int32_t* counters;  // the workspace: one per CTA column, zero between launches
@@ -102,10 +105,10 @@ inline void check_tile_sizes(int64_t size_k, int64_t size_n) {
 }
 
 /// Rows per group as the kernels take them (0: one group over K, or act-order, where
-/// g_idx gives each row its group) for `groups` rows of scales over `size_k` (for `fp8`
-/// weights: one group or groups of 128).
+/// g_idx gives each row its group) for `groups` rows of scales over `size_k` (fp8
+/// weights: one group or groups of 128; NVFP4: groups of 16, in pairs).
 inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool is_k_full,
-                          bool fp8) {
+                          int zero_mode) {
   if (act_order) {
     ValueCheck(!is_k_full || (groups > 1 && size_k % groups == 0),
                "argument 'b_scales': act-order with is_k_full=True needs num_groups > 1 "
@@ -113,10 +116,22 @@ inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool i
                size_k, ", got ", groups, " groups");
     return 0;
   }
-  if (groups == 1) return 0;
   const int64_t size = size_k % groups == 0 ? size_k / groups : 0;
+  if (zero_mode == kFp4) {
+    // The original's NVFP4 builds: groups of 16 only, whose scale rows pair up.
+    ValueCheck(size == 16, "argument 'b_scales': ", groups, " groups over size_k=", size_k,
+               " is not the group size NVFP4 weights take; expected size_k / 16 groups (16 "
+               "rows each)");
+    ValueCheck(groups % 2 == 0,
+               "argument 'size_k': NVFP4 weights pair their groups' scale rows; expected a "
+               "multiple of 32, got ",
+               size_k);
+    return size;
+  }
+  if (groups == 1) return 0;
   // The original's fp8 builds: per channel or groups of 128.
-  ValueCheck(!fp8 || size == 128, "argument 'b_scales': ", groups, " groups over size_k=", size_k,
+  ValueCheck(zero_mode != kFp8 || size == 128, "argument 'b_scales': ", groups,
+             " groups over size_k=", size_k,
              " is not a group size fp8 weights take; expected -1 (one group: per channel) or "
              "128");
   ValueCheck(size >= 32 && (size & (size - 1)) == 0, "argument 'b_scales': ", groups,
@@ -129,18 +144,17 @@ inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool i
 /// Every tensor of one gptq_marlin_gemm call, checked here for all its paths (the
 /// streaming kernel, the fused one, dequantize + GEMM): `a` [size_m, size_k] in `dtype`
 /// with rows on 16-byte boundaries (unless act-order permutes it into a scratch first),
-/// `c` [size_m, size_n] in `dtype`, the Marlin weights, scales, zero points (`zero_mode`)
-/// and act-order's g_idx and perm (int32 [size_k]), the int32 workspace (one entry per
-/// SM at least), all on one GPU, and the sizes (`check_tile_sizes`). Returns the
-/// kernels' view of them.
-inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
-                             TensorView b_q_weight, TensorView b_scales,
-                             tvm::ffi::Optional<TensorView> b_zeros,
-                             tvm::ffi::Optional<TensorView> g_idx,
-                             tvm::ffi::Optional<TensorView> perm, TensorView workspace,
-                             DLDataType dtype, int bits, int zero_mode, bool act_order,
-                             int64_t size_m, int64_t size_n, int64_t size_k, bool is_k_full,
-                             int64_t bias) {
+/// `c` [size_m, size_n] in `dtype`, the Marlin weights, scales (in `dtype`; NVFP4's
+/// float8_e4m3fn bytes), NVFP4's global scale (`dtype` [1]; an empty one is none, as
+/// the original passes none), zero points (`zero_mode`) and act-order's g_idx and perm
+/// (int32 [size_k]), the int32 workspace (one entry per SM at least), all on one GPU,
+/// and the sizes (`check_tile_sizes`). Returns the kernels' view of them.
+inline Params check_operands(
+    SymbolicDevice& device, TensorView a, TensorView c, TensorView b_q_weight, TensorView b_scales,
+    tvm::ffi::Optional<TensorView> global_scale, tvm::ffi::Optional<TensorView> b_zeros,
+    tvm::ffi::Optional<TensorView> g_idx, tvm::ffi::Optional<TensorView> perm, TensorView workspace,
+    DLDataType dtype, int bits, int zero_mode, bool act_order, int64_t size_m, int64_t size_n,
+    int64_t size_k, bool is_k_full, int64_t bias) {
   SymbolicSize m{"size_m"}, k{"size_k"}, n{"size_n"}, groups{"num_groups"};
   TensorMatcher({m, k}).dtype(dtype).device(kDLCUDA, device).last_dim_contiguous().verify(a, "a");
   ValueCheck(size_m == m.value(), "argument 'size_m': expected ", m.value(), " (a.shape[0]), got ",
@@ -163,11 +177,27 @@ inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
       .verify(b_q_weight, "b_q_weight");
   check_packed_shape(b_q_weight, "b_q_weight", size_k / 16, size_n * 16 * bits / 32,
                      "size_k / 16, size_n * 16 * bits / 32", bits);
+  const bool fp4 = zero_mode == kFp4;
   TensorMatcher({groups, n})
-      .dtype(dtype)
+      .dtype(fp4 ? dtype_trait<fp8_e4m3_t>::value : dtype)
       .device(kDLCUDA, device)
       .contiguous()
       .verify(b_scales, "b_scales");
+  if (global_scale.has_value() && global_scale.value().numel() == 0) global_scale = std::nullopt;
+  if (fp4) {
+    ValueCheck(global_scale.has_value(),
+               "argument 'global_scale': float4_e2m1f (NVFP4) weights need their global scale "
+               "(nvfp4_marlin_process_global_scale), got none");
+    TensorMatcher({1})
+        .dtype(dtype)
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*global_scale, "global_scale");
+  } else {
+    ValueCheck(!global_scale.has_value(),
+               "argument 'global_scale': only float4_e2m1f (NVFP4) weights take a global "
+               "scale; pass None or an empty tensor");
+  }
   ValueCheck(groups.value() > 0,
              "argument 'b_scales': expected shape [num_groups, size_n] with a group at least, "
              "but got ",
@@ -190,11 +220,11 @@ inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
                  "g_idx/perm given to a build without act-order");
   }
   const int64_t rows_per_group =
-      group_size(groups.value(), size_k, act_order, is_k_full, zero_mode == kFp8);
-  if (zero_mode == kBias || zero_mode == kFp8) {
+      group_size(groups.value(), size_k, act_order, is_k_full, zero_mode);
+  if (zero_mode == kBias || zero_mode == kFp8 || fp4) {
     RuntimeCheck(!b_zeros.has_value(), "b_zeros given for zero_mode ", zero_mode);
-    RuntimeCheck(zero_mode == kBias || (bits == 8 && !act_order),
-                 "fp8 weights: 8 bits, without act-order");
+    RuntimeCheck(zero_mode == kBias || (bits == (fp4 ? 4 : 8) && !act_order),
+                 "fp8 weights: 8 bits, NVFP4: 4, without act-order");
   } else {
     RuntimeCheck(b_zeros.has_value(), "b_zeros missing for zero_mode ", zero_mode);
     if (zero_mode == kIntZero) {
@@ -227,6 +257,7 @@ inline Params check_operands(SymbolicDevice& device, TensorView a, TensorView c,
   verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
   p.b = data_ptr<uint32_t>(b_q_weight);
   p.scales = data_ptr<void>(b_scales);
+  p.global_scale = fp4 ? data_ptr<void>(*global_scale) : nullptr;
   p.c = data_ptr<void>(c);
   p.ldc = size_n;
   p.m = static_cast<int>(size_m);

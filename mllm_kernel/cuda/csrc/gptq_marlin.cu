@@ -3,7 +3,9 @@
 // with zero the type's bias (uint4b8: 8, uint8b128: 128), an int zero point per
 // group and column (uint4/uint8 + b_zeros) or a float one (is_zp_float); or, for fp8
 // e4m3 bytes (zero mode kFp8), dequant(q) = fp8(q) * scale, with the scales carrying
-// the exponent bias that dequant.cuh's Fp8Dequant leaves out.
+// the exponent bias that dequant.cuh's Fp8Dequant leaves out; or, for NVFP4 (kFp4),
+// dequant(q) = e2m1(q) * scale * global_scale with fp8 scales per 16 k
+// (marlin_nvfp4.cuh), the global scale applied to the fp32 sums.
 //
 // Streaming kernel (`marlin_stream_kernel`), for the small M of decoding, where
 // reading the weights bounds the time. A CTA is 4 warps; each warp owns one 64-column
@@ -14,14 +16,15 @@
 // activations (`Rows` = 8, 16 or 64 tokens per CTA) pass through two shared-memory
 // chunks of 256 k; those chunks are the CTA's only barriers. The tiles are multiplied
 // with mma.sync m16n8k16 into fp32, four tiles a turn, in one of two ways:
-//   - 8 or 16 tokens (no act-order, not 8-bit weights in bf16, not fp8): the weights
+//   - 8 or 16 tokens (no act-order, not 8-bit weights in bf16, not fp8 or NVFP4): the weights
 //     are the A operand, entering as magic + step q straight from their bits, the
 //     tokens one or two B operands, and each group's scale and zero apply once to its
 //     fp32 sums (DeferredScales);
 //   - otherwise the weights are dequantized in registers (the magic-number trick,
 //     dequant.cuh), scaled, and are the B operand of 16-row blocks of activations.
-// Scales and zero points are loaded one group ahead, and the zero mode and act-order
-// are template parameters.
+// Scales and zero points are loaded one group ahead (NVFP4's, one per k16 tile, travel
+// with their tiles through the weight ring), and the zero mode and act-order are
+// template parameters.
 //
 // The kernel reads as its steps, each a device function or a small struct of them:
 // StreamSlice (the CTA's columns, rows and K slice), the producers (WeightRing, each
@@ -53,12 +56,21 @@
 #include "mllm_kernel/cuda/dequant.cuh"
 #include "mllm_kernel/cuda/marlin_config.cuh"
 #include "mllm_kernel/cuda/marlin_layout.cuh"
+#include "mllm_kernel/cuda/marlin_nvfp4.cuh"
 #include "mllm_kernel/cuda/mma_sync.cuh"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
 namespace mllm_kernel::cuda {
 namespace marlin {
+
+/// Copies 8 bytes global -> shared (cp.async's 8-byte form, which caches in L1 too: .ca).
+/// cp_async.cuh's copies are 16 bytes; a warp's NVFP4 scales of a tile are 8 pieces of 8
+/// bytes, 16 bytes apart (marlin_nvfp4.cuh).
+__device__ __forceinline__ void cp_async_8(void* dst, const void* src) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(address), "l"(src) : "memory");
+}
 
 /// Per lane: the dequantization constants of its 8 n8 blocks (columns 8 jb + g of a
 /// 64-column tile). Without act-order one scale per block (`scale[0]`); with it, one
@@ -155,7 +167,8 @@ using LaneWords = Vec<uint32_t, Bits == 4 ? 4 : 8>;
 
 /// Block jb (columns 8 jb + g) of a lane's tile words, dequantized: rows 2t + {0, 1}
 /// in `lo`, 2t + {8, 9} in `hi` (the two B registers of an m16n8k16 mma). `ZeroMode`
-/// kFp8 reads the bytes as fp8 e4m3 (their exponent bias is in the scales).
+/// kFp8 reads the bytes as fp8 e4m3 (their exponent bias is in the scales), kFp4 the
+/// nibbles as e2m1 (theirs is in the global factor).
 template <typename T, int Bits, bool ActOrder, int ZeroMode>
 __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int jb,
                                               const TileConstants<T, Bits, ActOrder>& tc,
@@ -174,6 +187,10 @@ __device__ __forceinline__ void dequant_block(const LaneWords<Bits>& words, int 
     static_assert(Bits == 8, "fp8 weights are bytes");
     lo = Fp8Dequant<T>::pair(word, 0);
     hi = Fp8Dequant<T>::pair(word, 1);
+  } else if constexpr (ZeroMode == kFp4) {
+    static_assert(Bits == 4, "NVFP4 weights are nibbles");
+    lo = E2m1Dequant<T>::pair(word, first);
+    hi = E2m1Dequant<T>::pair(word, first + 1);
   } else {
     lo = Deq::pair(word, first, tc.offset[jb]);
     hi = Deq::pair(word, first + 1, tc.offset[jb]);
@@ -416,8 +433,9 @@ static_assert(kChunkTiles % kTurnTiles == 0, "a chunk holds whole turns");
 /// Shared memory of the streaming kernel: each warp's ring of kDepth weight tiles, then
 /// two A chunks (rows x 256 k, 16-byte pieces XOR-swizzled by the row so that
 /// ldmatrix's 8 rows hit different banks), then (deferred scales, 16 tokens) each
-/// warp's group totals.
-template <int Bits, int Rows, bool Deferred>
+/// warp's group totals, then (`RingScales`: NVFP4) each warp's ring of its tiles'
+/// scales, 8 bytes a lane per tile.
+template <int Bits, int Rows, bool Deferred, bool RingScales>
 struct StreamLayout {
   static constexpr int kRows = Rows;
   static constexpr int kDepth = Deferred ? kDeferredDepth : kStreamDepth;
@@ -429,9 +447,12 @@ struct StreamLayout {
   static constexpr int kChunkBytes = kRows * kChunkK * 2;
   static constexpr int kTotalsOffset = kRingBytes + 2 * kChunkBytes;
   static constexpr int kTotalsBytes = Deferred && Rows > 8 ? kStreamWarps * 32 * 32 * 4 : 0;
+  static constexpr int kScaleSlotBytes = 32 * 8;  // a warp's: 8 bytes a lane
+  static constexpr int kScaleRingOffset = kTotalsOffset + kTotalsBytes;
+  static constexpr int kScaleRingBytes = RingScales ? kStreamWarps * kDepth * kScaleSlotBytes : 0;
   // 40 KB with 16 tokens and 4-bit weights: an sm_80 SM (164 KB, 1 KB reserved per
   // CTA) holds 4 CTAs.
-  static constexpr int kSharedBytes = kTotalsOffset + kTotalsBytes;
+  static constexpr int kSharedBytes = kScaleRingOffset + kScaleRingBytes;
   // After the main loop (and the totals' last read) the same bytes stage the split-K
   // sums, a row of kStreamCols floats per output row and split, and the ring's first
   // bytes hold the global split-K path's "last CTA" flag.
@@ -452,14 +473,18 @@ struct StreamConfig {
   static constexpr bool kActOrder = ActOrder;
   static_assert(!ActOrder || ZeroMode == kBias, "act-order takes the type's zero");
   static_assert(ZeroMode != kFp8 || Bits == 8, "fp8 weights are bytes");
-  // fp8 values enter the mma scaled: unscaled, bf16's would be some 2^-120.
-  static constexpr bool kDeferred = ZeroMode != kFp8 && kDefersScales<T, Bits, Rows, ActOrder>;
+  static_assert(ZeroMode != kFp4 || Bits == 4, "NVFP4 weights are nibbles");
+  // fp8 and e2m1 values enter the mma scaled: unscaled, bf16's would be some 2^-120.
+  static constexpr bool kDeferred =
+      ZeroMode != kFp8 && ZeroMode != kFp4 && kDefersScales<T, Bits, Rows, ActOrder>;
+  // NVFP4's scales change every k16 tile: they come through the ring with the tiles.
+  static constexpr bool kRingScales = ZeroMode == kFp4;
   static_assert(Rows != 8 || kDeferred, "8-token CTAs are for deferred scales");
   static constexpr int kMBlocks = Rows > 16 ? Rows / 16 : 1;  // 16-row A blocks
   static constexpr int kTokenBlocks = Rows / 8;               // 8-token B blocks (deferred)
   static constexpr int kMinBlocks =
       Rows > 16 ? 2 : (kDeferred ? kDeferredMinBlocks : kStreamMinBlocks);
-  using Layout = StreamLayout<Bits, Rows, kDeferred>;
+  using Layout = StreamLayout<Bits, Rows, kDeferred, kRingScales>;
   static constexpr int kDepth = Layout::kDepth;
   using Constants = TileConstants<T, Bits, ActOrder>;
   using Deferred = DeferredScales<T, Bits, ZeroMode, kDeferred ? kTokenBlocks : 1>;
@@ -499,20 +524,40 @@ struct StreamSlice {
 /// fragments, marlin_layout.cuh) into its warp's ring of kDepth tiles and reads back
 /// only those, so no warp waits for another on weights. One cp.async group per tile
 /// (zero-filled past the slice), so "the group of tile r" is always kDepth groups back.
+/// NVFP4 tiles bring their group's scales into a ring of their own, each lane the 8
+/// bytes of its column block (lanes 4 g .. 4 g + 3 copy the same ones: a lane reads back
+/// only its own copies, which then need no barrier).
 template <class C>
 struct WeightRing {
   static constexpr int kLaneBytes = C::Layout::kTileBytes / 32;  // 16 (4-bit) or 32 (8-bit)
   static constexpr int kSlotStride = 32 * kLaneBytes;            // a slot, all lanes
-  int64_t row_bytes;          // a k16 row of b (every column's tile)
-  const unsigned char* next;  // the lane's bytes of the next tile to copy: kDepth ahead
-  unsigned char* slots;       // the lane's bytes of slot 0
+  int64_t row_bytes;            // a k16 row of b (every column's tile)
+  const unsigned char* next;    // the lane's bytes of the next tile to copy: kDepth ahead
+  unsigned char* slots;         // the lane's bytes of slot 0
+  const unsigned char* scales;  // NVFP4: the scales, from the lane's column block
+  unsigned char* scale_slots;   // NVFP4: the lane's bytes of scale slot 0
+  int n;
 
   __device__ __forceinline__ WeightRing(const Params& p, const StreamSlice& s, unsigned char* smem)
       : row_bytes(int64_t{p.n} * 16 * C::kBits / 8),
         next(reinterpret_cast<const unsigned char*>(p.b) +
              int64_t{s.warp_valid ? s.col0 / 64 : 0} * C::Layout::kTileBytes + s.lane * kLaneBytes +
              s.kt_begin * row_bytes),
-        slots(smem + (s.warp * C::kDepth * 32 + s.lane) * kLaneBytes) {}
+        slots(smem + (s.warp * C::kDepth * 32 + s.lane) * kLaneBytes),
+        scales(static_cast<const unsigned char*>(p.scales) + 2 * (s.col0 + 8 * (s.lane / 4))),
+        scale_slots(smem + C::Layout::kScaleRingOffset +
+                    s.warp * C::kDepth * C::Layout::kScaleSlotBytes + 8 * s.lane),
+        n(p.n) {}
+
+  /// NVFP4: the lane's bytes of the scale slot of slice tile `r`.
+  __device__ __forceinline__ unsigned char* scale_slot(int r) const {
+    return scale_slots + r % C::kDepth * C::Layout::kScaleSlotBytes;
+  }
+
+  /// NVFP4: the lane's 8 scale bytes of slice tile `r` (whose group has landed).
+  __device__ __forceinline__ uint2 scale_bytes(int r) const {
+    return *reinterpret_cast<const uint2*>(scale_slot(r));
+  }
 
   /// The lane's bytes of ring slot `index`.
   __device__ __forceinline__ unsigned char* lane_slot(int index) const {
@@ -528,6 +573,10 @@ struct WeightRing {
       cp_async_16_or_zero(slot + 16 * v, next + 16 * v, valid);
     }
     if (valid) next += row_bytes;
+    if constexpr (C::kRingScales) {
+      // Tiles past the slice are never read: their scales need no copy.
+      if (valid) cp_async_8(scale_slot(r), scales + nvfp4_scale_offset(s.kt_begin + r, 0, n));
+    }
   }
 
   /// The slice's first kDepth tiles, one group each.
@@ -657,6 +706,12 @@ struct StreamConsumer {
     values.apply(constants);
   }
 
+  /// Every sum times `factor` (NVFP4: the global scale, marlin_nvfp4.cuh).
+  __device__ __forceinline__ void scale_sums(float factor) {
+#pragma unroll
+    for (int i = 0; i < C::kMBlocks * 8 * 4; ++i) (&acc[0][0][0])[i] *= factor;
+  }
+
   /// After the last tile (deferred scales): the last group scaled, and the totals in
   /// acc's layout.
   __device__ __forceinline__ void finish(bool warp_valid) {
@@ -684,6 +739,10 @@ struct GroupSchedule {
   /// group's values on their way), or the per-channel ones.
   __device__ __forceinline__ void start(StreamConsumer<C>& consumer, const Params& p,
                                         const StreamSlice& s) {
+    if constexpr (C::kRingScales) {
+      group_tiles = 0;  // each tile's scales come with it
+      return;
+    }
     const bool grouped = !C::kActOrder && p.group_shift >= 0;
     group_tiles = grouped ? max(1, (1 << p.group_shift) / 16) : 0;
     if (!s.warp_valid) return;
@@ -714,8 +773,9 @@ struct GroupSchedule {
 
 /// The main loop over the slice's k16 tiles, four a turn (slots, chunk offsets and loop
 /// tests are paid once per four). Each tile: wait for its copies (and any A chunk sent
-/// with them), multiply, and send the copy of the tile kDepth ahead into the slot just
-/// read. Built twice: only 2-tile groups (32 rows) check for a new group mid-turn.
+/// with them), take its scales (act-order's; NVFP4's from the ring), multiply, and send
+/// the copy of the tile kDepth ahead into the slot just read. Built twice: only 2-tile
+/// groups (32 rows) check for a new group mid-turn.
 template <class C, bool TwoTileGroups>
 __device__ __forceinline__ void stream_main_loop(const Params& p, const StreamSlice& s,
                                                  unsigned char* smem, WeightRing<C>& weights,
@@ -725,7 +785,9 @@ __device__ __forceinline__ void stream_main_loop(const Params& p, const StreamSl
   for (int r0 = 0; r0 < s.tiles; r0 += kTurnTiles) {
     const uint32_t a_tiles = chunks.turn(r0);
     unsigned char* ring_turn = weights.lane_slot(r0 % C::kDepth);
-    if (s.warp_valid && !C::kActOrder) groups.switch_at(s.kt_begin + r0, consumer, p, s);
+    if constexpr (!C::kActOrder && !C::kRingScales) {
+      if (s.warp_valid) groups.switch_at(s.kt_begin + r0, consumer, p, s);
+    }
 #pragma unroll
     for (int u = 0; u < kTurnTiles; ++u) {
       const int r = r0 + u;
@@ -740,6 +802,8 @@ __device__ __forceinline__ void stream_main_loop(const Params& p, const StreamSl
         if constexpr (C::kActOrder) {
           act_order_constants(consumer.constants, p, int64_t{kt} * 16 + 2 * (s.lane % 4), s.col0,
                               s.lane);
+        } else if constexpr (C::kRingScales) {
+          consumer.constants.scale[0] = Nvfp4Scales<typename C::T>::eight(weights.scale_bytes(r));
         } else if constexpr (TwoTileGroups) {
           if (u == 2) groups.switch_at(kt, consumer, p, s);
         }
@@ -921,6 +985,9 @@ __global__ void __launch_bounds__(kStreamThreads,
   }
   cp_async_wait<0>();  // also before the split-K flag reuses the ring's first bytes
   consumer.finish(s.warp_valid);
+  if constexpr (C::kRingScales) {
+    consumer.scale_sums(Nvfp4Scales<T>::global_factor(p.global_scale));
+  }
 
   if (p.split == 1) {
     store_results<C>(p, s, consumer.acc);
@@ -950,8 +1017,15 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
         p.b + kt * row_words + blockIdx.x * kTileWords + lane * (Bits == 4 ? 4 : 8));
     TileConstants<T, Bits, ActOrder> tc;
     tc.set_fixed_zero(fixed_zero(p));
+    // fp8 weights come to the 8-bit builds without act-order, NVFP4 to the 4-bit ones.
+    constexpr int kFp8Here = Bits == 8 && !ActOrder ? kFp8 : kBias;
+    constexpr int kFp4Here = Bits == 4 && !ActOrder ? kFp4 : kBias;
     if constexpr (ActOrder) {
       act_order_constants(tc, p, int64_t{kt} * 16 + 2 * (lane % 4), col0, lane);
+    } else if (p.zero_mode == kFp4) {
+      tc.scale[0] = Nvfp4Scales<T>::eight(
+          *reinterpret_cast<const uint2*>(static_cast<const unsigned char*>(p.scales) +
+                                          nvfp4_scale_offset(kt, col0 + 8 * (lane / 4), p.n)));
     } else if (p.group_shift >= 0) {
       const int64_t group = (int64_t{kt} * 16) >> p.group_shift;
       const int zero_col_bits = p.zero_mode == kIntZero ? Bits : 16;
@@ -966,12 +1040,16 @@ __global__ void __launch_bounds__(128) marlin_dequantize_kernel(const Params p, 
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb) {
       Pair<T> lo, hi;
-      // fp8 weights come to the 8-bit builds without act-order.
-      constexpr int kFp8Here = Bits == 8 && !ActOrder ? kFp8 : kBias;
       if (p.zero_mode == kFloatZero) {
         dequant_block<T, Bits, ActOrder, kFloatZero>(words, jb, tc, lo, hi);
       } else if (p.zero_mode == kFp8) {
         dequant_block<T, Bits, ActOrder, kFp8Here>(words, jb, tc, lo, hi);
+      } else if (p.zero_mode == kFp4) {
+        dequant_block<T, Bits, ActOrder, kFp4Here>(words, jb, tc, lo, hi);
+        // The global scale once per weight, in T: lo and hi are exact products.
+        const float factor = Nvfp4Scales<T>::global_factor(p.global_scale);
+        lo = __hmul2(lo, pair_of<T>(factor, factor));
+        hi = __hmul2(hi, pair_of<T>(factor, factor));
       } else {
         dequant_block<T, Bits, ActOrder, kBias>(words, jb, tc, lo, hi);
       }
@@ -1030,10 +1108,12 @@ void permute_a(Params& p, tvm::ffi::Optional<TensorView> scratch, SymbolicDevice
 /// split > 1 the K slices of `k_tiles_per_split` k16 tiles are summed in a cluster's
 /// shared memory (`cluster_reduce`, sm_90 and newer) or through `partials` fp32 [split,
 /// M, N] and the workspace's counters (one row block). `ZeroMode` is the build's zero mode
-/// (kBias, kIntZero, kFloatZero, or kFp8 for fp8 e4m3 weights).
+/// (kBias, kIntZero, kFloatZero, kFp8 for fp8 e4m3 weights, or kFp4 for NVFP4, which
+/// alone takes `global_scale`).
 template <typename T, int Bits, int Rows, int ZeroMode, bool ActOrder>
 void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_scales,
                              tvm::ffi::Optional<TensorView> b_zeros,
+                             tvm::ffi::Optional<TensorView> global_scale,
                              tvm::ffi::Optional<TensorView> g_idx,
                              tvm::ffi::Optional<TensorView> perm, TensorView workspace,
                              TensorView c, int64_t size_m, int64_t size_n, int64_t size_k,
@@ -1042,9 +1122,9 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
                              int64_t k_tiles_per_split, bool cluster_reduce) {
   using namespace marlin;
   SymbolicDevice device;
-  Params p = check_operands(device, a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace,
-                            dtype_trait<T>::value, Bits, ZeroMode, ActOrder, size_m, size_n, size_k,
-                            is_k_full, bias);
+  Params p = check_operands(device, a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm,
+                            workspace, dtype_trait<T>::value, Bits, ZeroMode, ActOrder, size_m,
+                            size_n, size_k, is_k_full, bias);
   p.split = static_cast<int>(split);
   p.k_tiles_per_split = static_cast<int>(k_tiles_per_split);
   using Layout = typename StreamConfig<T, Bits, Rows, ZeroMode, ActOrder>::Layout;
@@ -1087,16 +1167,17 @@ void gptq_marlin_gemm_stream(TensorView a, TensorView b_q_weight, TensorView b_s
 /// `zero_mode` is a runtime argument (the builds differ by dtype, bits and act-order).
 template <typename T, int Bits, bool ActOrder>
 void marlin_dequantize(TensorView a, TensorView b_q_weight, TensorView b_scales,
-                       tvm::ffi::Optional<TensorView> b_zeros, tvm::ffi::Optional<TensorView> g_idx,
-                       tvm::ffi::Optional<TensorView> perm, TensorView workspace, TensorView c,
-                       int64_t size_m, int64_t size_n, int64_t size_k, bool is_k_full,
-                       int64_t zero_mode, int64_t bias, tvm::ffi::Optional<TensorView> a_scratch,
-                       TensorView weight) {
+                       tvm::ffi::Optional<TensorView> b_zeros,
+                       tvm::ffi::Optional<TensorView> global_scale,
+                       tvm::ffi::Optional<TensorView> g_idx, tvm::ffi::Optional<TensorView> perm,
+                       TensorView workspace, TensorView c, int64_t size_m, int64_t size_n,
+                       int64_t size_k, bool is_k_full, int64_t zero_mode, int64_t bias,
+                       tvm::ffi::Optional<TensorView> a_scratch, TensorView weight) {
   using namespace marlin;
   SymbolicDevice device;
-  Params p = check_operands(device, a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace,
-                            dtype_trait<T>::value, Bits, static_cast<int>(zero_mode), ActOrder,
-                            size_m, size_n, size_k, is_k_full, bias);
+  Params p = check_operands(device, a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, perm,
+                            workspace, dtype_trait<T>::value, Bits, static_cast<int>(zero_mode),
+                            ActOrder, size_m, size_n, size_k, is_k_full, bias);
   TensorMatcher({size_n, size_k})
       .dtype<T>()
       .device(kDLCUDA, device)

@@ -519,9 +519,9 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
   SymbolicDevice device;
   Params p =
-      check_operands(device, a, c, b_q_weight, b_scales, b_zeros, tvm::ffi::Optional<TensorView>(),
-                     tvm::ffi::Optional<TensorView>(), workspace, dtype_trait<T>::value, 4,
-                     ZeroMode, false, size_m, size_n, size_k, true, bias);
+      check_operands(device, a, c, b_q_weight, b_scales, tvm::ffi::Optional<TensorView>(), b_zeros,
+                     tvm::ffi::Optional<TensorView>(), tvm::ffi::Optional<TensorView>(), workspace,
+                     dtype_trait<T>::value, 4, ZeroMode, false, size_m, size_n, size_k, true, bias);
   RuntimeCheck(reinterpret_cast<uintptr_t>(p.c) % 16 == 0,
                "gptq_marlin_gemm: the fused kernel's c must start on a 16-byte boundary");
   if (size_m == 0) return;

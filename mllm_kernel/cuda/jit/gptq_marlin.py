@@ -1,8 +1,8 @@
 """``gptq_marlin_gemm`` on the GPU (declared in :mod:`mllm_kernel.ops.marlin`):
-fp16/bf16 activations times 4- or 8-bit integer or fp8 e4m3 weights in the Marlin format
-(GPTQ and AWQ checkpoints through :func:`gptq_marlin_repack` / :func:`awq_marlin_repack`,
-fp8 bytes through :func:`gptq_marlin_repack` with ``num_bits=8``), with the original
-mllm-kernel's module path.
+fp16/bf16 activations times 4- or 8-bit integer, fp8 e4m3 or NVFP4 weights in the Marlin
+format (GPTQ and AWQ checkpoints through :func:`gptq_marlin_repack` /
+:func:`awq_marlin_repack`, fp8 bytes and e2m1 nibbles through :func:`gptq_marlin_repack`
+with ``num_bits=8`` / ``4``), with the original mllm-kernel's module path.
 
 Three ways to run, chosen per call by :func:`plan` (the one place that knows):
 
@@ -13,7 +13,8 @@ Three ways to run, chosen per call by :func:`plan` (the one place that knows):
   fused kernel (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in
   registers as wgmma's A operand, since there the tensor cores bound the time and
   wgmma is several times faster than mma.sync;
-- on Hopper for the other weights from M = :data:`DEQUANT_GEMM_MIN_M`, and for all
+- on Hopper for the other weights (fp8 and NVFP4 among them) from M =
+  :data:`DEQUANT_GEMM_MIN_M`, and for all
   from :data:`FUSED_MAX_M`: the weights are dequantized into a bf16/fp16 ``[N, K]``
   scratch and multiplied by the Hopper GEMM's kernel.
 
@@ -103,7 +104,9 @@ class WeightType:
     scalar_type: ScalarType
     bits: int
     needs_zeros: bool  # uint4 / uint8: zero points come in b_zeros
-    fp8: bool = False  # float8_e4m3fn: the bytes are floats (zero mode "fp8")
+    # "fp8" (float8_e4m3fn bytes) or "fp4" (NVFP4: float4_e2m1f nibbles): the weights are
+    # floats, of that zero mode; "" for integers.
+    floats: str = ""
 
 
 _WEIGHT_TYPES = {
@@ -111,11 +114,14 @@ _WEIGHT_TYPES = {
     for t in (scalar_types.uint4b8, scalar_types.uint8b128, scalar_types.uint4, scalar_types.uint8)
 }
 _WEIGHT_TYPES[scalar_types.float8_e4m3fn.id] = WeightType(
-    scalar_types.float8_e4m3fn, 8, needs_zeros=False, fp8=True
+    scalar_types.float8_e4m3fn, 8, needs_zeros=False, floats="fp8"
+)
+_WEIGHT_TYPES[scalar_types.float4_e2m1f.id] = WeightType(
+    scalar_types.float4_e2m1f, 4, needs_zeros=False, floats="fp4"
 )
 # The builds' zero modes (marlin_layout.cuh's ZeroMode): the type's zero, int or float
-# zero points, or fp8 e4m3 values.
-_ZERO_MODE = {"bias": 0, "int": 1, "float": 2, "fp8": 3}
+# zero points, fp8 e4m3 values, or NVFP4's e2m1 values with fp8 scales per 16 k.
+_ZERO_MODE = {"bias": 0, "int": 1, "float": 2, "fp8": 3, "fp4": 4}
 
 
 def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
@@ -127,19 +133,23 @@ def _defers_scales(dtype: torch.dtype, bits: int, act_order: bool) -> bool:
 
 def _stream_variants() -> list[tuple]:
     """(dtype, bits, tokens per CTA, zero mode, act-order) the streaming kernel is built
-    in: float zero points only for 4-bit weights, fp8 only for 8-bit ones (without
-    act-order), act-order only with the type's zero, 8 tokens only with deferred scales
-    (never fp8's)."""
+    in: float zero points and NVFP4 only for 4-bit weights, fp8 only for 8-bit ones (both
+    without act-order), act-order only with the type's zero, 8 tokens only with deferred
+    scales (never fp8's nor NVFP4's)."""
+    floats = (_ZERO_MODE["fp8"], _ZERO_MODE["fp4"])
     variants = []
     for dtype in _DTYPES:
         for bits in (4, 8):
             modes = [(0, False), (1, False), (0, True)]
-            modes.append((_ZERO_MODE["float"] if bits == 4 else _ZERO_MODE["fp8"], False))
+            if bits == 4:
+                modes += [(_ZERO_MODE["float"], False), (_ZERO_MODE["fp4"], False)]
+            else:
+                modes.append((_ZERO_MODE["fp8"], False))
             for rows in _ROWS:
                 variants += [
                     (dtype, bits, rows, zero, act)
                     for zero, act in modes
-                    if rows != 8 or (zero != _ZERO_MODE["fp8"] and _defers_scales(dtype, bits, act))
+                    if rows != 8 or (zero not in floats and _defers_scales(dtype, bits, act))
                 ]
     return variants
 
@@ -152,7 +162,9 @@ _STREAM = KernelModule(
     variants=_stream_variants(),
     archs=AMPERE_OR_NEWER,
 )
-# Hopper's fused path for 4-bit weights: (dtype, tokens per CTA, zero mode 0 or 1).
+# Hopper's fused path for 4-bit integer weights: (dtype, tokens per CTA, zero mode), the
+# type's zero or int zero points.
+_FUSED_ZERO_MODES = (_ZERO_MODE["bias"], _ZERO_MODE["int"])
 _FUSED = KernelModule(
     "gptq_marlin_gemm_wgmma",
     device="cuda",
@@ -160,7 +172,10 @@ _FUSED = KernelModule(
     sources=["gptq_marlin_wgmma.cu"],
     exports=[("fused", "mllm_kernel::cuda::gptq_marlin_gemm_wgmma<{args}>")],
     variants=[
-        (dtype, tokens, zero) for dtype in _DTYPES for tokens in _FUSED_TOKENS for zero in (0, 1)
+        (dtype, tokens, zero)
+        for dtype in _DTYPES
+        for tokens in _FUSED_TOKENS
+        for zero in _FUSED_ZERO_MODES
     ],
     archs=HOPPER_ONLY,
 )
@@ -350,8 +365,8 @@ def _planned(key: tuple, a: torch.Tensor) -> _Call:
     # The workspace holds a split-K counter per SM at least (the kernel checks that).
     how = plan(
         shape[0], max(n, 64), max(k, 16), sms, hopper, sms, clusters,
-        fusable=bits == 4 and not act_order and zero_mode != _ZERO_MODE["float"],
-        eight_rows=not weight_type.fp8 and _defers_scales(dtype, bits, act_order),
+        fusable=bits == 4 and not act_order and zero_mode in _FUSED_ZERO_MODES,
+        eight_rows=not weight_type.floats and _defers_scales(dtype, bits, act_order),
     )  # fmt: skip
     if how.fused_tokens:
         module = _FUSED[index, dtype, how.fused_tokens, zero_mode]
@@ -378,20 +393,21 @@ def _weight_type(type_id: int) -> WeightType:
 
 
 def _zero_mode(weight_type: WeightType, zeros: bool, act_order: bool, is_zp_float: bool) -> int:
-    """The zero mode of the build: the type's zero, int or float zero points, or fp8."""
-    if weight_type.fp8:
-        # The original's fp8 builds: no zero points, no act-order.
+    """The zero mode of the build: the type's zero, int or float zero points, fp8 or
+    NVFP4."""
+    if weight_type.floats:
+        # The original's fp8 and NVFP4 builds: no zero points, no act-order.
         if zeros:
             raise ValueError(
-                "argument 'b_zeros': float8_e4m3fn weights take no zero points; pass None or "
-                "an empty b_zeros"
+                f"argument 'b_zeros': {weight_type.scalar_type} weights take no zero points; "
+                "pass None or an empty b_zeros"
             )
         if act_order:
             raise ValueError(
                 "argument 'g_idx': act-order (g_idx/perm) is not supported for "
-                "float8_e4m3fn weights; pass None or empty tensors"
+                f"{weight_type.scalar_type} weights; pass None or empty tensors"
             )
-        return _ZERO_MODE["fp8"]
+        return _ZERO_MODE[weight_type.floats]
     if not weight_type.needs_zeros:
         if zeros:
             raise ValueError(
@@ -419,9 +435,9 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
                      use_fp32_reduce, is_zp_float):  # fmt: skip
     """needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
     with sm_90a code, :data:`FUSED_MIN_M` <= M < :data:`FUSED_MAX_M` runs the fused
-    wgmma kernel for 4-bit weights (no act-order, no float zero points), and larger M
-    (from :data:`DEQUANT_GEMM_MIN_M` for the other weights, fp8 among them) dequantize +
-    wgmma GEMM.
+    wgmma kernel for 4-bit integer weights (no act-order, no float zero points), and
+    larger M (from :data:`DEQUANT_GEMM_MIN_M` for the other weights, fp8 and NVFP4 among
+    them) dequantize + wgmma GEMM.
 
     >>> from mllm_kernel.cuda.jit.scalar_type import scalar_types
     >>> out = gptq_marlin_gemm(x, None, q, s, None, None, None, None, workspace,
@@ -461,16 +477,16 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
     if how.dequant_gemm:
         weight = torch.empty((cols, depth), dtype=dtype, device=a.device)
         module.dequantize(
-            *operands, g_idx, perm, workspace, c, *sizes, is_k_full, zero_mode, bias, scratch,
-            weight,
+            *operands, global_scale, g_idx, perm, workspace, c, *sizes, is_k_full, zero_mode,
+            bias, scratch, weight,
         )  # fmt: skip
         return run_gemm(a if scratch is None else scratch, weight, c)
     partials = None
     if how.split > 1 and not how.cluster:
         partials = a.new_empty((how.split, rows, cols), dtype=torch.float32)
     module.stream(
-        *operands, g_idx, perm, workspace, c, *sizes, is_k_full, bias, scratch, partials,
-        how.split, how.k_tiles_per_split, how.cluster,
+        *operands, global_scale, g_idx, perm, workspace, c, *sizes, is_k_full, bias, scratch,
+        partials, how.split, how.k_tiles_per_split, how.cluster,
     )  # fmt: skip
     return c
 

@@ -104,6 +104,72 @@ def fp8_fused_exponent_bias_into_scales(s: torch.Tensor) -> torch.Tensor:
     return s * 2.0**gap
 
 
+# log2 of what marlin_nvfp4.cuh's E2m1Dequant leaves out of an e2m1 weight in each
+# activation dtype (fp16 15 - 1, bf16 127 - 1); NVFP4's global scale carries it, less the
+# 2**7 that the scale bytes carry.
+NVFP4_EXPONENT_GAP = {torch.float16: 14, torch.bfloat16: 126}
+
+
+def nvfp4_marlin_process_scales(s: torch.Tensor) -> torch.Tensor:
+    """NVFP4's e4m3 group scales ``s`` ``[size_k // 16, size_n]``, after
+    :func:`marlin_permute_scales` (``group_size=16``), as :func:`gptq_marlin_gemm` takes
+    them: float8_e4m3fn ``[size_k // 16, size_n]`` holding the bytes of vLLM's helper of
+    this name (the original mllm-kernel's layout), a new tensor. Each scale becomes the
+    byte "S0E5M3" of ``s * 2**7`` (its fp16 bits 14..7: no sign bit, so scales must be
+    ``>= 0``); each pair of rows (``2 r``, ``2 r + 1``) becomes one of ``2 * size_n``
+    bytes, 8 columns of row ``2 r`` then the same 8 of row ``2 r + 1``, and in each 4
+    bytes the middle two swap (the order the kernels decode pairs in).
+
+    ``s``: any float dtype holding e4m3 values (other values are rounded to e4m3 first);
+    an even number of rows; ``size_n`` a multiple of 64.
+
+    >>> nvfp4_marlin_process_scales(torch.ones(2, 64)).view(torch.uint8)[0, :2]
+    tensor([176, 176], dtype=torch.uint8)
+    """
+    s = op_inputs.tensor(s, "s")
+    if not s.is_floating_point():
+        raise TypeError(f"argument 's': expected a floating-point dtype but got {s.dtype}")
+    if s.dim() != 2 or s.shape[0] % 2 or s.shape[1] % 64:
+        raise ValueError(
+            "argument 's': expected shape [size_k // 16, size_n] with an even number of rows "
+            f"(size_k a multiple of 32) and size_n a multiple of 64, got {list(s.shape)}"
+        )
+    e4m3 = s.to(torch.float8_e4m3fn).to(torch.float16)
+    if bool((e4m3 < 0).any()) or bool(e4m3.isnan().any()):
+        raise ValueError("argument 's': NVFP4 scales must be >= 0 (the kernel's have no sign)")
+    # s * 2**7 is a normal fp16 number for every e4m3 value > 0 (and exact): its
+    # exponent and top 3 mantissa bits are the byte.
+    bits = (e4m3 * 2.0**7).view(torch.int16).to(torch.int32)
+    codes = ((bits >> 7) & 0xFF).to(torch.uint8)
+    rows, n = codes.shape
+    codes = codes.reshape(rows // 2, 2, n // 8, 8).permute(0, 2, 1, 3).reshape(rows, n)
+    codes = codes.reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(rows, n)
+    return codes.contiguous().view(torch.float8_e4m3fn)
+
+
+def nvfp4_marlin_process_global_scale(global_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4's global scale (fp16 or bf16, the activations' dtype; one value) as
+    :func:`gptq_marlin_gemm` takes it: times ``2**7`` (fp16) or ``2**119`` (bf16), the
+    exponent bias the kernel leaves out of e2m1 weights less what the scale bytes carry
+    (vLLM's helper of this name), shape ``[1]``, a new tensor; exact.
+
+    >>> nvfp4_marlin_process_global_scale(torch.tensor(0.5, dtype=torch.float16))
+    tensor([64.], dtype=torch.float16)
+    """
+    global_scale = op_inputs.tensor(global_scale, "global_scale")
+    gap = NVFP4_EXPONENT_GAP.get(global_scale.dtype)
+    if gap is None:
+        raise TypeError(
+            "argument 'global_scale': expected dtype float16 or bfloat16 but got "
+            f"{global_scale.dtype}"
+        )
+    if global_scale.numel() != 1:
+        raise ValueError(
+            f"argument 'global_scale': expected one value, got shape {list(global_scale.shape)}"
+        )
+    return global_scale.reshape(1) * 2.0 ** (gap - 7)
+
+
 def marlin_zero_points(zp: torch.Tensor, size_k: int, size_n: int, num_bits: int) -> torch.Tensor:
     """Integer zero points ``zp`` ``[num_groups, size_n]`` (values ``0 .. 2**num_bits - 1``)
     packed as :func:`gptq_marlin_gemm` takes ``b_zeros`` for ``uint4`` / ``uint8``
@@ -148,6 +214,7 @@ def awq_to_marlin_zero_points(
 
 __all__ = [
     "FP8_EXPONENT_GAP",
+    "NVFP4_EXPONENT_GAP",
     "SCALE_PERM",
     "SCALE_PERM_SINGLE",
     "awq_to_marlin_zero_points",
@@ -155,4 +222,6 @@ __all__ = [
     "marlin_make_workspace",
     "marlin_permute_scales",
     "marlin_zero_points",
+    "nvfp4_marlin_process_global_scale",
+    "nvfp4_marlin_process_scales",
 ]
