@@ -325,10 +325,10 @@ struct Stage {
   }
 };
 
-/// Two stages where they fit in an SM's shared memory (Hopper's 227 KiB, with room), else
-/// one.
+/// Two stages where they fit in the 163 KiB a block of sm_80 may have (Hopper's 227 KiB
+/// would take float16's K = 128 too; one binary serves both), else one.
 template <typename T, int K>
-inline constexpr int kStages = 2 * Stage<T, K>::kBytes <= 200 * 1024 ? 2 : 1;
+inline constexpr int kStages = 2 * Stage<T, K>::kBytes <= 163 * 1024 ? 2 : 1;
 
 /// Issues the cp.async copies of `rows` rows of `cols` 16-bit values (a multiple of 8),
 /// `src_stride` apart, into `tile`.
@@ -649,10 +649,12 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   RuntimeCheck(walks < (int64_t{1} << 31), "gdn_extend: at most 2^31 - 1 CTAs (sequences x ",
                "num_v_heads x head_v_dim / ", kBlockV, "), got ", walks, "; split the batch");
   if (walks == 0) return;
-  // Kernel A: about 8 CTAs an SM in all, each taking every chunk_stride-th chunk of its
-  // sequence (a sequence has at most ceil(total_tokens / 64) chunks).
+  // Kernel A: about 32 CTAs an SM in all (about 3 run at once: the waves stay even), each
+  // taking every chunk_stride-th chunk of its sequence (a sequence has at most
+  // ceil(total_tokens / 64) chunks; a CTA per chunk of the longest possible sequence
+  // would be mostly empty CTAs for many short ones).
   const int64_t most_chunks = std::max<int64_t>(1, (p.total_tokens + kChunk - 1) / kChunk);
-  const int64_t wanted = (8 * static_cast<int64_t>(num_sms(device)) + heads - 1) / heads;
+  const int64_t wanted = (32 * static_cast<int64_t>(num_sms(device)) + heads - 1) / heads;
   const int64_t chunk_stride = std::min(most_chunks, std::max<int64_t>(1, wanted));
   RuntimeCheck(heads * chunk_stride < (int64_t{1} << 31),
                "gdn_extend: at most 2^31 - 1 CTAs (sequences x num_v_heads), got ", heads);
