@@ -39,9 +39,9 @@ SPREAD = 5e-5
 
 def pytest_generate_tests(metafunc):
     """Every GPU test runs on both of gdn_extend's paths (the ``path`` fixture), but those
-    of the split path's own (the ``split_path`` fixture)."""
+    that choose their own (the ``split_path`` and ``chosen_path`` fixtures)."""
     cuda = metafunc.definition.get_closest_marker("cuda") is not None
-    if cuda and "split_path" not in metafunc.fixturenames:
+    if cuda and not {"split_path", "chosen_path"} & set(metafunc.fixturenames):
         metafunc.parametrize("path", PATHS, indirect=True)
 
 
@@ -58,6 +58,22 @@ def path(request, monkeypatch):
 def split_path(monkeypatch):
     """Every gdn_extend call of the test takes the split path."""
     monkeypatch.setattr(EXTEND, "_force_path", "split")
+
+
+@pytest.fixture
+def chosen_path(monkeypatch):
+    """Every gdn_extend call of the test takes the path use_split_path chooses; the list
+    it returns gets the size of each split path workspace allocated."""
+    sizes = []
+    allocate = EXTEND._workspace
+
+    def recorded(num_bytes, device):
+        sizes.append(num_bytes)
+        return allocate(num_bytes, device)
+
+    monkeypatch.setattr(EXTEND, "_force_path", None)
+    monkeypatch.setattr(EXTEND, "_workspace", recorded)
+    return sizes
 
 
 def make_inputs(
@@ -627,6 +643,17 @@ def test_the_split_path_reads_nothing_it_did_not_write(split_path, monkeypatch):
         args = make_inputs(lengths=lengths, value_heads=4, dtype=dtype, dim_k=dim_k, dim_v=64)
         run_and_check(args, dtype, torch.float32)
     assert len(sizes) == 2 and sizes[1] < sizes[0]
+
+
+@pytest.mark.cuda
+def test_the_choice_sends_few_long_sequences_down_the_split_path(chosen_path):
+    """Without a forced path: one long sequence takes the split path (a workspace is
+    allocated), a batch of short ones the fused kernel; both right."""
+    long_call = make_inputs(lengths=(1100,), value_heads=4)
+    run_and_check(long_call, torch.bfloat16, torch.float32)
+    assert len(chosen_path) == 1
+    run_and_check(make_inputs(lengths=(70, 3, 9)), torch.bfloat16, torch.float32)
+    assert len(chosen_path) == 1
 
 
 @pytest.mark.cuda
