@@ -7,7 +7,12 @@ prefill / extend sequences (section "extend" below).
                                    [--configs 0,1,...] [--out FILE]
                                    [--original _peers/mllm-kernel]
     python benchmarks/bench_gdn.py --extend [--tokens 1024,4096,16384]
-                                   [--sequences 1,4,16,64] [--out FILE]
+                                   [--sequences 1,4,16,64] [--heads 16,32] [--out FILE]
+
+The long cases of issue 33 (full heads, then the TP8 slice H=2, HV=8):
+
+    python benchmarks/bench_gdn.py --extend --tokens 16384,65536 --sequences 1,4
+    python benchmarks/bench_gdn.py --extend --tokens 16384,65536 --sequences 1,4 --heads 2,8
 
 The contenders, each on bf16 q, k, v, a, b and fp32 A_log, dt_bias:
 
@@ -40,9 +45,11 @@ rotated every round, and the median is kept. A first call of each is checked aga
 the float64 reference of the tests (the last column: max |error| of its bf16 outputs).
 
 extend (``--extend``): ``total tokens`` packed into ``sequences`` of equal length, the
-same heads, bf16 q/k/v/a/b, fp32 A_log, dt_bias and pool. The contenders:
+same heads (or ``--heads H,HV``), bf16 q/k/v/a/b, fp32 A_log, dt_bias and pool. The
+contenders:
 
-* ours: ``gdn_extend(q, k, v, a, b, A_log, dt_bias, pool, indices, cu_seqlens)``.
+* ours: ``gdn_extend(q, k, v, a, b, A_log, dt_bias, pool, indices, cu_seqlens)``, on the
+  path it chooses; 'fused' and 'split': the same call forced onto each of its two paths.
 * fla: ``chunk_gated_delta_rule`` on the same packed tensors (``cu_seqlens``), the gates
   fused as for decode (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``,
   ``use_qk_l2norm_in_kernel``), ``state_v_first``, the initial states a view of the
@@ -81,6 +88,8 @@ from gdn_reference import gdn_extend_reference, gdn_reference  # noqa: E402
 from mllm_kernel.cuda.device_facts import device_facts  # noqa: E402
 from mllm_kernel.cuda.jit.gdn_decode import _GDN_DECODE, gdn_decode  # noqa: E402
 from mllm_kernel.cuda.jit.gdn_extend import gdn_extend  # noqa: E402
+
+EXTEND = sys.modules["mllm_kernel.cuda.jit.gdn_extend"]
 
 H, HV, K, V = 16, 32, 128, 128
 BF16 = torch.bfloat16
@@ -270,7 +279,7 @@ def measure(
 # --- extend -------------------------------------------------------------------------------
 
 
-def extend_inputs(total: int, sequences: int) -> dict:
+def extend_inputs(total: int, sequences: int, heads: int = H, value_heads: int = HV) -> dict:
     """gdn_extend's arguments: ``total`` tokens in ``sequences`` of equal length, each on
     pool row n (the pool holds exactly the sequences' states)."""
 
@@ -279,14 +288,14 @@ def extend_inputs(total: int, sequences: int) -> dict:
 
     length = total // sequences
     return {
-        "q": randn(total, H, K),
-        "k": randn(total, H, K),
-        "v": randn(total, HV, V),
-        "a": randn(total, HV) * 0.5,
-        "b": randn(total, HV),
-        "A_log": torch.empty(HV, device="cuda").uniform_(0.5, 4).log(),
-        "dt_bias": randn(HV, dtype=torch.float32) * 0.5 - 3,
-        "state_pool": randn(sequences, HV, V, K, dtype=torch.float32) * 0.3,
+        "q": randn(total, heads, K),
+        "k": randn(total, heads, K),
+        "v": randn(total, value_heads, V),
+        "a": randn(total, value_heads) * 0.5,
+        "b": randn(total, value_heads),
+        "A_log": torch.empty(value_heads, device="cuda").uniform_(0.5, 4).log(),
+        "dt_bias": randn(value_heads, dtype=torch.float32) * 0.5 - 3,
+        "state_pool": randn(sequences, value_heads, V, K, dtype=torch.float32) * 0.3,
         "cache_indices": torch.arange(sequences, device="cuda"),
         "cu_seqlens": torch.arange(0, total + 1, length, device="cuda"),
     }
@@ -295,7 +304,19 @@ def extend_inputs(total: int, sequences: int) -> dict:
 def extend_contenders(case: dict, chunk_rule, original) -> dict[str, Callable[[], object]]:
     """Each contender as one call on ``case`` (the pool updated in place where it takes
     one); the floor copies the bytes they all move."""
-    found = {"ours": lambda: gdn_extend(**case)}
+
+    def on_path(path):
+        def call():
+            EXTEND._force_path = path
+            try:
+                return gdn_extend(**case)
+            finally:
+                EXTEND._force_path = None
+
+        return call
+
+    found = {"ours": lambda: gdn_extend(**case), "fused": on_path("fused")}
+    found["split"] = on_path("split")
     if chunk_rule is not None:
         initial = case["state_pool"]
         offsets_on_host = case["cu_seqlens"].cpu()  # what a serving engine has at hand
@@ -341,8 +362,8 @@ def time_eager(calls: dict[str, Callable[[], object]], rounds: int = 5, repeat: 
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def measure_extend(total: int, sequences: int, chunk_rule, original) -> dict:
-    case = extend_inputs(total, sequences)
+def measure_extend(total: int, sequences: int, heads: tuple[int, int], chunk_rule, original):
+    case = extend_inputs(total, sequences, *heads)
     saved = case["state_pool"].clone()
     expected, _ = gdn_extend_reference(
         case["q"], case["k"], case["v"], saved, case["cache_indices"], case["cu_seqlens"],
@@ -364,21 +385,23 @@ def measure_extend(total: int, sequences: int, chunk_rule, original) -> dict:
     return {"tokens": total, "sequences": sequences, "check": ", ".join(check), **times}
 
 
-def render_extend(rows: list[dict], notes: list[str]) -> str:
+def render_extend(rows: list[dict], notes: list[str], heads: tuple[int, int]) -> str:
     name = torch.cuda.get_device_name()
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     lines = [
         f"# gdn_extend: {name}",
         "",
-        f"- {now}; torch {torch.__version__}; H={H}, HV={HV}, K=V={V}; bf16 q/k/v/a/b, fp32",
-        "  pool; equal-length sequences; times in us per call, eager (module docstring).",
-        "- 'floor': a copy_ of the bytes each contender moves once; 'fla / ours',",
+        f"- {now}; torch {torch.__version__}; H={heads[0]}, HV={heads[1]}, K=V={V}; bf16",
+        "  q/k/v/a/b, fp32 pool; equal-length sequences; times in us per call, eager (module",
+        "  docstring).",
+        "- 'floor': a copy_ of the bytes each contender moves once; 'fused', 'split': ours",
+        "  forced onto each path ('ours' takes the one it chooses); 'fla / ours',",
         "  'original / ours': their time over ours (> 1: ours is faster).",
         *notes,
         "",
-        "| tokens | sequences | floor | ours | Mtok/s | fla | fla / ours | original "
-        "| original / ours | max abs error vs float64 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| tokens | sequences | floor | ours | fused | split | Mtok/s | fla | fla / ours "
+        "| original | original / ours | max abs error vs float64 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
 
     def us(seconds):
@@ -392,6 +415,7 @@ def render_extend(rows: list[dict], notes: list[str]) -> str:
         rate = f"{row['tokens'] / ours / 1e6:.1f}" if ours else "n/a"
         lines.append(
             f"| {row['tokens']} | {row['sequences']} | {us(row.get('floor'))} | {us(ours)} | "
+            f"{us(row.get('fused'))} | {us(row.get('split'))} | "
             f"{rate} | {us(row.get('fla'))} | {ratio(row.get('fla'), ours)} | "
             f"{us(row.get('original'))} | {ratio(row.get('original'), ours)} | "
             f"{row['check'] or '-'} |"
@@ -410,6 +434,7 @@ def main_extend(args: argparse.Namespace) -> str:
     except Exception as error:
         chunk_rule = None
         notes.append(f"- fla not available ({error!r}).")
+    heads = tuple(int(h) for h in args.heads.split(","))
     example = extend_inputs(128, 2)
     original = original_peer.load_original(
         args.original,
@@ -424,10 +449,10 @@ def main_extend(args: argparse.Namespace) -> str:
     for total in [int(t) for t in args.tokens.split(",") if t]:
         for sequences in [int(n) for n in args.sequences.split(",") if n]:
             print(f"{total} tokens, {sequences} sequences ...", file=sys.stderr, flush=True)
-            rows.append(measure_extend(total, sequences, chunk_rule, original))
+            rows.append(measure_extend(total, sequences, heads, chunk_rule, original))
             # the row at once: a run cut short still shows what it measured
-            print(render_extend(rows, notes).splitlines()[-1], file=sys.stderr, flush=True)
-    return render_extend(rows, notes)
+            print(render_extend(rows, notes, heads).splitlines()[-1], file=sys.stderr, flush=True)
+    return render_extend(rows, notes, heads)
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -496,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extend", action="store_true", help="gdn_extend instead of decode")
     parser.add_argument("--tokens", default="1024,4096,16384", help="--extend: total tokens")
     parser.add_argument("--sequences", default="1,4,16,64", help="--extend: sequences")
+    parser.add_argument("--heads", default=f"{H},{HV}", help="--extend: H,HV (TP8: 2,8)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gdn: no CUDA GPU visible; nothing to measure", file=sys.stderr)

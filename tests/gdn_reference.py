@@ -46,10 +46,12 @@ def gdn_reference(
     beta: torch.Tensor | None = None,
     scale: float | None = None,
     use_qk_l2norm: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    keep_states: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(o, new_pool, states)`` in float64 for gdn_decode's arguments (one token per
     sequence when ``q`` is ``[B, H, K]``, else ``[B, T, H, K]``): ``o`` shaped like ``v``,
-    the pool after the call, and the state after each token ``[B, T, HV, V, K]``.
+    the pool after the call, and the state after each token ``[B, T, HV, V, K]`` (None
+    unless ``keep_states``: 64 GiB for one sequence of 16384 tokens of 32 heads).
 
     A negative index starts from zeros and leaves the pool; an index past the pool's end
     starts from NaN and leaves it too.
@@ -77,14 +79,17 @@ def gdn_reference(
     state[held] = pool[index[held]]
     state[index >= pool.shape[0]] = float("nan")
     o = torch.empty_like(v)
-    states = torch.empty(batch, tokens, *state.shape[1:], dtype=torch.float64, device=q.device)
+    states = None
+    if keep_states:
+        states = torch.empty(batch, tokens, *state.shape[1:], dtype=torch.float64, device=q.device)
     for t in range(tokens):
         state = state * torch.exp(g[:, t])[..., None, None]
         kv = torch.einsum("nhvk,nhk->nhv", state, k[:, t])
         u = beta[:, t][..., None] * (v[:, t] - kv)
         state = state + u[..., None] * k[:, t, :, None, :]
         o[:, t] = torch.einsum("nhvk,nhk->nhv", state, q[:, t])
-        states[:, t] = state
+        if keep_states:
+            states[:, t] = state
     pool[index[held]] = state[held]
     return (o[:, 0] if one_token else o), pool, states
 
@@ -124,9 +129,43 @@ def gdn_extend_reference(
 
     o, pool, _ = gdn_reference(
         padded(q), padded(k), padded(v), state_pool, cache_indices, g=padded(g),
-        beta=padded(beta), scale=scale, use_qk_l2norm=use_qk_l2norm,
+        beta=padded(beta), scale=scale, use_qk_l2norm=use_qk_l2norm, keep_states=False,
     )  # fmt: skip
     packed = torch.full((q.shape[0], *v.shape[1:]), float("nan"), dtype=torch.float64)
     packed = packed.to(q.device)
     packed[rows[valid]] = o[valid]
     return packed, pool
+
+
+def split_chunk(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, new_state)`` of one chunk in float64 by the split path's algebra (kernel A's
+    state-free factors, then kernel B's products with the state), for a ``V x K`` state
+    and ``C`` tokens of normalised, scaled ``q`` and normalised ``k`` ``[C, K]``, ``v``
+    ``[C, V]``, log decays ``g`` and gates ``beta`` ``[C]``::
+
+        G  = cumsum(g)                                 # kernel A
+        A  = strictly_lower(beta_j e^{G_j - G_i} k_j . k_i)[j, i]
+        T' = (I + A)^-1 diag(beta)
+        P  = lower(e^{G_i - G_j} q_i . k_j)[i, j]
+        d  = T' (v - e^G (k S0^T))                     # kernel B: d^T = (v^T - ...) T'^T
+        o  = e^G (q S0^T) + P d
+        S  = e^{G_last} S0 + (e^{G_last - G} d)^T k
+    """
+    G = torch.cumsum(g, 0)
+    gaps = G[:, None] - G[None, :]
+    causal = torch.ones_like(gaps, dtype=torch.bool).tril()
+    decay = torch.where(causal, torch.exp(gaps.masked_fill(~causal, 0)), 0)
+    A = (beta[:, None] * decay * (k @ k.T)).tril(-1)
+    T = torch.linalg.inv(torch.eye(len(g), dtype=A.dtype, device=A.device) + A) * beta[None, :]
+    P = decay * (q @ k.T)
+    d = T @ (v - torch.exp(G)[:, None] * (k @ state.T))
+    o = torch.exp(G)[:, None] * (q @ state.T) + P @ d
+    new_state = torch.exp(G[-1]) * state + (torch.exp(G[-1] - G)[:, None] * d).T @ k
+    return o, new_state

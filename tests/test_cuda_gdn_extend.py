@@ -3,17 +3,21 @@ of 64 tokens at a time, against a float64 token-by-token reference
 (tests/gdn_reference.py) and against gdn_decode run token by token: every head dim, GVA
 ratio, input and state dtype, chunk tails, empty and one-token sequences, the pool's
 padding and untouched rows, precomputed gates, CUDA graphs, torch.compile, and every bad
-input named. The CPU part needs no GPU: the declaration (schema, fake), the refusals
-decided before any kernel, the original's module path, and the module's build (nvcc)."""
+input named. Every GPU test runs on both paths (the fused kernel and the split path of
+long sequences; the ``path`` fixture), beside long sequences and the split path's
+workspace. The CPU part needs no GPU: the declaration (schema, fake), the refusals
+decided before any kernel, the original's module path, the module's build (nvcc), the
+split path's algebra in float64 and its choice of path."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 
 import pytest
 import torch
-from gdn_reference import gdn_extend_reference, softplus
+from gdn_reference import gdn_extend_reference, gdn_reference, softplus, split_chunk
 from test_cuda_gdn import UNIT, assert_near, bits
 
 from mllm_kernel.cuda.jit.gdn_decode import gdn_decode
@@ -21,6 +25,8 @@ from mllm_kernel.cuda.jit.gdn_extend import _GDN_EXTEND, gdn_extend
 from mllm_kernel.jit_utils import cuda_arch_override, env, loader
 
 OPS = torch.ops.mllm_kernel
+EXTEND = importlib.import_module("mllm_kernel.cuda.jit.gdn_extend")
+PATHS = ("fused", "split")
 HEAD_DIMS = (64, 128, 256)
 # Lengths that cross every chunk boundary: empty, one token, a chunk less one, one chunk,
 # one more, several chunks with a tail.
@@ -29,6 +35,45 @@ LENGTHS = (5, 0, 1, 63, 64, 65, 200)
 # value: fp32 sums in another order over a chunk and products of hi / lo bf16 operands
 # (2^-17 each). A product on plain bf16 operands would be off by ~2^-9.
 SPREAD = 5e-5
+
+
+def pytest_generate_tests(metafunc):
+    """Every GPU test runs on both of gdn_extend's paths (the ``path`` fixture), but those
+    that choose their own (the ``split_path`` and ``chosen_path`` fixtures)."""
+    cuda = metafunc.definition.get_closest_marker("cuda") is not None
+    if cuda and not {"split_path", "chosen_path"} & set(metafunc.fixturenames):
+        metafunc.parametrize("path", PATHS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def path(request, monkeypatch):
+    """The path every gdn_extend call of the test takes (GPU tests: each of PATHS; others:
+    the module's own choice)."""
+    chosen = getattr(request, "param", None)
+    monkeypatch.setattr(EXTEND, "_force_path", chosen)
+    return chosen
+
+
+@pytest.fixture
+def split_path(monkeypatch):
+    """Every gdn_extend call of the test takes the split path."""
+    monkeypatch.setattr(EXTEND, "_force_path", "split")
+
+
+@pytest.fixture
+def chosen_path(monkeypatch):
+    """Every gdn_extend call of the test takes the path use_split_path chooses; the list
+    it returns gets the size of each split path workspace allocated."""
+    sizes = []
+    allocate = EXTEND._workspace
+
+    def recorded(num_bytes, device):
+        sizes.append(num_bytes)
+        return allocate(num_bytes, device)
+
+    monkeypatch.setattr(EXTEND, "_force_path", None)
+    monkeypatch.setattr(EXTEND, "_workspace", recorded)
+    return sizes
 
 
 def make_inputs(
@@ -190,6 +235,86 @@ def test_module_builds_for_sm80_and_sm90a_and_takes_the_python_arguments():
     assert module.implements_function("gdn_extend")
     with pytest.raises(ValueError, match=r"^argument 'q': expected a tensor on cuda"):
         extend_module_call(module, make_inputs(device="cpu"))
+
+
+def test_the_split_algebra_equals_the_recurrence_in_float64():
+    """split_chunk (the algebra kernels A and B implement), chunk after chunk of 64 tokens
+    with a tail, gives the token-by-token recurrence's outputs and final state."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(shape, dtype=torch.float64, generator=generator)
+
+    tokens, K, V = 150, 32, 16
+    q, k, v = randn(1, tokens, 1, K), randn(1, tokens, 1, K), randn(1, tokens, 1, V)
+    g = -torch.rand(1, tokens, 1, dtype=torch.float64, generator=generator) * 0.2
+    beta = torch.rand(1, tokens, 1, dtype=torch.float64, generator=generator)
+    pool = randn(1, 1, V, K)
+    o_ref, pool_ref, _ = gdn_reference(q, k, v, pool, torch.tensor([0]), g=g, beta=beta)
+
+    def unit(x):
+        return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    q, k = unit(q[0, :, 0]) * K**-0.5, unit(k[0, :, 0])
+    state, outputs = pool[0, 0], []
+    for c0 in range(0, tokens, 64):
+        part = slice(c0, c0 + 64)
+        o, state = split_chunk(state, q[part], k[part], v[0, part, 0], g[0, part, 0],
+                               beta[0, part, 0])  # fmt: skip
+        outputs.append(o)
+    torch.testing.assert_close(torch.cat(outputs), o_ref[0, :, 0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(state, pool_ref[0, 0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "sequences", "value_heads", "dim_k", "split"),
+    [
+        (65536, 1, 32, 128, True),  # one long sequence: 128 fused CTAs on 132 SMs
+        (65536, 1, 8, 128, True),  # the TP8 slice
+        (16384, 4, 32, 128, True),
+        (1024, 1, 32, 64, True),  # 16 chunks
+        (1000, 1, 32, 128, False),  # 15.6 chunks: short
+        (4096, 64, 32, 128, False),  # 64 tokens a sequence
+        (1 << 20, 256, 32, 128, False),  # long, but 32768 fused CTAs fill the GPU
+        (65536, 1, 32, 256, False),  # head_k_dim 256
+        (0, 0, 32, 128, False),
+    ],
+)
+def test_the_split_path_is_for_few_long_sequences(tokens, sequences, value_heads, dim_k, split):
+    assert EXTEND.use_split_path(tokens, sequences, value_heads, dim_k, 128, 132) is split
+
+
+@pytest.mark.nvcc
+def test_the_split_paths_workspace_size_and_export():
+    """gdn_extend_workspace_bytes: per chunk block (num_sequences + ceil(tokens / 64) of
+    them) and value head, T' and P as bf16 hi / lo (4 x 64 x 64 x 2 bytes), 4 x 64 fp32
+    scales and v's 64 rows; per block and key head, q's and k's 64 rows as bf16 (hi and
+    lo for float16 inputs). The split export checks its arguments as gdn_extend does."""
+    with cuda_arch_override("9.0a,8.0"):
+        module = _GDN_EXTEND.load()
+
+    def expected(tokens, sequences, heads, value_heads, dim_k, dim_v, fp16):
+        blocks = sequences + -(-tokens // 64)
+        per_value_head = 4 * 64 * 64 * 2 + 4 * 64 * 4 + 64 * dim_v * 2
+        per_key_head = (4 if fp16 else 2) * 64 * dim_k * 2
+        return blocks * (value_heads * per_value_head + heads * per_key_head)
+
+    cases = [
+        (130, 2, 2, 4, 128, 64, False),
+        (1, 1, 1, 1, 64, 256, True),
+        (0, 0, 16, 32, 128, 128, False),
+        (65536, 1, 16, 32, 128, 128, False),  # past 2^31 bytes
+    ]
+    for case in cases:
+        assert module.gdn_extend_workspace_bytes(*case) == expected(*case), case
+    args = make_inputs(device="cpu")
+    with pytest.raises(ValueError, match=r"^argument 'q': expected a tensor on cuda"):
+        module.gdn_extend_split(
+            torch.empty_like(args["v"]), args["q"], args["k"], args["v"], args["a"], args["b"],
+            args["A_log"], args["dt_bias"], None, None, args["state_pool"],
+            args["cache_indices"], args["cu_seqlens"], None, True, None,
+            torch.empty(16, dtype=torch.uint8),
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -489,6 +614,61 @@ def test_the_originals_call_and_precompile():
     assert output.shape == (T, HV, V) and output.dtype == torch.bfloat16
     assert_near(output, o_ref, UNIT[torch.bfloat16], "output", SPREAD)
     assert_near(state_pool, pool_ref, UNIT[torch.float32], "state_pool", SPREAD)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lengths", [(2500,), (1300, 3, 0, 700, 64, 129, 1)], ids=["one", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_long_sequences(lengths, dtype):
+    """Tens of chunks: the split path's stages refilled many times over, and its blocks
+    placed per sequence beside short and empty ones."""
+    args = make_inputs(lengths=lengths, value_heads=4, dtype=dtype)
+    run_and_check(args, dtype, torch.float32)
+
+
+@pytest.mark.cuda
+def test_the_split_path_reads_nothing_it_did_not_write(split_path, monkeypatch):
+    """The workspace all ones bits (NaN as bf16 and as fp32) before each call: an output
+    or state that read a byte the call did not write would be NaN. Two calls, the second
+    with fewer chunks, as the allocator would hand out the first's memory again."""
+    sizes = []
+
+    def poisoned(num_bytes, device):
+        sizes.append(num_bytes)
+        return torch.full((num_bytes,), 0xFF, dtype=torch.uint8, device=device)
+
+    monkeypatch.setattr(EXTEND, "_workspace", poisoned)
+    for lengths, dtype, dim_k in [((130, 0, 64, 1, 65), torch.bfloat16, 128),
+                                  ((70, 3), torch.float16, 64)]:  # fmt: skip
+        args = make_inputs(lengths=lengths, value_heads=4, dtype=dtype, dim_k=dim_k, dim_v=64)
+        run_and_check(args, dtype, torch.float32)
+    assert len(sizes) == 2 and sizes[1] < sizes[0]
+
+
+@pytest.mark.cuda
+def test_the_choice_sends_few_long_sequences_down_the_split_path(chosen_path):
+    """Without a forced path: one long sequence takes the split path (a workspace is
+    allocated), a batch of short ones the fused kernel; both right."""
+    long_call = make_inputs(lengths=(1100,), value_heads=4)
+    run_and_check(long_call, torch.bfloat16, torch.float32)
+    assert len(chosen_path) == 1
+    run_and_check(make_inputs(lengths=(70, 3, 9)), torch.bfloat16, torch.float32)
+    assert len(chosen_path) == 1
+
+
+@pytest.mark.cuda
+def test_a_short_workspace_is_refused(split_path):
+    args = make_inputs(lengths=(70, 3))
+    size = _GDN_EXTEND.current().gdn_extend_workspace_bytes(73, 2, 2, 4, 128, 128, False)
+    before = args["state_pool"].clone()
+    with pytest.raises(ValueError, match=rf"^argument 'workspace': expected at least {size} bytes"):
+        _GDN_EXTEND.current().gdn_extend_split(
+            torch.empty_like(args["v"]), args["q"], args["k"], args["v"], args["a"], args["b"],
+            args["A_log"], args["dt_bias"], None, None, args["state_pool"],
+            args["cache_indices"], args["cu_seqlens"], None, True, None,
+            torch.empty(size - 1, dtype=torch.uint8, device="cuda"),
+        )  # fmt: skip
+    assert torch.equal(bits(args["state_pool"]), bits(before))
 
 
 def _bad_cases():

@@ -202,17 +202,23 @@ __device__ __forceinline__ void invert_unit_lower_16(float* block, int stride) {
   }
 }
 
-/// (I + A) x = r by a CTA of 4 warps, x over r: A strictly lower triangular kChunk x
-/// kChunk (fp32, rows `a_stride` apart, 16-byte aligned, zeros on and above the diagonal
-/// within each 16 x 16 diagonal block; A is overwritten), r kChunk x 32 (rows `r_stride`
-/// apart, 16-byte aligned). The four diagonal blocks are inverted at once (a warp each);
-/// then, block row b after block row b: y = r_b - A_{b,<b} x_{<b}, x_b = (I + A_bb)^-1 y,
-/// each thread 4 columns of one row. Starts and ends with every thread at a barrier.
-__device__ __forceinline__ void solve_unit_lower(float* a, int a_stride, float* r, int r_stride) {
+/// The first half of solve_unit_lower, by a CTA of 4 warps: the four 16 x 16 diagonal
+/// blocks of I + A (A as solve_unit_lower takes it) inverted in place, a warp each. A
+/// barrier must follow before substitute_unit_lower reads them.
+__device__ __forceinline__ void invert_diagonal_blocks(float* a, int a_stride) {
   constexpr int kBlock = 16;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   invert_unit_lower_16(a + kBlock * warp * (a_stride + 1), a_stride);
-  __syncthreads();
+}
+
+/// The second half of solve_unit_lower, by a CTA of 4 warps: x over r, block row b after
+/// block row b: y = r_b - A_{b,<b} x_{<b}, x_b = (I + A_bb)^-1 y, each thread 4 columns
+/// of one row, with A's diagonal blocks already inverted (invert_diagonal_blocks) and A
+/// left as it is, so that one A solves any number of right-hand sides. Starts and ends
+/// with every thread at a barrier.
+__device__ __forceinline__ void substitute_unit_lower(const float* a, int a_stride, float* r,
+                                                      int r_stride) {
+  constexpr int kBlock = 16;
   const int row = static_cast<int>(threadIdx.x) / 8, col = 4 * (static_cast<int>(threadIdx.x) % 8);
   auto quad = [&](int i) { return reinterpret_cast<float4*>(r + i * r_stride + col); };
   auto fma4 = [](float m, const float4& x, float4& y) {
@@ -242,6 +248,33 @@ __device__ __forceinline__ void solve_unit_lower(float* a, int a_stride, float* 
     *quad(b + row) = x;
     __syncthreads();
   }
+}
+
+/// (I + A) x = r by a CTA of 4 warps, x over r: A strictly lower triangular kChunk x
+/// kChunk (fp32, rows `a_stride` apart, 16-byte aligned, zeros on and above the diagonal
+/// within each 16 x 16 diagonal block; A is overwritten), r kChunk x 32 (rows `r_stride`
+/// apart, 16-byte aligned). The four diagonal blocks are inverted at once (a warp each),
+/// then substituted block row after block row. Starts and ends with every thread at a
+/// barrier.
+__device__ __forceinline__ void solve_unit_lower(float* a, int a_stride, float* r, int r_stride) {
+  invert_diagonal_blocks(a, a_stride);
+  __syncthreads();
+  substitute_unit_lower(a, a_stride, r, r_stride);
+}
+
+// ---------------------------------------------------------------------------
+// Accumulators as operands: a product's fp32 result feeding the next product.
+// ---------------------------------------------------------------------------
+
+/// The A fragment (hi / lo) of the 16 x 16 block whose two 8-column halves a warp holds as
+/// the C fragments `left` and `right` of m16n8 tiles: mma's C layout of a 16 x 16 block is
+/// its A layout, so the split is all the work (no shuffle, no shared memory).
+__device__ __forceinline__ void accumulators_as_a(const float (&left)[4], const float (&right)[4],
+                                                  uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  split_pair(left[0], left[1], hi[0], lo[0]);    // row g, columns 2t, 2t + 1
+  split_pair(left[2], left[3], hi[1], lo[1]);    // row g + 8
+  split_pair(right[0], right[1], hi[2], lo[2]);  // row g, columns 8 + 2t, 8 + 2t + 1
+  split_pair(right[2], right[3], hi[3], lo[3]);  // row g + 8
 }
 
 }  // namespace mllm_kernel::cuda::gdn

@@ -29,6 +29,11 @@
 // The state is read from the pool once and written once per call; nothing is atomic on
 // it, and the result does not depend on the schedule. Shared memory: 64 KiB for bf16
 // inputs and K = 128 (three CTAs an SM), regions reused between the steps.
+//
+// This is the fused path. For a few long sequences its walk (~16 us a chunk: five steps
+// between barriers, each waiting on the last) is the whole time; gdn_extend_split.cu's
+// split path moves everything but the products with the state out of the walk, and
+// reuses this file's checks (check_call) and steps 1-4 (stage, scores, solve).
 #include <tvm/ffi/optional.h>
 
 #include <algorithm>
@@ -82,7 +87,9 @@ struct Params {
   float scale = 1.0f;
   bool l2norm = true;
   bool vector_k = true;  // k's rows allow 16-byte loads
-  bool pairs_q = true;   // q's, v's, out's rows allow 4-byte loads and stores of pairs
+  bool vector_q = true;  // q's and v's rows: the same, for the split path's copies
+  bool vector_v = true;
+  bool pairs_q = true;  // q's, v's, out's rows allow 4-byte loads and stores of pairs
   bool pairs_v = true;
   bool pairs_out = true;
 };
@@ -803,22 +810,22 @@ inline gdn::FloatTensor float_tensor(const TensorView& x, bool per_token) {
   return out;
 }
 
-}  // namespace gdn_extend_impl
+/// A call's arguments checked (every rule gdn_extend documents) and turned into the
+/// kernels' parameters, for either path.
+struct Call {
+  Params p;
+  int64_t sequences = 0, num_k_heads = 0, head_k_dim = 0, head_v_dim = 0;
+  DLDataType dtype, state_dtype;
+  DLDevice device;
+};
 
-/// The gated delta rule over packed variable-length sequences, chunk by chunk
-/// (mllm_kernel.ops.gdn.gdn_extend documents the math and the arguments): out = o,
-/// state_pool[cache_indices] updated in place with each sequence's final state. The
-/// decay gate comes from (a, A_log, dt_bias) or g, the update gate from b or beta.
-/// `scale` None means head_k_dim^-0.5. `errors` (int32 [2], zeroed) counts, when given,
-/// indices >= pool_size and sequences whose cu_seqlens range is not within the tokens.
-inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
+inline Call check_call(TensorView out, TensorView q, TensorView k, TensorView v,
                        tvm::ffi::Optional<TensorView> a, tvm::ffi::Optional<TensorView> b,
                        tvm::ffi::Optional<TensorView> A_log, tvm::ffi::Optional<TensorView> dt_bias,
                        tvm::ffi::Optional<TensorView> g, tvm::ffi::Optional<TensorView> beta,
                        TensorView state_pool, TensorView cache_indices, TensorView cu_seqlens,
                        tvm::ffi::Optional<double> scale, bool use_qk_l2norm,
                        tvm::ffi::Optional<TensorView> errors) {
-  using namespace gdn_extend_impl;
   SymbolicSize tokens{"total_tokens"}, heads_k{"num_k_heads"}, heads_v{"num_v_heads"},
       dim_k{"head_k_dim"}, dim_v{"head_v_dim"}, pool{"pool_size"}, sequences{"num_sequences"};
   SymbolicDtype dtype, state_dtype;
@@ -939,15 +946,38 @@ inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
   p.pairs_q = gdn::aligned_rows(q, 4);
   p.pairs_v = gdn::aligned_rows(v, 4);
   p.pairs_out = gdn::aligned_rows(out, 4);
+  p.vector_q = gdn::aligned_rows(q, 16);
+  p.vector_v = gdn::aligned_rows(v, 16);
+  return Call{p, sequences.value(), H, K, V, dtype.value(), state_dtype.value(), device.value()};
+}
 
-  dispatch_dtype<fp16_t, bf16_t>(dtype.value(), "q", [&](auto input_tag) {
+}  // namespace gdn_extend_impl
+
+/// The gated delta rule over packed variable-length sequences, chunk by chunk
+/// (mllm_kernel.ops.gdn.gdn_extend documents the math and the arguments): out = o,
+/// state_pool[cache_indices] updated in place with each sequence's final state. The
+/// decay gate comes from (a, A_log, dt_bias) or g, the update gate from b or beta.
+/// `scale` None means head_k_dim^-0.5. `errors` (int32 [2], zeroed) counts, when given,
+/// indices >= pool_size and sequences whose cu_seqlens range is not within the tokens.
+/// The fused path: one kernel walks each sequence's chunks (the design note above).
+inline void gdn_extend(TensorView out, TensorView q, TensorView k, TensorView v,
+                       tvm::ffi::Optional<TensorView> a, tvm::ffi::Optional<TensorView> b,
+                       tvm::ffi::Optional<TensorView> A_log, tvm::ffi::Optional<TensorView> dt_bias,
+                       tvm::ffi::Optional<TensorView> g, tvm::ffi::Optional<TensorView> beta,
+                       TensorView state_pool, TensorView cache_indices, TensorView cu_seqlens,
+                       tvm::ffi::Optional<double> scale, bool use_qk_l2norm,
+                       tvm::ffi::Optional<TensorView> errors) {
+  using namespace gdn_extend_impl;
+  const Call call = check_call(out, q, k, v, a, b, A_log, dt_bias, g, beta, state_pool,
+                               cache_indices, cu_seqlens, scale, use_qk_l2norm, errors);
+  dispatch_dtype<fp16_t, bf16_t>(call.dtype, "q", [&](auto input_tag) {
     using T = typename decltype(input_tag)::type;
-    dispatch_dtype<fp32_t, bf16_t>(state_dtype.value(), "state_pool", [&](auto state_tag) {
+    dispatch_dtype<fp32_t, bf16_t>(call.state_dtype, "state_pool", [&](auto state_tag) {
       using S = typename decltype(state_tag)::type;
-      switch (K) {
-        case 64: launch<T, S, 64>(p, sequences.value(), device.value()); break;
-        case 128: launch<T, S, 128>(p, sequences.value(), device.value()); break;
-        default: launch<T, S, 256>(p, sequences.value(), device.value()); break;
+      switch (call.head_k_dim) {
+        case 64: launch<T, S, 64>(call.p, call.sequences, call.device); break;
+        case 128: launch<T, S, 128>(call.p, call.sequences, call.device); break;
+        default: launch<T, S, 256>(call.p, call.sequences, call.device); break;
       }
     });
   });

@@ -5,6 +5,12 @@ over packed variable-length sequences, a chunk of 64 tokens at a time on tensor 
 
     o = gdn_extend(q, k, v, a, b, A_log, dt_bias, state_pool, cache_indices, cu_seqlens)
 
+Two paths give the same results: the fused kernel (gdn_extend.cu), where one CTA walks a
+sequence's chunks doing all of each chunk's work, and the split path
+(gdn_extend_split.cu) for long sequences, where the state-free work of every chunk runs
+in parallel first and the walk does only the products with the state.
+:func:`use_split_path` chooses.
+
 The original mllm-kernel's module path and name, ``gdn_extend_chunkwise``, are
 :mod:`mllm_kernel.cuda.jit.gdn_extend_chunkwise`.
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from mllm_kernel.cuda.device_facts import device_facts
 from mllm_kernel.cuda.jit.bounds_check import raise_if_counted
 from mllm_kernel.jit_utils import env
 from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER
@@ -22,10 +29,50 @@ from mllm_kernel.ops.gdn import GDN_EXTEND
 _GDN_EXTEND = KernelModule(
     "gdn_extend",
     device="cuda",
-    sources=["gdn_extend.cu"],
-    exports=["gdn_extend"],
+    sources=["gdn_extend.cu", "gdn_extend_split.cu"],
+    exports=["gdn_extend", "gdn_extend_split", "gdn_extend_workspace_bytes"],
     archs=AMPERE_OR_NEWER,
 )
+
+# "fused" or "split" makes every call take that path (the tests run each on both); None:
+# use_split_path decides. Internal, not an argument of the op.
+_force_path: str | None = None
+
+# The split path's thresholds, first estimates from the per-chunk costs (the fused walk
+# ~16 us a chunk, its CTAs 3 an SM; the split walk a few us a chunk, a CTA an SM, after
+# one parallel pass): benchmarks/bench_gdn.py --extend times both paths to tune them.
+_SPLIT_MIN_CHUNKS = 16  # average chunks (64 tokens) a sequence
+_SPLIT_MAX_CTAS_PER_SM = 4  # of the fused kernel, which runs 3 an SM at once
+
+
+def use_split_path(
+    total_tokens: int,
+    num_sequences: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    sm_count: int,
+) -> bool:
+    """Whether gdn_extend takes the split path for a call of these sizes: when its
+    sequences are long (``_SPLIT_MIN_CHUNKS`` chunks on average: the fused kernel walks
+    each in one CTA, a chunk at a time) and the fused kernel would have few CTAs an SM (at
+    most ``_SPLIT_MAX_CTAS_PER_SM``: with many, they hide each other's latency and the
+    split path's extra pass over memory costs more than it saves). Not for head_k_dim 256,
+    where the split walk's state spills registers and its float16 stage needs more shared
+    memory than sm_80-89 GPUs have.
+
+    >>> use_split_path(65536, 1, 32, 128, 128, 132), use_split_path(4096, 64, 32, 128, 128, 132)
+    (True, False)
+    """
+    fused_ctas = num_sequences * num_v_heads * (head_v_dim // 32)
+    long_sequences = total_tokens >= _SPLIT_MIN_CHUNKS * 64 * max(num_sequences, 1)
+    few_ctas = fused_ctas <= _SPLIT_MAX_CTAS_PER_SM * sm_count
+    return long_sequences and few_ctas and head_k_dim <= 128
+
+
+def _workspace(num_bytes: int, device: torch.device) -> torch.Tensor:
+    """The split path's scratch: uninitialised (its kernels write what they read)."""
+    return torch.empty(num_bytes, dtype=torch.uint8, device=device)
 
 
 @GDN_EXTEND.kernel("cuda")
@@ -48,7 +95,8 @@ def gdn_extend(
 ):
     """one CTA per (sequence, value head, 32 state rows) walks the sequence's chunks
     in order, its state slice in registers (read from the pool once, written once);
-    mma.sync on sm_80 and newer. Deterministic: no atomics on the state.
+    for long sequences (:func:`use_split_path`) after a parallel pass over every chunk's
+    state-free work. mma.sync on sm_80 and newer. Deterministic: no atomics on the state.
 
     >>> H, HV, K, V = 16, 32, 128, 128
     >>> cu_seqlens = torch.tensor([0, 100, 100, 350], device="cuda")  # 3 sequences
@@ -64,24 +112,25 @@ def gdn_extend(
     out = torch.empty_like(v) if out is None else out
     # [0]: indices past the pool, [1]: sequences outside the tokens
     errors = torch.zeros(2, dtype=torch.int32, device=q.device) if env.check_bounds() else None
-    _GDN_EXTEND[q.get_device()].gdn_extend(
-        out,
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        g,
-        beta,
-        state_pool,
-        cache_indices,
-        cu_seqlens,
-        scale,
-        use_qk_l2norm,
-        errors,
+    index = q.get_device()
+    module = _GDN_EXTEND[index]
+    args = (out, q, k, v, a, b, A_log, dt_bias, g, beta, state_pool, cache_indices, cu_seqlens)
+    tokens, sequences = q.shape[0], cu_seqlens.shape[0] - 1
+    split = (
+        _force_path == "split"
+        if _force_path is not None
+        else use_split_path(
+            tokens, sequences, v.shape[1], q.shape[2], v.shape[2], device_facts(index).sm_count
+        )
     )
+    if split:
+        size = module.gdn_extend_workspace_bytes(
+            tokens, sequences, q.shape[1], v.shape[1], q.shape[2], v.shape[2],
+            q.dtype == torch.float16,
+        )  # fmt: skip
+        module.gdn_extend_split(*args, scale, use_qk_l2norm, errors, _workspace(size, q.device))
+    else:
+        module.gdn_extend(*args, scale, use_qk_l2norm, errors)
     if errors is not None:
         raise_if_counted(
             errors[0],

@@ -1,0 +1,728 @@
+// gdn_extend's split path, for long sequences: what a chunk needs that does not depend on
+// the state is computed for every chunk at once (kernel A), so that the walk along a
+// sequence (kernel B) is a few products with the state per chunk. Included after
+// gdn_extend.cu (the module's sources, in order): it takes that file's checks, gates and
+// chunk steps. The algebra is gdn_chunk.cuh's; with T' = (I + A)^-1 diag(beta) and P the
+// causal decayed scores (tests/gdn_reference.py: split_chunk),
+//
+//   d = T' (v - e^G rk (k S0^T)),   o = e^G rq (q S0^T) + P d,
+//   S = e^{G_last} S0 + (e^{G_last - G} rk d)^T k.
+//
+// Kernel A, a CTA of 4 warps per (chunk, value head), writes to a workspace (one block per
+// chunk and value head, one per chunk and key head; the layout is Workspace's):
+// T' and P as bf16 hi / lo, v's rows, the chunk's per-token scales, and q's and k's rows
+// as bf16 (hi / lo for fp16 inputs), zero past the chunk's tokens. Its steps are the
+// fused kernel's with the state left out (stage, scores) and the solve run on the
+// identity's columns (T = (I + A)^-1, 64 x 64 in fp32).
+//
+// Kernel B, a CTA of 2 warps per (sequence, value head, 32 state rows), walks the
+// sequence's chunks in order. Warp w holds state rows 16 w .. 16 w + 15 of the slice over
+// all of K, in registers as mma accumulators, and computes everything transposed (state
+// rows as the M dim), so that every product's A operand is the state or an accumulator
+// of the step before, split into hi / lo in registers: no shared memory and no barrier
+// between the warps within a chunk. Per chunk, per warp:
+//
+//   R^T = v^T - (S0 k^T) diag(e^G rk)      O^T = (S0 q^T) diag(e^G rq)     (one k loop)
+//   d^T = R^T T'^T                          O^T += d^T P^T                  (lower blocks)
+//   S   = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k
+//
+// The next chunk's workspace blocks arrive by cp.async while a chunk computes (two stages
+// where they fit in shared memory, else one, refilled as soon as its chunk is done).
+// The state is read once and written once; nothing is atomic; deterministic.
+//
+// The workspace block of chunk c of sequence n is number n + floor(cu_seqlens[n] / 64)
+// + c: distinct for sequences in order (each ends before the next begins), and below
+// num_sequences + ceil(total_tokens / 64).
+
+#include "mllm_kernel/cuda/cp_async.cuh"
+
+namespace mllm_kernel::cuda {
+namespace gdn_split_impl {
+
+using gdn::kChunk;
+using gdn_extend_impl::kBlockV;
+using gdn_extend_impl::Params;
+using gdn_extend_impl::Rows;
+using gdn_extend_impl::Work;
+
+/// The workspace: one block per (chunk, value head), then one per (chunk, key head).
+/// Offsets are in bytes, each a multiple of 16.
+struct Workspace {
+  // a value head's block: T' and P as hi / lo [64][64] bf16, the scales, v [64][V]
+  static constexpr int64_t kTHi = 0, kTLo = 8192, kPHi = 16384, kPLo = 24576;
+  static constexpr int64_t kScales = 32768;  // fp32 [4][64]: the Scale rows below
+  static constexpr int64_t kValues = kScales + 4 * kChunk * 4;
+  enum Scale { kKeyCoef = 0, kQueryCoef = 1, kUpdateCoef = 2, kLast = 3 };
+
+  char* data = nullptr;
+  int64_t head_bytes = 0, key_bytes = 0, keys = 0;  // keys: where the key blocks start
+  int num_v_heads = 0, num_k_heads = 0;
+
+  /// The bytes of a call's workspace, and its blocks' sizes.
+  static Workspace sized(int64_t sequences, int64_t tokens, int64_t num_k_heads,
+                         int64_t num_v_heads, int64_t head_k_dim, int64_t head_v_dim,
+                         bool split_inputs, int64_t& bytes) {
+    Workspace ws;
+    const int64_t blocks = sequences + (tokens + kChunk - 1) / kChunk;
+    ws.head_bytes = kValues + kChunk * head_v_dim * 2;
+    ws.key_bytes = (split_inputs ? 4 : 2) * kChunk * head_k_dim * 2;  // q, k (hi, lo)
+    ws.keys = blocks * num_v_heads * ws.head_bytes;
+    ws.num_v_heads = static_cast<int>(num_v_heads);
+    ws.num_k_heads = static_cast<int>(num_k_heads);
+    bytes = ws.keys + blocks * num_k_heads * ws.key_bytes;
+    return ws;
+  }
+
+  __device__ __forceinline__ char* head(int64_t block, int hv) const {
+    return data + (block * num_v_heads + hv) * head_bytes;
+  }
+  __device__ __forceinline__ char* key(int64_t block, int hk) const {
+    return data + keys + (block * num_k_heads + hk) * key_bytes;
+  }
+};
+
+/// A key block's rows: q hi, k hi, then (fp16 inputs) q lo, k lo, each [64][K] bf16.
+template <int K>
+__device__ __forceinline__ uint16_t* key_rows(char* block, int which) {
+  return reinterpret_cast<uint16_t*>(block) + which * kChunk * K;
+}
+
+/// The sequence's bounds, whether they are within the tokens, and its first block.
+struct Sequence {
+  int64_t bos, eos, first_block;
+  bool in_range;
+};
+
+__device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t n) {
+  Sequence s;
+  s.bos = gdn::load_index(p.cu_seqlens, p.cu_seqlens_int64, p.cu_seqlens_stride, n);
+  s.eos = gdn::load_index(p.cu_seqlens, p.cu_seqlens_int64, p.cu_seqlens_stride, n + 1);
+  s.in_range = 0 <= s.bos && s.bos <= s.eos && s.eos <= p.total_tokens;
+  s.first_block = n + (s.in_range ? s.bos / kChunk : 0);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Kernel A: the state-free factors of every chunk
+// ---------------------------------------------------------------------------
+
+/// The scale / |q| of the warp's rows g and g + 8 (its 16 tokens of the chunk).
+template <typename T, int K>
+__device__ __forceinline__ void query_scales(const Params& p, const Work& wk, int64_t c0, int count,
+                                             float (&rq)[2]) {
+  using namespace gdn_extend_impl;
+  const QueryBits<T, K> q = load_query_bits<T, K>(p, wk, c0, count);
+  float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int step = 0; step < K / 16; ++step) {
+    uint32_t hi[4], lo[4];
+    query_fragment<T, K>(q, step, hi, lo, sq);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 1);
+    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 2);
+    rq[h] = (p.l2norm ? gdn::l2_inv_norm(sq[h]) : 1.0f) * p.scale;
+  }
+}
+
+/// The chunk's `count` rows of x (head `head`) from token c0 as bf16 `hi` (and `lo`, for
+/// fp16 inputs) [64][K], zero past them: 8 elements a thread at a time.
+template <typename T, int K>
+__device__ __forceinline__ void copy_rows(const Rows& x, int head, bool vector, int64_t c0,
+                                          int count, uint16_t* hi, uint16_t* lo) {
+  constexpr int kUnits = kChunk * K / 8;
+  for (int u = static_cast<int>(threadIdx.x); u < kUnits; u += gdn_extend_impl::kThreads) {
+    const int row = u / (K / 8), col = 8 * (u % (K / 8));
+    const bool valid = row < count;
+    const Vec<T, 8> raw =
+        gdn::load_elements<T, 8>(x.at<const T>(c0 + min(row, count - 1), head) + col, vector);
+    uint32_t words[4], hi_words[4], lo_words[4];
+    memcpy(words, &raw, sizeof(words));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x0, x1;
+      gdn::input_pair<T>(valid ? words[e] : 0u, x0, x1, hi_words[e], lo_words[e]);
+    }
+    *reinterpret_cast<uint4*>(hi + row * K + col) =
+        make_uint4(hi_words[0], hi_words[1], hi_words[2], hi_words[3]);
+    if (lo != nullptr) {
+      *reinterpret_cast<uint4*>(lo + row * K + col) =
+          make_uint4(lo_words[0], lo_words[1], lo_words[2], lo_words[3]);
+    }
+  }
+}
+
+/// The chunk's `count` v rows (value head hv) as they are, [64][V], zero past them.
+template <typename T>
+__device__ __forceinline__ void copy_values(const Params& p, int hv, int head_v_dim, int64_t c0,
+                                            int count, uint16_t* values) {
+  const int units = kChunk * head_v_dim / 8;
+  for (int u = static_cast<int>(threadIdx.x); u < units; u += gdn_extend_impl::kThreads) {
+    const int row = u / (head_v_dim / 8), col = 8 * (u % (head_v_dim / 8));
+    const Vec<T, 8> raw =
+        gdn::load_elements<T, 8>(p.v.at<const T>(c0 + min(row, count - 1), hv) + col, p.vector_v);
+    uint4 bits;
+    memcpy(&bits, &raw, sizeof(bits));
+    if (row >= count) bits = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(values + row * head_v_dim + col) = bits;
+  }
+}
+
+/// A 64 x 64 tile of shared memory to a block's [64][64], blocks of 16 x 16 above the
+/// diagonal as zeros (the scores' tiles leave them unwritten; nothing reads them).
+template <class Tl>
+__device__ __forceinline__ void copy_lower(const Tl& tile, uint16_t* dst) {
+  for (int u = static_cast<int>(threadIdx.x); u < kChunk * kChunk / 8;
+       u += gdn_extend_impl::kThreads) {
+    const int row = u / (kChunk / 8), col = 8 * (u % (kChunk / 8));
+    const uint4 bits = col / 16 > row / 16 ? make_uint4(0, 0, 0, 0)
+                                           : *reinterpret_cast<const uint4*>(tile.at(row, col));
+    *reinterpret_cast<uint4*>(dst + row * kChunk + col) = bits;
+  }
+}
+
+/// Kernel A's work on one chunk: c0, count as in the fused kernel; `block` the chunk's
+/// workspace block; `keys` whether this CTA writes the key block (one value head of each
+/// key head does).
+template <typename T, int K>
+__device__ __forceinline__ void chunk_factors(const Params& p,
+                                              const gdn_extend_impl::Shared<T, K>& sm,
+                                              const Workspace& ws, const Work& wk, int head_v_dim,
+                                              int64_t c0, int count, int64_t block, bool keys) {
+  using namespace gdn_extend_impl;
+  using L = Layout<T, K>;
+  const gdn::ChunkScalars& sc = sm.scalars;
+  char* head = ws.head(block, wk.hv);
+  float* scales = reinterpret_cast<float*>(head + Workspace::kScales);
+
+  stage_keys<T, K>(p, sm, wk, c0, count);
+  if (threadIdx.x < kWarpSize) stage_gates(p, sc, wk, c0, count);
+  __syncthreads();
+  float rq[2];
+  query_scales<T, K>(p, wk, c0, count, rq);
+  write_scores<T, K>(p, sm, wk, c0, count, rq);
+  {
+    const int lane = gdn::lane_id(), warp = static_cast<int>(threadIdx.x) / kWarpSize;
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 16 * warp + 8 * h + lane / 4;
+        scales[Workspace::kQueryCoef * kChunk + i] = sc.decay[i] * rq[h];
+      }
+    }
+  }
+  if (threadIdx.x < kChunk) {
+    const int i = static_cast<int>(threadIdx.x);
+    const float last = sc.log_decay[kChunk - 1];
+    scales[Workspace::kKeyCoef * kChunk + i] = sc.decay[i] * sc.inv_norm_k[i];
+    scales[Workspace::kUpdateCoef * kChunk + i] =
+        i < count ? expf(last - sc.log_decay[i]) * sc.inv_norm_k[i] : 0.0f;
+    scales[Workspace::kLast * kChunk + i] = sc.decay[kChunk - 1];
+  }
+  copy_values<T>(p, wk.hv, head_v_dim, c0, count,
+                 reinterpret_cast<uint16_t*>(head + Workspace::kValues));
+  if (keys) {
+    char* key = ws.key(block, wk.hk);
+    constexpr bool kLo = L::kSplitInputs;
+    copy_rows<T, K>(p.q, wk.hk, p.vector_q, c0, count, key_rows<K>(key, 0),
+                    kLo ? key_rows<K>(key, 2) : nullptr);
+    copy_rows<T, K>(p.k, wk.hk, p.vector_k, c0, count, key_rows<K>(key, 1),
+                    kLo ? key_rows<K>(key, 3) : nullptr);
+  }
+  __syncthreads();  // A and P written
+  copy_lower(sm.score_hi, reinterpret_cast<uint16_t*>(head + Workspace::kPHi));
+  copy_lower(sm.score_lo, reinterpret_cast<uint16_t*>(head + Workspace::kPLo));
+  gdn::invert_diagonal_blocks(sm.gram, L::kGramStride);
+  // T = (I + A)^-1, 32 columns of the identity at a time; T' = T diag(beta) as hi / lo
+  constexpr int kPerThread = kChunk * 32 / kThreads;
+  const int row0 = static_cast<int>(threadIdx.x) / 32, col = gdn::lane_id();
+  uint16_t* t_hi = reinterpret_cast<uint16_t*>(head + Workspace::kTHi);
+  uint16_t* t_lo = reinterpret_cast<uint16_t*>(head + Workspace::kTLo);
+#pragma unroll 1
+  for (int b = 0; b < kChunk; b += 32) {
+#pragma unroll
+    for (int e = 0; e < kPerThread; ++e) {
+      const int row = row0 + kWarps * e;
+      sm.residual[row * L::kResidualStride + col] = row == b + col ? 1.0f : 0.0f;
+    }
+    __syncthreads();  // also: the diagonal blocks inverted
+    gdn::substitute_unit_lower(sm.gram, L::kGramStride, sm.residual, L::kResidualStride);
+    const float beta = sc.beta[b + col];
+#pragma unroll
+    for (int e = 0; e < kPerThread; ++e) {
+      const int row = row0 + kWarps * e;
+      bf16_t hi, lo;
+      gdn::split_one(sm.residual[row * L::kResidualStride + col] * beta, hi, lo);
+      t_hi[row * kChunk + b + col] = __bfloat16_as_ushort(hi);
+      t_lo[row * kChunk + b + col] = __bfloat16_as_ushort(lo);
+    }
+    __syncthreads();  // the residual read before it is refilled (or the next chunk staged)
+  }
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(gdn_extend_impl::kThreads)
+    split_factors(const Params p, const Workspace ws, int head_v_dim, int chunk_stride) {
+  extern __shared__ __align__(16) char shared_bytes[];
+  const gdn_extend_impl::Shared<T, K> sm(shared_bytes);
+  // 1-D grid: (sequence, value head, first chunk); a CTA takes chunks first, first +
+  // chunk_stride, ...
+  const int64_t cta = blockIdx.x;
+  const int first = static_cast<int>(cta % chunk_stride);
+  const int64_t seq_head = cta / chunk_stride;
+  Work wk;
+  wk.n = seq_head / p.num_v_heads;
+  wk.hv = static_cast<int>(seq_head - wk.n * p.num_v_heads);
+  wk.hk = wk.hv / p.heads_per_key;
+  wk.v0 = 0;
+  wk.counts = false;  // kernel B counts the errors
+  const Sequence seq = sequence_of(p, wk.n);
+  if (!seq.in_range) return;
+  const bool keys = wk.hv % p.heads_per_key == 0;
+  for (int64_t c = first, c0 = seq.bos + int64_t{kChunk} * first; c0 < seq.eos;
+       c += chunk_stride, c0 += int64_t{kChunk} * chunk_stride) {
+    const int count = static_cast<int>(std::min<int64_t>(kChunk, seq.eos - c0));
+    chunk_factors<T, K>(p, sm, ws, wk, head_v_dim, c0, count, seq.first_block + c, keys);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Kernel B: the walk along each sequence
+// ---------------------------------------------------------------------------
+
+inline constexpr int kWalkWarps = kBlockV / 16;  // a warp per 16 state rows
+inline constexpr int kWalkThreads = kWalkWarps * kWarpSize;
+
+/// One stage of kernel B's shared memory: a chunk's workspace blocks (the slice's 32
+/// columns of v), in padded tiles for ldmatrix.
+template <typename T, int K>
+struct Stage {
+  static constexpr bool kSplitInputs = std::is_same_v<T, fp16_t>;
+  using RowTile = gdn::Tile<kChunk, K>;
+  using SquareTile = gdn::Tile<kChunk, kChunk>;
+  using ValueTile = gdn::Tile<kChunk, kBlockV>;
+  static constexpr int kRowTiles = kSplitInputs ? 4 : 2;  // q hi, k hi (, q lo, k lo)
+  static constexpr int kBytes =
+      kRowTiles * RowTile::kBytes + 4 * SquareTile::kBytes + ValueTile::kBytes + 4 * kChunk * 4;
+
+  RowTile rows[4];        // key_rows' order (the lo tiles only for fp16 inputs)
+  SquareTile squares[4];  // T' hi, T' lo, P hi, P lo
+  ValueTile values;       // v [token][row of the slice]
+  float* scales;          // Workspace::Scale rows
+
+  __device__ explicit Stage(char* base) {
+    char* at = base;
+    for (int i = 0; i < 4; ++i) {
+      rows[i].data = i < kRowTiles ? reinterpret_cast<uint16_t*>(at) : nullptr;
+      if (i < kRowTiles) at += RowTile::kBytes;
+    }
+    for (int i = 0; i < 4; ++i, at += SquareTile::kBytes) {
+      squares[i].data = reinterpret_cast<uint16_t*>(at);
+    }
+    values.data = reinterpret_cast<uint16_t*>(at);
+    scales = reinterpret_cast<float*>(at + ValueTile::kBytes);
+  }
+};
+
+/// Two stages where they fit in the 163 KiB a block of sm_80 may have (Hopper's 227 KiB
+/// would take float16's K = 128 too; one binary serves both), else one.
+template <typename T, int K>
+inline constexpr int kStages = 2 * Stage<T, K>::kBytes <= 163 * 1024 ? 2 : 1;
+
+/// Issues the cp.async copies of `rows` rows of `cols` 16-bit values (a multiple of 8),
+/// `src_stride` apart, into `tile`.
+template <class Tl>
+__device__ __forceinline__ void copy_tile_async(const Tl& tile, const uint16_t* src, int rows,
+                                                int cols, int64_t src_stride) {
+  const int units = rows * cols / 8;
+  for (int u = static_cast<int>(threadIdx.x); u < units; u += kWalkThreads) {
+    const int row = u / (cols / 8), col = 8 * (u % (cols / 8));
+    cp_async_16(tile.at(row, col), src + row * src_stride + col);
+  }
+}
+
+/// Issues the copies of block `block`'s data for value head hv, state rows v0.. into
+/// `st`, and commits them as one group.
+template <typename T, int K>
+__device__ __forceinline__ void issue_stage(const Workspace& ws, const Stage<T, K>& st,
+                                            int64_t block, const Work& wk, int head_v_dim) {
+  char* key = ws.key(block, wk.hk);
+#pragma unroll
+  for (int i = 0; i < Stage<T, K>::kRowTiles; ++i) {
+    copy_tile_async(st.rows[i], key_rows<K>(key, i), kChunk, K, K);
+  }
+  const char* head = ws.head(block, wk.hv);
+  const int64_t squares[4] = {Workspace::kTHi, Workspace::kTLo, Workspace::kPHi, Workspace::kPLo};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    copy_tile_async(st.squares[i], reinterpret_cast<const uint16_t*>(head + squares[i]), kChunk,
+                    kChunk, kChunk);
+  }
+  copy_tile_async(st.values, reinterpret_cast<const uint16_t*>(head + Workspace::kValues) + wk.v0,
+                  kChunk, kBlockV, head_v_dim);
+  const float* scales = reinterpret_cast<const float*>(head + Workspace::kScales);
+  for (int u = static_cast<int>(threadIdx.x); u < kChunk; u += kWalkThreads) {
+    cp_async_16(st.scales + 4 * u, scales + 4 * u);
+  }
+  cp_async_commit();
+}
+
+/// A warp's 16 state rows over all of K, as m16n8 C fragments: [column tile][4].
+template <int K>
+using RowFragments = float[K / 8][4];
+/// A warp's 16 rows by the chunk's 64 tokens, as C fragments.
+using TokenFragments = float[kChunk / 8][4];
+
+/// The warp's state rows (`rows`: the pool's state at the warp's first row), or `fill`.
+template <typename S, int K>
+__device__ __forceinline__ void load_rows(const S* rows, bool held, float fill,
+                                          RowFragments<K>& s) {
+  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
+#pragma unroll
+  for (int nt = 0; nt < K / 8; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const S* pair = rows + (g + 8 * h) * K + 8 * nt + 2 * t;
+      float x0 = fill, x1 = fill;
+      if (held) {
+        if constexpr (std::is_same_v<S, fp32_t>) {
+          const float2 v = *reinterpret_cast<const float2*>(pair);
+          x0 = v.x;
+          x1 = v.y;
+        } else {
+          const uint32_t bits = *reinterpret_cast<const uint32_t*>(pair);
+          x0 = __uint_as_float(bits << 16);
+          x1 = __uint_as_float(bits & 0xffff0000u);
+        }
+      }
+      s[nt][2 * h] = x0;
+      s[nt][2 * h + 1] = x1;
+    }
+  }
+}
+
+template <typename S, int K>
+__device__ __forceinline__ void store_rows(S* rows, const RowFragments<K>& s) {
+  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
+#pragma unroll
+  for (int nt = 0; nt < K / 8; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      S* pair = rows + (g + 8 * h) * K + 8 * nt + 2 * t;
+      if constexpr (std::is_same_v<S, fp32_t>) {
+        *reinterpret_cast<float2*>(pair) = make_float2(s[nt][2 * h], s[nt][2 * h + 1]);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(pair) =
+            __floats2bfloat162_rn(s[nt][2 * h], s[nt][2 * h + 1]);
+      }
+    }
+  }
+}
+
+/// Multiplies each element of C fragments over the chunk's tokens by the scale of its
+/// token (column): `scales` [64] in shared memory.
+__device__ __forceinline__ void scale_tokens(TokenFragments& x, const float* scales) {
+  const int t = gdn::lane_id() % 4;
+#pragma unroll
+  for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] *= scales[8 * nt + 2 * t + e % 2];
+  }
+}
+
+/// acc += x y^T over the chunk's tokens, y lower triangular (a square tile holding y
+/// row-major as hi / lo, `y_hi`, `y_lo`), x the warp's C fragments: only the blocks of
+/// 16 tokens at or below the diagonal.
+template <class Tl>
+__device__ __forceinline__ void times_lower_transposed(const TokenFragments& x, const Tl& y_hi,
+                                                       const Tl& y_lo, TokenFragments& acc) {
+#pragma unroll
+  for (int kb = 0; kb < kChunk / 16; ++kb) {
+    uint32_t a_hi[4], a_lo[4];
+    gdn::accumulators_as_a(x[2 * kb], x[2 * kb + 1], a_hi, a_lo);
+#pragma unroll
+    for (int nb = kb; nb < kChunk / 16; ++nb) {
+      uint32_t b_hi[4], b_lo[4];
+      gdn::load_b(b_hi, y_hi, 16 * nb, 16 * kb);
+      gdn::load_b(b_lo, y_lo, 16 * nb, 16 * kb);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        gdn::mma_split<true, true>(acc[2 * nb + h], a_hi, a_lo, b_hi[2 * h], b_hi[2 * h + 1],
+                                   b_lo[2 * h], b_lo[2 * h + 1]);
+      }
+    }
+  }
+}
+
+/// The 2-element pair (x0 in the low half) of T.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
+  Vec<T, 2> v;
+  v[0] = from_float<T>(x0);
+  v[1] = from_float<T>(x1);
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+/// Stores O^T (the warp's 16 rows by the chunk's tokens) to out at the chunk's `count`
+/// tokens: each 8 x 8 block transposed in registers (movmatrix), so that a lane stores
+/// a pair of adjacent rows of one token.
+template <typename T>
+__device__ __forceinline__ void store_output(const Params& p, const Work& wk, int row0, int64_t c0,
+                                             int count, const TokenFragments& o) {
+  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
+#pragma unroll
+  for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t pair = movmatrix_trans(pack_pair<T>(o[nt][2 * h], o[nt][2 * h + 1]));
+      const int i = 8 * nt + g;
+      if (i >= count) continue;
+      T* dst = p.out.at<T>(c0 + i, wk.hv) + row0 + 8 * h + 2 * t;
+      if (p.pairs_out) {
+        *reinterpret_cast<uint32_t*>(dst) = pair;
+      } else {
+        const uint16_t halves[2] = {static_cast<uint16_t>(pair & 0xffffu),
+                                    static_cast<uint16_t>(pair >> 16)};
+        memcpy(dst, &halves[0], 2);
+        memcpy(dst + 1, &halves[1], 2);
+      }
+    }
+  }
+}
+
+/// One chunk of the walk for the warp's state rows `s` (rows row0.. of the value head):
+/// the output's rows at the chunk's tokens, and the state after it.
+template <typename T, int K>
+__device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& st, const Work& wk,
+                                           int row0, int64_t c0, int count, RowFragments<K>& s) {
+  constexpr bool kLo = Stage<T, K>::kSplitInputs;
+  const auto &q_hi = st.rows[0], &k_hi = st.rows[1], &q_lo = st.rows[2], &k_lo = st.rows[3];
+  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
+  const int local = row0 - wk.v0;  // the warp's first row within the slice
+  TokenFragments r = {}, o = {};
+  // S0 k^T and S0 q^T, one k loop: S0's A fragments split once for both
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    uint32_t a_hi[4], a_lo[4];
+    gdn::accumulators_as_a(s[2 * ks], s[2 * ks + 1], a_hi, a_lo);
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 16; ++nb) {
+      uint32_t kb_hi[4], kb_lo[4], qb_hi[4], qb_lo[4];
+      gdn::load_b(kb_hi, k_hi, 16 * nb, 16 * ks);
+      gdn::load_b(qb_hi, q_hi, 16 * nb, 16 * ks);
+      if constexpr (kLo) {
+        gdn::load_b(kb_lo, k_lo, 16 * nb, 16 * ks);
+        gdn::load_b(qb_lo, q_lo, 16 * nb, 16 * ks);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        gdn::mma_split<true, kLo>(r[2 * nb + h], a_hi, a_lo, kb_hi[2 * h], kb_hi[2 * h + 1],
+                                  kb_lo[2 * h], kb_lo[2 * h + 1]);
+        gdn::mma_split<true, kLo>(o[2 * nb + h], a_hi, a_lo, qb_hi[2 * h], qb_hi[2 * h + 1],
+                                  qb_lo[2 * h], qb_lo[2 * h + 1]);
+      }
+    }
+  }
+  // R^T = v^T - (S0 k^T) diag(e^G rk)
+  const float* key_coef = st.scales + Workspace::kKeyCoef * kChunk;
+#pragma unroll
+  for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = 8 * nt + 2 * t + e % 2, row = local + g + 8 * (e / 2);
+      const uint16_t bits = *st.values.at(token, row);
+      float value;
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        value = __uint_as_float(static_cast<uint32_t>(bits) << 16);
+      } else {
+        value = __half2float(__ushort_as_half(bits));
+      }
+      r[nt][e] = value - key_coef[token] * r[nt][e];
+    }
+  }
+  // d^T = R^T T'^T
+  TokenFragments d = {};
+  times_lower_transposed(r, st.squares[0], st.squares[1], d);
+  // O^T = (S0 q^T) diag(e^G rq) + d^T P^T
+  scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
+  times_lower_transposed(d, st.squares[2], st.squares[3], o);
+  store_output<T>(p, wk, row0, c0, count, o);
+  // S = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k
+  scale_tokens(d, st.scales + Workspace::kUpdateCoef * kChunk);
+  const float last = st.scales[Workspace::kLast * kChunk];
+#pragma unroll
+  for (int nt = 0; nt < K / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] *= last;
+  }
+#pragma unroll
+  for (int kb = 0; kb < kChunk / 16; ++kb) {
+    if (16 * kb >= count) break;  // d is 0 past the tokens
+    uint32_t a_hi[4], a_lo[4];
+    gdn::accumulators_as_a(d[2 * kb], d[2 * kb + 1], a_hi, a_lo);
+#pragma unroll
+    for (int n0 = 0; n0 < K; n0 += 16) {
+      uint32_t b_hi[4], b_lo[4];
+      gdn::load_b_trans(b_hi, k_hi, 16 * kb, n0);
+      if constexpr (kLo) gdn::load_b_trans(b_lo, k_lo, 16 * kb, n0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        gdn::mma_split<true, kLo>(s[n0 / 8 + h], a_hi, a_lo, b_hi[2 * h], b_hi[2 * h + 1],
+                                  b_lo[2 * h], b_lo[2 * h + 1]);
+      }
+    }
+  }
+}
+
+template <typename T, typename S, int K>
+__global__ void __launch_bounds__(kWalkThreads, 1)
+    split_walk(const Params p, const Workspace ws, int head_v_dim) {
+  extern __shared__ __align__(16) char shared_bytes[];
+  constexpr int kDepth = kStages<T, K>;
+  const Work wk = gdn_extend_impl::work_of(p);
+  const Sequence seq = sequence_of(p, wk.n);
+  const int64_t index = gdn::load_index(p.indices, p.indices_int64, p.indices_stride, wk.n);
+  const gdn::Slot slot = gdn::classify_slot(index, p.pool_size);
+  if (wk.counts && p.errors != nullptr) {
+    if (slot == gdn::Slot::kOutOfRange) atomicAdd(p.errors, 1);
+    if (!seq.in_range) atomicAdd(p.errors + 1, 1);
+  }
+  if (!seq.in_range || seq.bos == seq.eos) return;  // the whole CTA: no barrier is left waiting
+
+  const int row0 = wk.v0 + 16 * (static_cast<int>(threadIdx.x) / kWarpSize);
+  const bool held = slot == gdn::Slot::kState;
+  S* rows =
+      static_cast<S*>(p.state) + (held ? index * p.state_stride_slot + wk.hv * p.state_stride_head +
+                                             static_cast<int64_t>(row0) * K
+                                       : 0);
+  RowFragments<K> s;
+  load_rows<S, K>(rows, held, gdn::missing_state(slot), s);
+
+  // stage i at shared_bytes + i * Stage::kBytes (a pointer, not an array of views, which
+  // a runtime index would put in local memory)
+  auto stage = [&](int64_t c) {
+    return Stage<T, K>(shared_bytes + static_cast<int>(c % kDepth) * Stage<T, K>::kBytes);
+  };
+  const int64_t chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
+  issue_stage<T, K>(ws, stage(0), seq.first_block, wk, head_v_dim);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Stage<T, K> st = stage(c);
+    if constexpr (kDepth == 2) {
+      if (c + 1 < chunks) {
+        issue_stage<T, K>(ws, stage(c + 1), seq.first_block + c + 1, wk, head_v_dim);
+      } else {
+        cp_async_commit();  // an empty group: the wait below counts one group behind
+      }
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies landed
+    const int64_t c0 = seq.bos + kChunk * c;
+    const int count = static_cast<int>(std::min<int64_t>(kChunk, seq.eos - c0));
+    walk_chunk<T, K>(p, st, wk, row0, c0, count, s);
+    __syncthreads();  // the stage read before it is refilled
+    if constexpr (kDepth == 1) {
+      if (c + 1 < chunks) issue_stage<T, K>(ws, st, seq.first_block + c + 1, wk, head_v_dim);
+    }
+  }
+  if (held) store_rows<S, K>(rows, s);
+}
+
+template <typename T, typename S, int K>
+void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int head_v_dim,
+                  DLDevice device) {
+  using gdn_extend_impl::Layout;
+  const std::size_t allowed = max_shared_memory_per_block(device);
+  constexpr int kFactorBytes = Layout<T, K>::kBytes;
+  constexpr int kWalkBytes = kStages<T, K> * Stage<T, K>::kBytes;
+  RuntimeCheck(static_cast<std::size_t>(kWalkBytes) <= allowed,
+               "gdn_extend (split path): ", "head_k_dim ", K, " with ",
+               std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kWalkBytes,
+               " bytes of shared memory per block; this GPU allows ", allowed,
+               (std::is_same_v<T, fp16_t> ? " (bfloat16 inputs need less)" : ""));
+  const int64_t heads = sequences * p.num_v_heads;
+  const int64_t walks = heads * p.slices;
+  RuntimeCheck(walks < (int64_t{1} << 31), "gdn_extend: at most 2^31 - 1 CTAs (sequences x ",
+               "num_v_heads x head_v_dim / ", kBlockV, "), got ", walks, "; split the batch");
+  if (walks == 0) return;
+  // Kernel A: about 32 CTAs an SM in all (about 3 run at once: the waves stay even), each
+  // taking every chunk_stride-th chunk of its sequence (a sequence has at most
+  // ceil(total_tokens / 64) chunks; a CTA per chunk of the longest possible sequence
+  // would be mostly empty CTAs for many short ones).
+  const int64_t most_chunks = std::max<int64_t>(1, (p.total_tokens + kChunk - 1) / kChunk);
+  const int64_t wanted = (32 * static_cast<int64_t>(num_sms(device)) + heads - 1) / heads;
+  const int64_t chunk_stride = std::min(most_chunks, std::max<int64_t>(1, wanted));
+  RuntimeCheck(heads * chunk_stride < (int64_t{1} << 31),
+               "gdn_extend: at most 2^31 - 1 CTAs (sequences x num_v_heads), got ", heads);
+  KernelLauncher(dim3(static_cast<unsigned>(heads * chunk_stride)), dim3(gdn_extend_impl::kThreads),
+                 device, kFactorBytes)(split_factors<T, K>, p, ws, head_v_dim,
+                                       static_cast<int>(chunk_stride));
+  KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kWalkBytes)(
+      split_walk<T, S, K>, p, ws, head_v_dim);
+}
+
+}  // namespace gdn_split_impl
+
+/// The workspace the split path needs for a call of these sizes, in bytes (a uint8 tensor
+/// of at least this many, on the call's device): one block per chunk and head.
+inline int64_t gdn_extend_workspace_bytes(int64_t total_tokens, int64_t num_sequences,
+                                          int64_t num_k_heads, int64_t num_v_heads,
+                                          int64_t head_k_dim, int64_t head_v_dim,
+                                          bool float16_inputs) {
+  int64_t bytes = 0;
+  gdn_split_impl::Workspace::sized(num_sequences, total_tokens, num_k_heads, num_v_heads,
+                                   head_k_dim, head_v_dim, float16_inputs, bytes);
+  return bytes;
+}
+
+/// gdn_extend on the split path (long sequences): the same arguments and results, plus
+/// `workspace`, uint8 of at least gdn_extend_workspace_bytes on the call's device
+/// (scratch: its contents before and after mean nothing).
+inline void gdn_extend_split(TensorView out, TensorView q, TensorView k, TensorView v,
+                             tvm::ffi::Optional<TensorView> a, tvm::ffi::Optional<TensorView> b,
+                             tvm::ffi::Optional<TensorView> A_log,
+                             tvm::ffi::Optional<TensorView> dt_bias,
+                             tvm::ffi::Optional<TensorView> g, tvm::ffi::Optional<TensorView> beta,
+                             TensorView state_pool, TensorView cache_indices, TensorView cu_seqlens,
+                             tvm::ffi::Optional<double> scale, bool use_qk_l2norm,
+                             tvm::ffi::Optional<TensorView> errors, TensorView workspace) {
+  using namespace gdn_split_impl;
+  const gdn_extend_impl::Call call =
+      gdn_extend_impl::check_call(out, q, k, v, a, b, A_log, dt_bias, g, beta, state_pool,
+                                  cache_indices, cu_seqlens, scale, use_qk_l2norm, errors);
+  const bool fp16 = is_dtype<fp16_t>(call.dtype);
+  int64_t bytes = 0;
+  Workspace ws =
+      Workspace::sized(call.sequences, call.p.total_tokens, call.num_k_heads, call.p.num_v_heads,
+                       call.head_k_dim, call.head_v_dim, fp16, bytes);
+  SymbolicDevice device;
+  device.bind(call.device, "q");
+  TensorMatcher({kAnySize})
+      .dtype<uint8_t>()
+      .device(kDLCUDA, device)
+      .contiguous()
+      .verify(workspace, "workspace");
+  ValueCheck(workspace.size(0) >= bytes, "argument 'workspace': expected at least ", bytes,
+             " bytes (gdn_extend_workspace_bytes), got ", workspace.size(0));
+  ws.data = data_ptr<char>(workspace);
+  ValueCheck(reinterpret_cast<uintptr_t>(ws.data) % 16 == 0,
+             "argument 'workspace': expected a 16-byte aligned start");
+  dispatch_dtype<fp16_t, bf16_t>(call.dtype, "q", [&](auto input_tag) {
+    using T = typename decltype(input_tag)::type;
+    dispatch_dtype<fp32_t, bf16_t>(call.state_dtype, "state_pool", [&](auto state_tag) {
+      using S = typename decltype(state_tag)::type;
+      const int V = static_cast<int>(call.head_v_dim);
+      switch (call.head_k_dim) {
+        case 64: launch_split<T, S, 64>(call.p, ws, call.sequences, V, call.device); break;
+        case 128: launch_split<T, S, 128>(call.p, ws, call.sequences, V, call.device); break;
+        default: launch_split<T, S, 256>(call.p, ws, call.sequences, V, call.device); break;
+      }
+    });
+  });
+}
+
+}  // namespace mllm_kernel::cuda
