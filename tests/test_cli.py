@@ -323,7 +323,7 @@ def test_show_config_lists_the_exports_of_a_module_that_cannot_run_on_the_arch(
     assert main(["show-config", "--device", "cuda", "--arch", "7.5"]) == 0
     rows = _section(capsys.readouterr().out, "CUDA kernels").splitlines()[1:]
     (stream,) = [r for r in rows if r.split()[0] == "gptq_marlin_gemm"]
-    assert stream.split()[1:3] == ["stream", "40"] and " not for sm_75 " in stream
+    assert stream.split()[1:3] == ["stream", "44"] and " not for sm_75 " in stream
 
 
 @pytest.mark.parametrize("arch", [None, "7.5", "9.0a"])
