@@ -436,15 +436,17 @@ def main_extend(args: argparse.Namespace) -> str:
         notes.append(f"- fla not available ({error!r}).")
     heads = tuple(int(h) for h in args.heads.split(","))
     example = extend_inputs(128, 2)
-    original = original_peer.load_original(
-        args.original,
+    original = args.original and original_peer.load_original(
+        Path(args.original),
         "mllm_kernel.cuda.jit.gdn_extend_chunkwise",
         "gdn_extend_chunkwise",
         example,
         "bench_gdn",
     )
-    if original is None:
-        notes.append(f"- the original (from {args.original}) not available: see stderr.")
+    if not original:
+        why = "see stderr" if args.original else "none given: pass --original PATH"
+        notes.append(f"- the original (from {args.original}) not available: {why}.")
+        original = None
     rows = []
     for total in [int(t) for t in args.tokens.split(",") if t]:
         for sequences in [int(n) for n in args.sequences.split(",") if n]:
@@ -516,7 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,32,128,512")
     parser.add_argument("--bf16-state-batches", default="128,512")
     parser.add_argument("--configs", default="", help="launch configurations to force too")
-    parser.add_argument("--original", type=Path, default=original_peer.DEFAULT_ROOT)
+    parser.add_argument(
+        "--original",
+        default=original_peer.default_root(),
+        help="the original mllm-kernel's source tree (default: _peers/mllm-kernel where "
+        "present; '' leaves it out)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--extend", action="store_true", help="gdn_extend instead of decode")
     parser.add_argument("--tokens", default="1024,4096,16384", help="--extend: total tokens")
@@ -544,15 +551,17 @@ def main(argv: list[str] | None = None) -> int:
         fused_recurrent = None
         notes.append(f"- fla not available ({error!r}).")
     example = {n: t for n, t in inputs(2, torch.float32).items() if n != "state_bytes"}
-    original = original_peer.load_original(
-        args.original,
+    original = args.original and original_peer.load_original(
+        Path(args.original),
         "mllm_kernel.cuda.jit.gdn_decode",
         "gdn_decode",
         {**example, "cache_indices": torch.arange(2, device="cuda")},
         "bench_gdn",
     )
-    if original is None:
-        notes.append(f"- the original (from {args.original}) not available: see stderr.")
+    if not original:
+        why = "see stderr" if args.original else "none given: pass --original PATH"
+        notes.append(f"- the original (from {args.original}) not available: {why}.")
+        original = None
     copy_gbs = copy_bandwidth()
     cases = [(int(b), torch.float32) for b in args.batches.split(",") if b]
     cases += [(int(b), BF16) for b in args.bf16_state_batches.split(",") if b]
