@@ -1,7 +1,7 @@
-// cp.async (sm_80 and newer): 16-byte copies global -> shared that bypass registers
-// and L1, so a thread can issue many before waiting for any. Copies issued since the
-// last commit form a group; a thread waits for its own groups, and other threads see
-// the data after a barrier.
+// cp.async (sm_80 and newer): 16-byte (and 8-byte) copies global -> shared that bypass
+// registers (and, at 16 bytes, L1), so a thread can issue many before waiting for any.
+// Copies issued since the last commit form a group; a thread waits for its own groups,
+// and other threads see the data after a barrier.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +32,14 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");
+}
+
+/// Copies 8 bytes global -> shared (cp.async's 8-byte form, which caches in L1 too:
+/// .ca; .cg takes 16-byte copies only), for pieces smaller than a 16-byte chunk such
+/// as a lane's NVFP4 scale bytes of a Marlin tile (marlin_nvfp4.cuh).
+__device__ __forceinline__ void cp_async_8(void* dst, const void* src) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(address), "l"(src) : "memory");
 }
 
 /// Closes the group of copies issued by this thread since the last commit.

@@ -64,14 +64,6 @@
 namespace mllm_kernel::cuda {
 namespace marlin {
 
-/// Copies 8 bytes global -> shared (cp.async's 8-byte form, which caches in L1 too: .ca).
-/// cp_async.cuh's copies are 16 bytes; a warp's NVFP4 scales of a tile are 8 pieces of 8
-/// bytes, 16 bytes apart (marlin_nvfp4.cuh).
-__device__ __forceinline__ void cp_async_8(void* dst, const void* src) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(address), "l"(src) : "memory");
-}
-
 /// Per lane: the dequantization constants of its 8 n8 blocks (columns 8 jb + g of a
 /// 64-column tile). Without act-order one scale per block (`scale[0]`); with it, one
 /// per row 2t + {0, 1, 8, 9} (`scale[0..3]`), since each row has its own group.
