@@ -4,12 +4,9 @@ the original mllm-kernel's signatures (those of vLLM and sglang)."""
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
 import torch
 
-from mllm_kernel.ops.op import Op
+from mllm_kernel.ops.op import Op, named
 
 
 def gptq_marlin_gemm(
@@ -87,19 +84,6 @@ def _global_scale_only_for_nvfp4(global_scale: torch.Tensor | None, b_q_type_id:
         )
 
 
-def _gemm_result(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """The fake of ``gptq_marlin_gemm``: a new ``[size_m, size_n]`` tensor like ``a``,
-    from the torch op's arguments (the declaration's but ``c``)."""
-    given = _TORCH_ARGUMENTS.bind(*args, **kwargs).arguments
-    return given["a"].new_empty((given["size_m"], given["size_n"]))
-
-
-_DECLARED = inspect.signature(gptq_marlin_gemm, eval_str=True)
-_TORCH_ARGUMENTS = _DECLARED.replace(
-    parameters=[p for p in _DECLARED.parameters.values() if p.name != "c"]
-)
-
-
 def gptq_marlin_repack(
     b_q_weight: torch.Tensor, perm: torch.Tensor | None, size_k: int, size_n: int, num_bits: int
 ) -> torch.Tensor:
@@ -139,16 +123,16 @@ GPTQ_MARLIN_GEMM = Op(
     out="c",
     # Split-K counters, left zeroed: written during the call.
     writes=("workspace",),
-    fake=_gemm_result,
+    fake=named(lambda a, size_m, size_n: a.new_empty((size_m, size_n))),
     # Sizes a traced graph passes on (size_m is x.shape[0]).
     symbolic=("size_m", "size_n", "size_k"),
     check=_global_scale_only_for_nvfp4,
 )
 GPTQ_MARLIN_REPACK = Op(
     gptq_marlin_repack,
-    fake=lambda b_q_weight, perm, size_k, size_n, num_bits: marlin_repacked_empty(
-        b_q_weight, size_k, size_n, num_bits
-    ),
+    fake=named(marlin_repacked_empty),
     symbolic=("size_k", "size_n"),
 )
-AWQ_MARLIN_REPACK = Op(awq_marlin_repack, fake=marlin_repacked_empty, symbolic=("size_k", "size_n"))
+AWQ_MARLIN_REPACK = Op(
+    awq_marlin_repack, fake=named(marlin_repacked_empty), symbolic=("size_k", "size_n")
+)
