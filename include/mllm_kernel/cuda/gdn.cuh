@@ -286,6 +286,45 @@ inline void check_gate_form(const tvm::ffi::Optional<TensorView>& given, const c
   }
 }
 
+/// Checks the head counts and head dims both ops support: head_k_dim and head_v_dim
+/// 64, 128 or 256, at least one key head, and value heads a multiple of key heads.
+inline void check_head_dims(int64_t K, int64_t V, int64_t H, int64_t HV) {
+  ValueCheck(K == 64 || K == 128 || K == 256,
+             "argument 'q': head_k_dim (the last dim) must be 64, 128 or 256, got ", K);
+  ValueCheck(V == 64 || V == 128 || V == 256,
+             "argument 'v': head_v_dim (the last dim) must be 64, 128 or 256, got ", V);
+  ValueCheck(H >= 1, "argument 'q': expected at least one head (num_k_heads), got 0");
+  ValueCheck(HV % H == 0, "argument 'v': num_v_heads (", HV,
+             ") must be a multiple of q's num_k_heads (", H, ")");
+}
+
+/// The two gates' tensors as a call gives them: the decay (`g`, or the raw `a`) and the
+/// update (`beta`, or the raw `b`), with their argument names, once check_gate_forms
+/// has passed.
+struct GateTensors {
+  const TensorView& decay;
+  const TensorView& update;
+  const char* decay_name;
+  const char* update_name;
+};
+
+/// Checks that each gate comes in exactly one form (precomputed `g` / `beta`, or raw
+/// `a`, `A_log`, `dt_bias` / `b`) and returns the tensors given.
+inline GateTensors check_gate_forms(const tvm::ffi::Optional<TensorView>& g,
+                                    const tvm::ffi::Optional<TensorView>& beta,
+                                    const tvm::ffi::Optional<TensorView>& a,
+                                    const tvm::ffi::Optional<TensorView>& b,
+                                    const tvm::ffi::Optional<TensorView>& A_log,
+                                    const tvm::ffi::Optional<TensorView>& dt_bias) {
+  check_gate_form(
+      g, "g",
+      {{a.has_value(), "a"}, {A_log.has_value(), "A_log"}, {dt_bias.has_value(), "dt_bias"}},
+      "(a, A_log, dt_bias)");
+  check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
+  return {g.has_value() ? *g : *a, beta.has_value() ? *beta : *b, g.has_value() ? "g" : "a",
+          beta.has_value() ? "beta" : "b"};
+}
+
 /// Checks the raw decay gate's per-head parameters: A_log and dt_bias, [num_v_heads]
 /// each, fp32, fp16 or bf16, on `device`.
 inline void check_head_parameters(const TensorView& A_log, const TensorView& dt_bias,

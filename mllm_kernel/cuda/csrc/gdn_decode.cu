@@ -552,23 +552,9 @@ inline void gdn_decode(TensorView out, TensorView q, TensorView k, TensorView v,
       .last_dim_contiguous()
       .verify(out, "out");
   const int64_t K = dim_k.value(), V = dim_v.value(), H = heads_k.value(), HV = heads_v.value();
-  ValueCheck(K == 64 || K == 128 || K == 256,
-             "argument 'q': head_k_dim (the last dim) must be 64, 128 or 256, got ", K);
-  ValueCheck(V == 64 || V == 128 || V == 256,
-             "argument 'v': head_v_dim (the last dim) must be 64, 128 or 256, got ", V);
-  ValueCheck(H >= 1, "argument 'q': expected at least one head (num_k_heads), got 0");
-  ValueCheck(HV % H == 0, "argument 'v': num_v_heads (", HV,
-             ") must be a multiple of q's num_k_heads (", H, ")");
-
-  gdn::check_gate_form(
-      g, "g",
-      {{a.has_value(), "a"}, {A_log.has_value(), "A_log"}, {dt_bias.has_value(), "dt_bias"}},
-      "(a, A_log, dt_bias)");
-  gdn::check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
-  const TensorView& decay = g.has_value() ? *g : *a;
-  const TensorView& update = beta.has_value() ? *beta : *b;
-  const char* decay_name = g.has_value() ? "g" : "a";
-  const char* update_name = beta.has_value() ? "beta" : "b";
+  gdn::check_head_dims(K, V, H, HV);
+  const auto [decay, update, decay_name, update_name] =
+      gdn::check_gate_forms(g, beta, a, b, A_log, dt_bias);
   per_head().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(decay, decay_name);
   per_head().dtype<fp32_t, fp16_t, bf16_t>().device(kDLCUDA, device).verify(update, update_name);
   if (!g.has_value()) gdn::check_head_parameters(*A_log, *dt_bias, heads_v, device);

@@ -851,29 +851,17 @@ inline Call check_call(TensorView out, TensorView q, TensorView k, TensorView v,
       .last_dim_contiguous()
       .verify(out, "out");
   const int64_t K = dim_k.value(), V = dim_v.value(), H = heads_k.value(), HV = heads_v.value();
-  ValueCheck(K == 64 || K == 128 || K == 256,
-             "argument 'q': head_k_dim (the last dim) must be 64, 128 or 256, got ", K);
-  ValueCheck(V == 64 || V == 128 || V == 256,
-             "argument 'v': head_v_dim (the last dim) must be 64, 128 or 256, got ", V);
-  ValueCheck(H >= 1, "argument 'q': expected at least one head (num_k_heads), got 0");
-  ValueCheck(HV % H == 0, "argument 'v': num_v_heads (", HV,
-             ") must be a multiple of q's num_k_heads (", H, ")");
-
-  gdn::check_gate_form(
-      g, "g",
-      {{a.has_value(), "a"}, {A_log.has_value(), "A_log"}, {dt_bias.has_value(), "dt_bias"}},
-      "(a, A_log, dt_bias)");
-  gdn::check_gate_form(beta, "beta", {{b.has_value(), "b"}}, "b");
-  const TensorView& decay = g.has_value() ? *g : *a;
-  const TensorView& update = beta.has_value() ? *beta : *b;
+  gdn::check_head_dims(K, V, H, HV);
+  const auto [decay, update, decay_name, update_name] =
+      gdn::check_gate_forms(g, beta, a, b, A_log, dt_bias);
   TensorMatcher({tokens, heads_v})
       .dtype<fp32_t, fp16_t, bf16_t>()
       .device(kDLCUDA, device)
-      .verify(decay, g.has_value() ? "g" : "a");
+      .verify(decay, decay_name);
   TensorMatcher({tokens, heads_v})
       .dtype<fp32_t, fp16_t, bf16_t>()
       .device(kDLCUDA, device)
-      .verify(update, beta.has_value() ? "beta" : "b");
+      .verify(update, update_name);
   if (!g.has_value()) gdn::check_head_parameters(*A_log, *dt_bias, heads_v, device);
   gdn::check_state_pool(state_pool, pool, heads_v, dim_v, dim_k, state_dtype, device);
   TensorMatcher({sequences})
