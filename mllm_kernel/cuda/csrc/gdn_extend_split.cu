@@ -21,7 +21,7 @@
 // one half of K, in registers as mma accumulators; everything is computed transposed
 // (state rows as the M dim), so that every product's A operand is the state or an
 // accumulator of the step before, split into hi / lo in registers. Per chunk, per warp
-// (its half h of K, R and O summed over both halves through shared memory):
+// (its half h of K; R and O summed over both halves through shared memory):
 //
 //   R^T = v^T - (S0 k^T) diag(e^G rk)      O^T = (S0 q^T) diag(e^G rq)     (k loop: half h)
 //   d^T = R^T T'^T                                       (both warps of the pair, the same)
@@ -265,20 +265,21 @@ __device__ __forceinline__ void chunk_factors(const Params& p,
   copy_lower(sm.score_lo, reinterpret_cast<uint16_t*>(head + Workspace::kPLo));
   gdn::invert_diagonal_blocks(sm.gram, L::kGramStride);
   // T = (I + A)^-1, 32 columns of the identity at a time; T' = T diag(beta) as hi / lo
-  // (its blocks on and below the diagonal: T is lower triangular)
+  // (its blocks on and below the diagonal: T is lower triangular, so the second half's
+  // substitution starts at its block row 2)
   constexpr int kPerThread = kChunk * 32 / kThreads;
   const int row0 = static_cast<int>(threadIdx.x) / 32, col = gdn::lane_id();
   uint16_t* t_hi = reinterpret_cast<uint16_t*>(head + Workspace::kTHi);
   uint16_t* t_lo = reinterpret_cast<uint16_t*>(head + Workspace::kTLo);
-#pragma unroll 1
-  for (int b = 0; b < kChunk; b += 32) {
+  auto columns = [&](auto first) {
+    constexpr int b = decltype(first)::value;
 #pragma unroll
     for (int e = 0; e < kPerThread; ++e) {
       const int row = row0 + kWarps * e;
       sm.residual[row * L::kResidualStride + col] = row == b + col ? 1.0f : 0.0f;
     }
     __syncthreads();  // also: the diagonal blocks inverted
-    gdn::substitute_unit_lower(sm.gram, L::kGramStride, sm.residual, L::kResidualStride);
+    gdn::substitute_unit_lower<b>(sm.gram, L::kGramStride, sm.residual, L::kResidualStride);
     // 8 columns of a row a thread at a time: 16-byte stores, one LowerTile offset each
     for (int u = static_cast<int>(threadIdx.x); u < kChunk * 32 / 8; u += kThreads) {
       const int row = u / 4, c = 8 * (u % 4);
@@ -296,7 +297,10 @@ __device__ __forceinline__ void chunk_factors(const Params& p,
       *reinterpret_cast<uint4*>(t_lo + LowerTile::offset(row, b + c)) = lo;
     }
     __syncthreads();  // the residual read before it is refilled (or the next chunk staged)
-  }
+  };
+  static_assert(kChunk == 64, "two passes of 32 columns");
+  columns(std::integral_constant<int, 0>{});
+  columns(std::integral_constant<int, 32>{});
 }
 
 template <typename T, int K>
@@ -363,9 +367,9 @@ struct Stage {
   }
 };
 
-/// What a pair of warps exchanges once a chunk: each warp's partial S0 k^T (8 C fragments
-/// of its 16 rows by the chunk's tokens) and its partial S0 q^T at the two token blocks
-/// whose output the other warp finishes (4 fragments), as float4 slots [12][32 lanes].
+/// What a pair of warps exchanges once a chunk: each warp's part of R^T (8 C fragments of
+/// its 16 rows by the chunk's tokens) and its part of O^T at the two token blocks whose
+/// output the other warp finishes (4 fragments), as float4 slots [12][32 lanes].
 inline constexpr int kExchangeSlots = kChunk / 8 + kChunk / 16;
 inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots * kWarpSize * 16;
 
@@ -558,8 +562,9 @@ struct Walker {
   float4 *mine, *other;
 };
 
-/// The pair's partial sums over K: this warp's r and the other's token blocks of o out,
-/// the other's in and added (a + b in one warp, b + a in the other: the same bits).
+/// The pair's parts of R^T and O^T (sums over K): this warp's r and the other's token
+/// blocks of o out, the other's in and added (a + b in one warp, b + a in the other: the
+/// same bits).
 __device__ __forceinline__ void exchange(const Walker& w, TokenFragments& r, TokenFragments& o) {
   const int lane = gdn::lane_id();
   auto slot = [&](float4* base, int i) -> float4& { return base[i * kWarpSize + lane]; };
@@ -625,8 +630,9 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
       }
     }
   }
-  exchange(w, r, o);
-  // R^T = v^T - (S0 k^T) diag(e^G rk)
+  // R^T = v^T - (S0 k^T) diag(e^G rk) and O^T = (S0 q^T) diag(e^G rq), each warp its
+  // half of K's part (v^T in the first half's) before the exchange, so that the shared
+  // loads of v and the scales overlap the products instead of following the barrier
   const float* key_coef = st.scales + Workspace::kKeyCoef * kChunk;
 #pragma unroll
   for (int nt = 0; nt < kChunk / 8; ++nt) {
@@ -640,14 +646,15 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
       } else {
         value = __half2float(__ushort_as_half(bits));
       }
-      r[nt][e] = value - key_coef[token] * r[nt][e];
+      r[nt][e] = (w.half == 0 ? value : 0.0f) - key_coef[token] * r[nt][e];
     }
   }
+  scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
+  exchange(w, r, o);
   // d^T = R^T T'^T, all of it in both warps of the pair (both update the state with it)
   TokenFragments d = {};
   times_lower_transposed(r, st.squares[0], st.squares[1], (1u << kChunk / 16) - 1, d);
-  // O^T = (S0 q^T) diag(e^G rq) + d^T P^T at the warp's token blocks
-  scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
+  // O^T += d^T P^T at the warp's token blocks
   times_lower_transposed(d, st.squares[2], st.squares[3], w.finished, o);
   store_output<T>(p, wk, w.row0, w.finished, c0, count, o);
   // S = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k over the warp's half of K
