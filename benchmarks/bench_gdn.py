@@ -57,6 +57,9 @@ contenders:
 * original: the original mllm-kernel's ``gdn_extend_chunkwise`` (built by its own JIT).
 * floor: a ``copy_`` of the bytes every contender must move once (q, k, v, a, b read, o
   written, each state read and written): where a memory-bound kernel would end.
+* A, B: the split path's two kernels (A: every chunk's state-free factors in parallel;
+  B: the walk along each sequence), from torch.profiler's CUDA kernel records of three
+  calls: where the split path's time goes.
 
 Each is timed as eager calls (fla's varlen path reads cu_seqlens on the host, so it cannot
 be captured in a CUDA graph), the contenders in turn in an order rotated every round,

@@ -373,10 +373,15 @@ struct Stage {
 inline constexpr int kExchangeSlots = kChunk / 8 + kChunk / 16;
 inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots * kWarpSize * 16;
 
-/// Two stages where they fit, with the exchange, in the 163 KiB a block of sm_80 may have
-/// (Hopper's 227 KiB would take float16's K = 128 too; one binary serves both), else one.
+/// Kernel B's shared memory with `depth` stages: two where the GPU has room for them (the
+/// next chunk's copies overlap a chunk's products), else one.
 template <typename T, int K>
-inline constexpr int kStages = 2 * Stage<T, K>::kBytes + kExchangeBytes <= 163 * 1024 ? 2 : 1;
+inline constexpr int kWalkBytes(int depth) {
+  return depth * Stage<T, K>::kBytes + kExchangeBytes;
+}
+/// The most shared memory a block may have on any GPU (Hopper's 227 KiB): no two-stage
+/// kernel is built where it would need more.
+inline constexpr int kMostSharedBytes = 227 * 1024;
 
 /// Issues the cp.async copies of `rows` rows of `cols` 16-bit values (a multiple of 8),
 /// `src_stride` apart, into `tile`.
@@ -684,11 +689,10 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
   }
 }
 
-template <typename T, typename S, int K>
+template <typename T, typename S, int K, int kDepth>
 __global__ void __launch_bounds__(kWalkThreads, 1)
     split_walk(const Params p, const Workspace ws, int head_v_dim) {
   extern __shared__ __align__(16) char shared_bytes[];
-  constexpr int kDepth = kStages<T, K>;
   const Work wk = gdn_extend_impl::work_of(p);
   const Sequence seq = sequence_of(p, wk.n);
   const int64_t index = gdn::load_index(p.indices, p.indices_int64, p.indices_stride, wk.n);
@@ -756,10 +760,10 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   using gdn_extend_impl::Layout;
   const std::size_t allowed = max_shared_memory_per_block(device);
   constexpr int kFactorBytes = Layout<T, K>::kBytes;
-  constexpr int kWalkBytes = kStages<T, K> * Stage<T, K>::kBytes + kExchangeBytes;
-  RuntimeCheck(static_cast<std::size_t>(kWalkBytes) <= allowed,
+  constexpr int kOneStage = kWalkBytes<T, K>(1), kTwoStages = kWalkBytes<T, K>(2);
+  RuntimeCheck(static_cast<std::size_t>(kOneStage) <= allowed,
                "gdn_extend (split path): ", "head_k_dim ", K, " with ",
-               std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kWalkBytes,
+               std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kOneStage,
                " bytes of shared memory per block; this GPU allows ", allowed,
                (std::is_same_v<T, fp16_t> ? " (bfloat16 inputs need less)" : ""));
   const int64_t heads = sequences * p.num_v_heads;
@@ -779,8 +783,15 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   KernelLauncher(dim3(static_cast<unsigned>(heads * chunk_stride)), dim3(gdn_extend_impl::kThreads),
                  device, kFactorBytes)(split_factors<T, K>, p, ws, head_v_dim,
                                        static_cast<int>(chunk_stride));
-  KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kWalkBytes)(
-      split_walk<T, S, K>, p, ws, head_v_dim);
+  if constexpr (kTwoStages <= kMostSharedBytes) {
+    if (static_cast<std::size_t>(kTwoStages) <= allowed) {
+      KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kTwoStages)(
+          split_walk<T, S, K, 2>, p, ws, head_v_dim);
+      return;
+    }
+  }
+  KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kOneStage)(
+      split_walk<T, S, K, 1>, p, ws, head_v_dim);
 }
 
 }  // namespace gdn_split_impl
