@@ -376,7 +376,7 @@ inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots * kWarpSize * 
 /// Kernel B's shared memory with `depth` stages: two where the GPU has room for them (the
 /// next chunk's copies overlap a chunk's products), else one.
 template <typename T, int K>
-inline constexpr int kWalkBytes(int depth) {
+inline constexpr int walk_bytes(int depth) {
   return depth * Stage<T, K>::kBytes + kExchangeBytes;
 }
 /// The most shared memory a block may have on any GPU (Hopper's 227 KiB): no two-stage
@@ -760,7 +760,7 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   using gdn_extend_impl::Layout;
   const std::size_t allowed = max_shared_memory_per_block(device);
   constexpr int kFactorBytes = Layout<T, K>::kBytes;
-  constexpr int kOneStage = kWalkBytes<T, K>(1), kTwoStages = kWalkBytes<T, K>(2);
+  constexpr int kOneStage = walk_bytes<T, K>(1), kTwoStages = walk_bytes<T, K>(2);
   RuntimeCheck(static_cast<std::size_t>(kOneStage) <= allowed,
                "gdn_extend (split path): ", "head_k_dim ", K, " with ",
                std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kOneStage,
