@@ -57,6 +57,9 @@ contenders:
 * original: the original mllm-kernel's ``gdn_extend_chunkwise`` (built by its own JIT).
 * floor: a ``copy_`` of the bytes every contender must move once (q, k, v, a, b read, o
   written, each state read and written): where a memory-bound kernel would end.
+* A, B: the split path's two kernels (A: every chunk's state-free factors in parallel;
+  B: the walk along each sequence), from torch.profiler's CUDA kernel records of three
+  calls: where the split path's time goes.
 
 Each is timed as eager calls (fla's varlen path reads cu_seqlens on the host, so it cannot
 be captured in a CUDA graph), the contenders in turn in an order rotated every round,
@@ -362,6 +365,26 @@ def time_eager(calls: dict[str, Callable[[], object]], rounds: int = 5, repeat: 
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def split_kernel_times(call: Callable[[], object], repeat: int = 3) -> dict[str, float]:
+    """Seconds per call of the split path's two kernels, from the profiler's CUDA kernel
+    records of ``repeat`` calls: 'factors' (kernel A, every chunk in parallel) and 'walk'
+    (kernel B, the state along each sequence); empty when the profiler gives neither."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            call()
+        torch.cuda.synchronize()
+    found: dict[str, float] = {}
+    for event in prof.key_averages():
+        for kernel, name in (("split_factors", "factors"), ("split_walk", "walk")):
+            if kernel in event.key:
+                found[name] = found.get(name, 0.0) + event.device_time_total / 1e6 / repeat
+    return found
+
+
 def measure_extend(total: int, sequences: int, heads: tuple[int, int], chunk_rule, original):
     case = extend_inputs(total, sequences, *heads)
     saved = case["state_pool"].clone()
@@ -380,6 +403,11 @@ def measure_extend(total: int, sequences: int, heads: tuple[int, int], chunk_rul
             print(f"bench_gdn: {name} at {total}/{sequences}: {error!r}", file=sys.stderr)
             del found[name]
     times = time_eager(found)
+    if "split" in found:
+        try:
+            times.update(split_kernel_times(found["split"]))
+        except Exception as error:
+            print(f"bench_gdn: the split path's kernel times: {error!r}", file=sys.stderr)
     del case, found
     torch.cuda.empty_cache()
     return {"tokens": total, "sequences": sequences, "check": ", ".join(check), **times}
@@ -395,13 +423,15 @@ def render_extend(rows: list[dict], notes: list[str], heads: tuple[int, int]) ->
         "  q/k/v/a/b, fp32 pool; equal-length sequences; times in us per call, eager (module",
         "  docstring).",
         "- 'floor': a copy_ of the bytes each contender moves once; 'fused', 'split': ours",
-        "  forced onto each path ('ours' takes the one it chooses); 'fla / ours',",
-        "  'original / ours': their time over ours (> 1: ours is faster).",
+        "  forced onto each path ('ours' takes the one it chooses); 'A', 'B': the split",
+        "  path's kernels (A: every chunk's factors in parallel, B: the walk), from the",
+        "  profiler; 'fla / ours', 'original / ours': their time over ours (> 1: ours is",
+        "  faster).",
         *notes,
         "",
-        "| tokens | sequences | floor | ours | fused | split | Mtok/s | fla | fla / ours "
+        "| tokens | sequences | floor | ours | fused | split | A | B | Mtok/s | fla | fla / ours "
         "| original | original / ours | max abs error vs float64 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
 
     def us(seconds):
@@ -416,6 +446,7 @@ def render_extend(rows: list[dict], notes: list[str], heads: tuple[int, int]) ->
         lines.append(
             f"| {row['tokens']} | {row['sequences']} | {us(row.get('floor'))} | {us(ours)} | "
             f"{us(row.get('fused'))} | {us(row.get('split'))} | "
+            f"{us(row.get('factors'))} | {us(row.get('walk'))} | "
             f"{rate} | {us(row.get('fla'))} | {ratio(row.get('fla'), ours)} | "
             f"{us(row.get('original'))} | {ratio(row.get('original'), ours)} | "
             f"{row['check'] or '-'} |"

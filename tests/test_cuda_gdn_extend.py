@@ -287,15 +287,16 @@ def test_the_split_path_is_for_few_long_sequences(tokens, sequences, value_heads
 @pytest.mark.nvcc
 def test_the_split_paths_workspace_size_and_export():
     """gdn_extend_workspace_bytes: per chunk block (num_sequences + ceil(tokens / 64) of
-    them) and value head, T' and P as bf16 hi / lo (4 x 64 x 64 x 2 bytes), 4 x 64 fp32
-    scales and v's 64 rows; per block and key head, q's and k's 64 rows as bf16 (hi and
-    lo for float16 inputs). The split export checks its arguments as gdn_extend does."""
+    them) and value head, T' and P as bf16 hi / lo (4 x their 10 blocks of 16 x 16 on and
+    below the diagonal x 2 bytes), 4 x 64 fp32 scales and v's 64 rows; per block and key
+    head, q's and k's 64 rows as bf16 (hi and lo for float16 inputs). The split export
+    checks its arguments as gdn_extend does."""
     with cuda_arch_override("9.0a,8.0"):
         module = _GDN_EXTEND.load()
 
     def expected(tokens, sequences, heads, value_heads, dim_k, dim_v, fp16):
         blocks = sequences + -(-tokens // 64)
-        per_value_head = 4 * 64 * 64 * 2 + 4 * 64 * 4 + 64 * dim_v * 2
+        per_value_head = 4 * 10 * 16 * 16 * 2 + 4 * 64 * 4 + 64 * dim_v * 2
         per_key_head = (4 if fp16 else 2) * 64 * dim_k * 2
         return blocks * (value_heads * per_value_head + heads * per_key_head)
 

@@ -215,10 +215,15 @@ __device__ __forceinline__ void invert_diagonal_blocks(float* a, int a_stride) {
 /// block row b: y = r_b - A_{b,<b} x_{<b}, x_b = (I + A_bb)^-1 y, each thread 4 columns
 /// of one row, with A's diagonal blocks already inverted (invert_diagonal_blocks) and A
 /// left as it is, so that one A solves any number of right-hand sides. Starts and ends
-/// with every thread at a barrier.
+/// with every thread at a barrier. kFirst (a multiple of 16): r's rows above it are zero,
+/// so x's are too and stay as they are; only the block rows from kFirst on are
+/// substituted, their sums over the columns from kFirst on (columns of the identity past
+/// kFirst, as for the second half of (I + A)^-1).
+template <int kFirst = 0>
 __device__ __forceinline__ void substitute_unit_lower(const float* a, int a_stride, float* r,
                                                       int r_stride) {
   constexpr int kBlock = 16;
+  static_assert(kFirst % kBlock == 0 && kFirst < kChunk, "a block row of the chunk");
   const int row = static_cast<int>(threadIdx.x) / 8, col = 4 * (static_cast<int>(threadIdx.x) % 8);
   auto quad = [&](int i) { return reinterpret_cast<float4*>(r + i * r_stride + col); };
   auto fma4 = [](float m, const float4& x, float4& y) {
@@ -228,11 +233,11 @@ __device__ __forceinline__ void substitute_unit_lower(const float* a, int a_stri
     y.w = fmaf(m, x.w, y.w);
   };
 #pragma unroll
-  for (int b = 0; b < kChunk; b += kBlock) {
+  for (int b = kFirst; b < kChunk; b += kBlock) {
     const float* a_row = a + (b + row) * a_stride;
     float4 y = *quad(b + row);
 #pragma unroll 1
-    for (int k = 0; k < b; k += 4) {
+    for (int k = kFirst; k < b; k += 4) {
       const float4 coef = *reinterpret_cast<const float4*>(a_row + k);
       fma4(-coef.x, *quad(k), y);
       fma4(-coef.y, *quad(k + 1), y);

@@ -10,21 +10,28 @@
 //
 // Kernel A, a CTA of 4 warps per (chunk, value head), writes to a workspace (one block per
 // chunk and value head, one per chunk and key head; the layout is Workspace's):
-// T' and P as bf16 hi / lo, v's rows, the chunk's per-token scales, and q's and k's rows
-// as bf16 (hi / lo for fp16 inputs), zero past the chunk's tokens. Its steps are the
-// fused kernel's with the state left out (stage, scores) and the solve run on the
-// identity's columns (T = (I + A)^-1, 64 x 64 in fp32).
+// T' and P as bf16 hi / lo (their 16 x 16 blocks on and below the diagonal only, packed:
+// LowerTile), the chunk's per-token scales, v's rows, and q's and k's rows as bf16 (hi /
+// lo for fp16 inputs), zero past the chunk's tokens. Its steps are the fused kernel's
+// with the state left out (stage, scores) and the solve run on the identity's columns
+// (T = (I + A)^-1, 64 x 64 in fp32).
 //
-// Kernel B, a CTA of 2 warps per (sequence, value head, 32 state rows), walks the
-// sequence's chunks in order. Warp w holds state rows 16 w .. 16 w + 15 of the slice over
-// all of K, in registers as mma accumulators, and computes everything transposed (state
-// rows as the M dim), so that every product's A operand is the state or an accumulator
-// of the step before, split into hi / lo in registers: no shared memory and no barrier
-// between the warps within a chunk. Per chunk, per warp:
+// Kernel B, a CTA of 4 warps per (sequence, value head, 32 state rows), walks the
+// sequence's chunks in order. A pair of warps holds 16 state rows of the slice, each warp
+// one half of K, in registers as mma accumulators; everything is computed transposed
+// (state rows as the M dim), so that every product's A operand is the state or an
+// accumulator of the step before, split into hi / lo in registers. Per chunk, per warp
+// (its half h of K; R and O summed over both halves through shared memory):
 //
-//   R^T = v^T - (S0 k^T) diag(e^G rk)      O^T = (S0 q^T) diag(e^G rq)     (one k loop)
-//   d^T = R^T T'^T                          O^T += d^T P^T                  (lower blocks)
-//   S   = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k
+//   R^T = v^T - (S0 k^T) diag(e^G rk)      O^T = (S0 q^T) diag(e^G rq)     (k loop: half h)
+//   d^T = R^T T'^T                                       (both warps of the pair, the same)
+//   O^T += d^T P^T                                       (half the token blocks each)
+//   S   = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k                   (columns: half h)
+//
+// Four warps, one per SM sub-partition, each with half the products (282 mma.sync a chunk
+// for bf16 and K = 128, against 504 for a warp holding all of K), and its state in half
+// the registers. The pair exchanges its partial sums once a chunk (a named barrier of 64
+// threads); the CTA's barriers are only those of the staging.
 //
 // The next chunk's workspace blocks arrive by cp.async while a chunk computes (two stages
 // where they fit in shared memory, else one, refilled as soon as its chunk is done).
@@ -45,12 +52,35 @@ using gdn_extend_impl::Params;
 using gdn_extend_impl::Rows;
 using gdn_extend_impl::Work;
 
+/// A 64 x 64 matrix of 16-bit values that is lower triangular by 16 x 16 blocks (T', P),
+/// packed: block (rb, cb), cb <= rb, is number rb (rb + 1) / 2 + cb, and each 8 x 8
+/// quarter of a block is 128 contiguous bytes, so that the 8 rows ldmatrix reads at once
+/// fall in distinct banks without padding. The same layout in the workspace and in
+/// shared memory: a stage copies it as it is.
+struct LowerTile {
+  static constexpr int kBlocks = kChunk / 16 * (kChunk / 16 + 1) / 2;
+  static constexpr int kBytes = kBlocks * 16 * 16 * 2;
+
+  uint16_t* data;
+
+  /// Where (row, col) is, in elements; col / 16 <= row / 16. Columns col .. col + 7 of
+  /// a row are contiguous where col is a multiple of 8.
+  __device__ __forceinline__ static int offset(int row, int col) {
+    const int rb = row / 16, cb = col / 16, quarter = 2 * (row % 16 / 8) + col % 16 / 8;
+    return (rb * (rb + 1) / 2 + cb) * 256 + quarter * 64 + row % 8 * 8 + col % 8;
+  }
+  __device__ __forceinline__ uint32_t address(int row, int col) const {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(data + offset(row, col)));
+  }
+};
+
 /// The workspace: one block per (chunk, value head), then one per (chunk, key head).
 /// Offsets are in bytes, each a multiple of 16.
 struct Workspace {
-  // a value head's block: T' and P as hi / lo [64][64] bf16, the scales, v [64][V]
-  static constexpr int64_t kTHi = 0, kTLo = 8192, kPHi = 16384, kPLo = 24576;
-  static constexpr int64_t kScales = 32768;  // fp32 [4][64]: the Scale rows below
+  // a value head's block: T' and P as hi / lo LowerTiles, the scales, v [64][V]
+  static constexpr int64_t kTHi = 0, kTLo = LowerTile::kBytes, kPHi = 2 * LowerTile::kBytes,
+                           kPLo = 3 * LowerTile::kBytes;
+  static constexpr int64_t kScales = 4 * LowerTile::kBytes;  // fp32 [4][64]: the Scale rows
   static constexpr int64_t kValues = kScales + 4 * kChunk * 4;
   enum Scale { kKeyCoef = 0, kQueryCoef = 1, kUpdateCoef = 2, kLast = 3 };
 
@@ -169,16 +199,16 @@ __device__ __forceinline__ void copy_values(const Params& p, int hv, int head_v_
   }
 }
 
-/// A 64 x 64 tile of shared memory to a block's [64][64], blocks of 16 x 16 above the
-/// diagonal as zeros (the scores' tiles leave them unwritten; nothing reads them).
+/// A 64 x 64 tile of shared memory to a LowerTile at `dst`: its 16 x 16 blocks on and
+/// below the diagonal (the scores' tiles leave those above it unwritten).
 template <class Tl>
 __device__ __forceinline__ void copy_lower(const Tl& tile, uint16_t* dst) {
   for (int u = static_cast<int>(threadIdx.x); u < kChunk * kChunk / 8;
        u += gdn_extend_impl::kThreads) {
     const int row = u / (kChunk / 8), col = 8 * (u % (kChunk / 8));
-    const uint4 bits = col / 16 > row / 16 ? make_uint4(0, 0, 0, 0)
-                                           : *reinterpret_cast<const uint4*>(tile.at(row, col));
-    *reinterpret_cast<uint4*>(dst + row * kChunk + col) = bits;
+    if (col / 16 > row / 16) continue;
+    *reinterpret_cast<uint4*>(dst + LowerTile::offset(row, col)) =
+        *reinterpret_cast<const uint4*>(tile.at(row, col));
   }
 }
 
@@ -235,30 +265,42 @@ __device__ __forceinline__ void chunk_factors(const Params& p,
   copy_lower(sm.score_lo, reinterpret_cast<uint16_t*>(head + Workspace::kPLo));
   gdn::invert_diagonal_blocks(sm.gram, L::kGramStride);
   // T = (I + A)^-1, 32 columns of the identity at a time; T' = T diag(beta) as hi / lo
+  // (its blocks on and below the diagonal: T is lower triangular, so the second half's
+  // substitution starts at its block row 2)
   constexpr int kPerThread = kChunk * 32 / kThreads;
   const int row0 = static_cast<int>(threadIdx.x) / 32, col = gdn::lane_id();
   uint16_t* t_hi = reinterpret_cast<uint16_t*>(head + Workspace::kTHi);
   uint16_t* t_lo = reinterpret_cast<uint16_t*>(head + Workspace::kTLo);
-#pragma unroll 1
-  for (int b = 0; b < kChunk; b += 32) {
+  auto columns = [&](auto first) {
+    constexpr int b = decltype(first)::value;
 #pragma unroll
     for (int e = 0; e < kPerThread; ++e) {
       const int row = row0 + kWarps * e;
       sm.residual[row * L::kResidualStride + col] = row == b + col ? 1.0f : 0.0f;
     }
     __syncthreads();  // also: the diagonal blocks inverted
-    gdn::substitute_unit_lower(sm.gram, L::kGramStride, sm.residual, L::kResidualStride);
-    const float beta = sc.beta[b + col];
-#pragma unroll
-    for (int e = 0; e < kPerThread; ++e) {
-      const int row = row0 + kWarps * e;
-      bf16_t hi, lo;
-      gdn::split_one(sm.residual[row * L::kResidualStride + col] * beta, hi, lo);
-      t_hi[row * kChunk + b + col] = __bfloat16_as_ushort(hi);
-      t_lo[row * kChunk + b + col] = __bfloat16_as_ushort(lo);
+    gdn::substitute_unit_lower<b>(sm.gram, L::kGramStride, sm.residual, L::kResidualStride);
+    // 8 columns of a row a thread at a time: 16-byte stores, one LowerTile offset each
+    for (int u = static_cast<int>(threadIdx.x); u < kChunk * 32 / 8; u += kThreads) {
+      const int row = u / 4, c = 8 * (u % 4);
+      if ((b + c) / 16 > row / 16) continue;
+      const float* x = sm.residual + row * L::kResidualStride + c;
+      const float4 x0 = *reinterpret_cast<const float4*>(x);
+      const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
+      const float* beta = sc.beta + b + c;
+      uint4 hi, lo;
+      gdn::split_pair(x0.x * beta[0], x0.y * beta[1], hi.x, lo.x);
+      gdn::split_pair(x0.z * beta[2], x0.w * beta[3], hi.y, lo.y);
+      gdn::split_pair(x1.x * beta[4], x1.y * beta[5], hi.z, lo.z);
+      gdn::split_pair(x1.z * beta[6], x1.w * beta[7], hi.w, lo.w);
+      *reinterpret_cast<uint4*>(t_hi + LowerTile::offset(row, b + c)) = hi;
+      *reinterpret_cast<uint4*>(t_lo + LowerTile::offset(row, b + c)) = lo;
     }
     __syncthreads();  // the residual read before it is refilled (or the next chunk staged)
-  }
+  };
+  static_assert(kChunk == 64, "two passes of 32 columns");
+  columns(std::integral_constant<int, 0>{});
+  columns(std::integral_constant<int, 32>{});
 }
 
 template <typename T, int K>
@@ -291,25 +333,25 @@ __global__ void __launch_bounds__(gdn_extend_impl::kThreads)
 // Kernel B: the walk along each sequence
 // ---------------------------------------------------------------------------
 
-inline constexpr int kWalkWarps = kBlockV / 16;  // a warp per 16 state rows
+inline constexpr int kWalkWarps = 2 * (kBlockV / 16);  // a pair of warps per 16 state rows
 inline constexpr int kWalkThreads = kWalkWarps * kWarpSize;
 
 /// One stage of kernel B's shared memory: a chunk's workspace blocks (the slice's 32
-/// columns of v), in padded tiles for ldmatrix.
+/// columns of v), q's and k's rows in padded tiles for ldmatrix. The factors and the
+/// scales are one contiguous run, as in the workspace.
 template <typename T, int K>
 struct Stage {
   static constexpr bool kSplitInputs = std::is_same_v<T, fp16_t>;
   using RowTile = gdn::Tile<kChunk, K>;
-  using SquareTile = gdn::Tile<kChunk, kChunk>;
   using ValueTile = gdn::Tile<kChunk, kBlockV>;
   static constexpr int kRowTiles = kSplitInputs ? 4 : 2;  // q hi, k hi (, q lo, k lo)
-  static constexpr int kBytes =
-      kRowTiles * RowTile::kBytes + 4 * SquareTile::kBytes + ValueTile::kBytes + 4 * kChunk * 4;
+  static constexpr int kFactorBytes = static_cast<int>(Workspace::kValues);  // T', P, scales
+  static constexpr int kBytes = kRowTiles * RowTile::kBytes + kFactorBytes + ValueTile::kBytes;
 
-  RowTile rows[4];        // key_rows' order (the lo tiles only for fp16 inputs)
-  SquareTile squares[4];  // T' hi, T' lo, P hi, P lo
-  ValueTile values;       // v [token][row of the slice]
-  float* scales;          // Workspace::Scale rows
+  RowTile rows[4];       // key_rows' order (the lo tiles only for fp16 inputs)
+  LowerTile squares[4];  // T' hi, T' lo, P hi, P lo
+  float* scales;         // Workspace::Scale rows
+  ValueTile values;      // v [token][row of the slice]
 
   __device__ explicit Stage(char* base) {
     char* at = base;
@@ -317,18 +359,29 @@ struct Stage {
       rows[i].data = i < kRowTiles ? reinterpret_cast<uint16_t*>(at) : nullptr;
       if (i < kRowTiles) at += RowTile::kBytes;
     }
-    for (int i = 0; i < 4; ++i, at += SquareTile::kBytes) {
-      squares[i].data = reinterpret_cast<uint16_t*>(at);
+    for (int i = 0; i < 4; ++i) {
+      squares[i].data = reinterpret_cast<uint16_t*>(at + i * LowerTile::kBytes);
     }
-    values.data = reinterpret_cast<uint16_t*>(at);
-    scales = reinterpret_cast<float*>(at + ValueTile::kBytes);
+    scales = reinterpret_cast<float*>(at + Workspace::kScales);
+    values.data = reinterpret_cast<uint16_t*>(at + kFactorBytes);
   }
 };
 
-/// Two stages where they fit in the 163 KiB a block of sm_80 may have (Hopper's 227 KiB
-/// would take float16's K = 128 too; one binary serves both), else one.
+/// What a pair of warps exchanges once a chunk: each warp's part of R^T (8 C fragments of
+/// its 16 rows by the chunk's tokens) and its part of O^T at the two token blocks whose
+/// output the other warp finishes (4 fragments), as float4 slots [12][32 lanes].
+inline constexpr int kExchangeSlots = kChunk / 8 + kChunk / 16;
+inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots * kWarpSize * 16;
+
+/// Kernel B's shared memory with `depth` stages: two where the GPU has room for them (the
+/// next chunk's copies overlap a chunk's products), else one.
 template <typename T, int K>
-inline constexpr int kStages = 2 * Stage<T, K>::kBytes <= 163 * 1024 ? 2 : 1;
+inline constexpr int walk_bytes(int depth) {
+  return depth * Stage<T, K>::kBytes + kExchangeBytes;
+}
+/// The most shared memory a block may have on any GPU (Hopper's 227 KiB): no two-stage
+/// kernel is built where it would need more.
+inline constexpr int kMostSharedBytes = 227 * 1024;
 
 /// Issues the cp.async copies of `rows` rows of `cols` 16-bit values (a multiple of 8),
 /// `src_stride` apart, into `tile`.
@@ -353,34 +406,30 @@ __device__ __forceinline__ void issue_stage(const Workspace& ws, const Stage<T, 
     copy_tile_async(st.rows[i], key_rows<K>(key, i), kChunk, K, K);
   }
   const char* head = ws.head(block, wk.hv);
-  const int64_t squares[4] = {Workspace::kTHi, Workspace::kTLo, Workspace::kPHi, Workspace::kPLo};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    copy_tile_async(st.squares[i], reinterpret_cast<const uint16_t*>(head + squares[i]), kChunk,
-                    kChunk, kChunk);
+  char* factors = reinterpret_cast<char*>(st.squares[0].data);
+  for (int u = static_cast<int>(threadIdx.x); u < Stage<T, K>::kFactorBytes / 16;
+       u += kWalkThreads) {
+    cp_async_16(factors + 16 * u, head + 16 * u);
   }
   copy_tile_async(st.values, reinterpret_cast<const uint16_t*>(head + Workspace::kValues) + wk.v0,
                   kChunk, kBlockV, head_v_dim);
-  const float* scales = reinterpret_cast<const float*>(head + Workspace::kScales);
-  for (int u = static_cast<int>(threadIdx.x); u < kChunk; u += kWalkThreads) {
-    cp_async_16(st.scales + 4 * u, scales + 4 * u);
-  }
   cp_async_commit();
 }
 
-/// A warp's 16 state rows over all of K, as m16n8 C fragments: [column tile][4].
+/// A warp's 16 state rows over half of K, as m16n8 C fragments: [column tile][4].
 template <int K>
-using RowFragments = float[K / 8][4];
+using HalfRowFragments = float[K / 16][4];
 /// A warp's 16 rows by the chunk's 64 tokens, as C fragments.
 using TokenFragments = float[kChunk / 8][4];
 
-/// The warp's state rows (`rows`: the pool's state at the warp's first row), or `fill`.
+/// The warp's state rows over its half of K (`rows`: the pool's state at the warp's first
+/// row and column; rows K apart), or `fill`.
 template <typename S, int K>
 __device__ __forceinline__ void load_rows(const S* rows, bool held, float fill,
-                                          RowFragments<K>& s) {
+                                          HalfRowFragments<K>& s) {
   const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
 #pragma unroll
-  for (int nt = 0; nt < K / 8; ++nt) {
+  for (int nt = 0; nt < K / 16; ++nt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const S* pair = rows + (g + 8 * h) * K + 8 * nt + 2 * t;
@@ -403,10 +452,10 @@ __device__ __forceinline__ void load_rows(const S* rows, bool held, float fill,
 }
 
 template <typename S, int K>
-__device__ __forceinline__ void store_rows(S* rows, const RowFragments<K>& s) {
+__device__ __forceinline__ void store_rows(S* rows, const HalfRowFragments<K>& s) {
   const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
 #pragma unroll
-  for (int nt = 0; nt < K / 8; ++nt) {
+  for (int nt = 0; nt < K / 16; ++nt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       S* pair = rows + (g + 8 * h) * K + 8 * nt + 2 * t;
@@ -431,18 +480,26 @@ __device__ __forceinline__ void scale_tokens(TokenFragments& x, const float* sca
   }
 }
 
-/// acc += x y^T over the chunk's tokens, y lower triangular (a square tile holding y
-/// row-major as hi / lo, `y_hi`, `y_lo`), x the warp's C fragments: only the blocks of
-/// 16 tokens at or below the diagonal.
-template <class Tl>
-__device__ __forceinline__ void times_lower_transposed(const TokenFragments& x, const Tl& y_hi,
-                                                       const Tl& y_lo, TokenFragments& acc) {
+/// The chunk's blocks of 16 tokens whose output a warp finishes, bit nb for block nb:
+/// {0, 3} for the first half of K, {1, 2} for the second (5 of P's 10 blocks each).
+__device__ __forceinline__ unsigned finished_blocks(int half) {
+  static_assert(kChunk / 16 == 4, "finished_blocks and exchange's slots are for 4 token blocks");
+  return half == 0 ? 0b1001u : 0b0110u;
+}
+
+/// acc += x y^T over the chunk's tokens, y lower triangular (LowerTiles `y_hi`, `y_lo`),
+/// x the warp's C fragments: the blocks of 16 tokens at or below the diagonal, for the
+/// result's token blocks nb where bit nb of `blocks` is set.
+__device__ __forceinline__ void times_lower_transposed(const TokenFragments& x,
+                                                       const LowerTile& y_hi, const LowerTile& y_lo,
+                                                       unsigned blocks, TokenFragments& acc) {
 #pragma unroll
   for (int kb = 0; kb < kChunk / 16; ++kb) {
     uint32_t a_hi[4], a_lo[4];
     gdn::accumulators_as_a(x[2 * kb], x[2 * kb + 1], a_hi, a_lo);
 #pragma unroll
     for (int nb = kb; nb < kChunk / 16; ++nb) {
+      if ((blocks >> nb & 1u) == 0) continue;
       uint32_t b_hi[4], b_lo[4];
       gdn::load_b(b_hi, y_hi, 16 * nb, 16 * kb);
       gdn::load_b(b_lo, y_lo, 16 * nb, 16 * kb);
@@ -467,14 +524,16 @@ __device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
 }
 
 /// Stores O^T (the warp's 16 rows by the chunk's tokens) to out at the chunk's `count`
-/// tokens: each 8 x 8 block transposed in registers (movmatrix), so that a lane stores
-/// a pair of adjacent rows of one token.
+/// tokens of the token blocks `finished` (finished_blocks): each 8 x 8 block transposed in
+/// registers (movmatrix), so that a lane stores a pair of adjacent rows of one token.
 template <typename T>
-__device__ __forceinline__ void store_output(const Params& p, const Work& wk, int row0, int64_t c0,
-                                             int count, const TokenFragments& o) {
+__device__ __forceinline__ void store_output(const Params& p, const Work& wk, int row0,
+                                             unsigned finished, int64_t c0, int count,
+                                             const TokenFragments& o) {
   const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
 #pragma unroll
   for (int nt = 0; nt < kChunk / 8; ++nt) {
+    if ((finished >> nt / 2 & 1u) == 0) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t pair = movmatrix_trans(pack_pair<T>(o[nt][2 * h], o[nt][2 * h + 1]));
@@ -493,29 +552,79 @@ __device__ __forceinline__ void store_output(const Params& p, const Work& wk, in
   }
 }
 
-/// One chunk of the walk for the warp's state rows `s` (rows row0.. of the value head):
-/// the output's rows at the chunk's tokens, and the state after it.
+/// Waits for the other warp of the pair (named barrier `id`, 64 threads); shared memory
+/// written by either before it is visible to both after it.
+__device__ __forceinline__ void pair_barrier(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(2 * kWarpSize) : "memory");
+}
+
+/// Where a warp of kernel B works: its 16 state rows (row0 within the value head, local
+/// within the slice), its half of K, the token blocks whose output it finishes
+/// (finished_blocks), and the pair's exchange slots (float4 [12][32]).
+struct Walker {
+  int row0, local, half, barrier;
+  unsigned finished;
+  float4 *mine, *other;
+};
+
+/// The pair's parts of R^T and O^T (sums over K): this warp's r and the other's token
+/// blocks of o out, the other's in and added (a + b in one warp, b + a in the other: the
+/// same bits).
+__device__ __forceinline__ void exchange(const Walker& w, TokenFragments& r, TokenFragments& o) {
+  const int lane = gdn::lane_id();
+  auto slot = [&](float4* base, int i) -> float4& { return base[i * kWarpSize + lane]; };
+  // o's slot: kChunk / 8 + token block / 2 * 2 + h (distinct within each warp's two blocks)
+#pragma unroll
+  for (int nt = 0; nt < kChunk / 8; ++nt) {
+    slot(w.mine, nt) = make_float4(r[nt][0], r[nt][1], r[nt][2], r[nt][3]);
+    if ((w.finished >> nt / 2 & 1u) == 0) {
+      slot(w.mine, kChunk / 8 + nt / 4 * 2 + nt % 2) =
+          make_float4(o[nt][0], o[nt][1], o[nt][2], o[nt][3]);
+    }
+  }
+  pair_barrier(w.barrier);
+#pragma unroll
+  for (int nt = 0; nt < kChunk / 8; ++nt) {
+    const float4 x = slot(w.other, nt);
+    r[nt][0] += x.x;
+    r[nt][1] += x.y;
+    r[nt][2] += x.z;
+    r[nt][3] += x.w;
+    if ((w.finished >> nt / 2 & 1u) != 0) {
+      const float4 y = slot(w.other, kChunk / 8 + nt / 4 * 2 + nt % 2);
+      o[nt][0] += y.x;
+      o[nt][1] += y.y;
+      o[nt][2] += y.z;
+      o[nt][3] += y.w;
+    }
+  }
+}
+
+/// One chunk of the walk for the warp's state rows and half of K (`s`): the output's rows
+/// at the chunk's tokens of the warp's token blocks, and the state after the chunk.
 template <typename T, int K>
 __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& st, const Work& wk,
-                                           int row0, int64_t c0, int count, RowFragments<K>& s) {
+                                           const Walker& w, int64_t c0, int count,
+                                           HalfRowFragments<K>& s) {
   constexpr bool kLo = Stage<T, K>::kSplitInputs;
+  constexpr int kHalf = K / 2;
   const auto &q_hi = st.rows[0], &k_hi = st.rows[1], &q_lo = st.rows[2], &k_lo = st.rows[3];
-  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
-  const int local = row0 - wk.v0;  // the warp's first row within the slice
+  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4, k0 = w.half * kHalf;
   TokenFragments r = {}, o = {};
-  // S0 k^T and S0 q^T, one k loop: S0's A fragments split once for both
+  // S0 k^T and S0 q^T over the warp's half of K, one k loop: S0's A fragments split once
+  // for both
 #pragma unroll
-  for (int ks = 0; ks < K / 16; ++ks) {
+  for (int ks = 0; ks < kHalf / 16; ++ks) {
     uint32_t a_hi[4], a_lo[4];
     gdn::accumulators_as_a(s[2 * ks], s[2 * ks + 1], a_hi, a_lo);
 #pragma unroll
     for (int nb = 0; nb < kChunk / 16; ++nb) {
       uint32_t kb_hi[4], kb_lo[4], qb_hi[4], qb_lo[4];
-      gdn::load_b(kb_hi, k_hi, 16 * nb, 16 * ks);
-      gdn::load_b(qb_hi, q_hi, 16 * nb, 16 * ks);
+      gdn::load_b(kb_hi, k_hi, 16 * nb, k0 + 16 * ks);
+      gdn::load_b(qb_hi, q_hi, 16 * nb, k0 + 16 * ks);
       if constexpr (kLo) {
-        gdn::load_b(kb_lo, k_lo, 16 * nb, 16 * ks);
-        gdn::load_b(qb_lo, q_lo, 16 * nb, 16 * ks);
+        gdn::load_b(kb_lo, k_lo, 16 * nb, k0 + 16 * ks);
+        gdn::load_b(qb_lo, q_lo, 16 * nb, k0 + 16 * ks);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -526,13 +635,15 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
       }
     }
   }
-  // R^T = v^T - (S0 k^T) diag(e^G rk)
+  // R^T = v^T - (S0 k^T) diag(e^G rk) and O^T = (S0 q^T) diag(e^G rq), each warp its
+  // half of K's part (v^T in the first half's) before the exchange, so that the shared
+  // loads of v and the scales overlap the products instead of following the barrier
   const float* key_coef = st.scales + Workspace::kKeyCoef * kChunk;
 #pragma unroll
   for (int nt = 0; nt < kChunk / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int token = 8 * nt + 2 * t + e % 2, row = local + g + 8 * (e / 2);
+      const int token = 8 * nt + 2 * t + e % 2, row = w.local + g + 8 * (e / 2);
       const uint16_t bits = *st.values.at(token, row);
       float value;
       if constexpr (std::is_same_v<T, bf16_t>) {
@@ -540,21 +651,22 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
       } else {
         value = __half2float(__ushort_as_half(bits));
       }
-      r[nt][e] = value - key_coef[token] * r[nt][e];
+      r[nt][e] = (w.half == 0 ? value : 0.0f) - key_coef[token] * r[nt][e];
     }
   }
-  // d^T = R^T T'^T
-  TokenFragments d = {};
-  times_lower_transposed(r, st.squares[0], st.squares[1], d);
-  // O^T = (S0 q^T) diag(e^G rq) + d^T P^T
   scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
-  times_lower_transposed(d, st.squares[2], st.squares[3], o);
-  store_output<T>(p, wk, row0, c0, count, o);
-  // S = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k
+  exchange(w, r, o);
+  // d^T = R^T T'^T, all of it in both warps of the pair (both update the state with it)
+  TokenFragments d = {};
+  times_lower_transposed(r, st.squares[0], st.squares[1], (1u << kChunk / 16) - 1, d);
+  // O^T += d^T P^T at the warp's token blocks
+  times_lower_transposed(d, st.squares[2], st.squares[3], w.finished, o);
+  store_output<T>(p, wk, w.row0, w.finished, c0, count, o);
+  // S = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k over the warp's half of K
   scale_tokens(d, st.scales + Workspace::kUpdateCoef * kChunk);
   const float last = st.scales[Workspace::kLast * kChunk];
 #pragma unroll
-  for (int nt = 0; nt < K / 8; ++nt) {
+  for (int nt = 0; nt < kHalf / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] *= last;
   }
@@ -564,10 +676,10 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
     uint32_t a_hi[4], a_lo[4];
     gdn::accumulators_as_a(d[2 * kb], d[2 * kb + 1], a_hi, a_lo);
 #pragma unroll
-    for (int n0 = 0; n0 < K; n0 += 16) {
+    for (int n0 = 0; n0 < kHalf; n0 += 16) {
       uint32_t b_hi[4], b_lo[4];
-      gdn::load_b_trans(b_hi, k_hi, 16 * kb, n0);
-      if constexpr (kLo) gdn::load_b_trans(b_lo, k_lo, 16 * kb, n0);
+      gdn::load_b_trans(b_hi, k_hi, 16 * kb, k0 + n0);
+      if constexpr (kLo) gdn::load_b_trans(b_lo, k_lo, 16 * kb, k0 + n0);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         gdn::mma_split<true, kLo>(s[n0 / 8 + h], a_hi, a_lo, b_hi[2 * h], b_hi[2 * h + 1],
@@ -577,11 +689,10 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
   }
 }
 
-template <typename T, typename S, int K>
+template <typename T, typename S, int K, int kDepth>
 __global__ void __launch_bounds__(kWalkThreads, 1)
     split_walk(const Params p, const Workspace ws, int head_v_dim) {
   extern __shared__ __align__(16) char shared_bytes[];
-  constexpr int kDepth = kStages<T, K>;
   const Work wk = gdn_extend_impl::work_of(p);
   const Sequence seq = sequence_of(p, wk.n);
   const int64_t index = gdn::load_index(p.indices, p.indices_int64, p.indices_stride, wk.n);
@@ -592,13 +703,24 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
   }
   if (!seq.in_range || seq.bos == seq.eos) return;  // the whole CTA: no barrier is left waiting
 
-  const int row0 = wk.v0 + 16 * (static_cast<int>(threadIdx.x) / kWarpSize);
+  // warps 2 i and 2 i + 1: state rows 16 i .. 16 i + 15 of the slice, K halves 0 and 1
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  float4* exchange_slots = reinterpret_cast<float4*>(shared_bytes + kDepth * Stage<T, K>::kBytes);
+  Walker w;
+  w.local = 16 * (warp / 2);
+  w.row0 = wk.v0 + w.local;
+  w.half = warp % 2;
+  w.finished = finished_blocks(w.half);
+  w.barrier = 1 + warp / 2;  // barrier 0 is __syncthreads'
+  w.mine = exchange_slots + warp * kExchangeSlots * kWarpSize;
+  w.other = exchange_slots + (warp ^ 1) * kExchangeSlots * kWarpSize;
+
   const bool held = slot == gdn::Slot::kState;
   S* rows =
       static_cast<S*>(p.state) + (held ? index * p.state_stride_slot + wk.hv * p.state_stride_head +
-                                             static_cast<int64_t>(row0) * K
+                                             static_cast<int64_t>(w.row0) * K + w.half * (K / 2)
                                        : 0);
-  RowFragments<K> s;
+  HalfRowFragments<K> s;
   load_rows<S, K>(rows, held, gdn::missing_state(slot), s);
 
   // stage i at shared_bytes + i * Stage::kBytes (a pointer, not an array of views, which
@@ -620,10 +742,10 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // every thread's copies landed
+    __syncthreads();  // every thread's copies landed (and the exchange slots read)
     const int64_t c0 = seq.bos + kChunk * c;
     const int count = static_cast<int>(std::min<int64_t>(kChunk, seq.eos - c0));
-    walk_chunk<T, K>(p, st, wk, row0, c0, count, s);
+    walk_chunk<T, K>(p, st, wk, w, c0, count, s);
     __syncthreads();  // the stage read before it is refilled
     if constexpr (kDepth == 1) {
       if (c + 1 < chunks) issue_stage<T, K>(ws, st, seq.first_block + c + 1, wk, head_v_dim);
@@ -638,10 +760,10 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   using gdn_extend_impl::Layout;
   const std::size_t allowed = max_shared_memory_per_block(device);
   constexpr int kFactorBytes = Layout<T, K>::kBytes;
-  constexpr int kWalkBytes = kStages<T, K> * Stage<T, K>::kBytes;
-  RuntimeCheck(static_cast<std::size_t>(kWalkBytes) <= allowed,
+  constexpr int kOneStage = walk_bytes<T, K>(1), kTwoStages = walk_bytes<T, K>(2);
+  RuntimeCheck(static_cast<std::size_t>(kOneStage) <= allowed,
                "gdn_extend (split path): ", "head_k_dim ", K, " with ",
-               std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kWalkBytes,
+               std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kOneStage,
                " bytes of shared memory per block; this GPU allows ", allowed,
                (std::is_same_v<T, fp16_t> ? " (bfloat16 inputs need less)" : ""));
   const int64_t heads = sequences * p.num_v_heads;
@@ -661,8 +783,15 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   KernelLauncher(dim3(static_cast<unsigned>(heads * chunk_stride)), dim3(gdn_extend_impl::kThreads),
                  device, kFactorBytes)(split_factors<T, K>, p, ws, head_v_dim,
                                        static_cast<int>(chunk_stride));
-  KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kWalkBytes)(
-      split_walk<T, S, K>, p, ws, head_v_dim);
+  if constexpr (kTwoStages <= kMostSharedBytes) {
+    if (static_cast<std::size_t>(kTwoStages) <= allowed) {
+      KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kTwoStages)(
+          split_walk<T, S, K, 2>, p, ws, head_v_dim);
+      return;
+    }
+  }
+  KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kOneStage)(
+      split_walk<T, S, K, 1>, p, ws, head_v_dim);
 }
 
 }  // namespace gdn_split_impl
