@@ -658,6 +658,35 @@ def test_the_choice_sends_few_long_sequences_down_the_split_path(chosen_path):
 
 
 @pytest.mark.cuda
+def test_the_choice_falls_back_to_the_fused_kernel_where_the_walk_does_not_fit(
+    chosen_path, monkeypatch
+):
+    """The split walk fits every build on Hopper's 227 KiB; where a GPU gives a block less
+    (float16 at head_k_dim 128 on sm_86 / sm_89: gdn_extend_split_fits says so), a long
+    sequence takes the fused kernel instead of being refused: simulated here by a module
+    whose query says no."""
+    module = _GDN_EXTEND.current()
+    index = torch.cuda.current_device()
+    assert all(
+        module.gdn_extend_split_fits(index, dim_k, fp16)
+        for dim_k in (64, 128, 256)
+        for fp16 in (False, True)
+    )
+
+    class Cramped:
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        @staticmethod
+        def gdn_extend_split_fits(*_):
+            return False
+
+    monkeypatch.setitem(_GDN_EXTEND, index, Cramped())
+    run_and_check(make_inputs(lengths=(1100,), value_heads=4), torch.float16, torch.float32)
+    assert chosen_path == []  # no workspace: the fused kernel ran
+
+
+@pytest.mark.cuda
 def test_a_short_workspace_is_refused(split_path):
     args = make_inputs(lengths=(70, 3))
     size = _GDN_EXTEND.current().gdn_extend_workspace_bytes(73, 2, 2, 4, 128, 128, False)

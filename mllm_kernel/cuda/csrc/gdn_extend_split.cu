@@ -808,6 +808,21 @@ inline int64_t gdn_extend_workspace_bytes(int64_t total_tokens, int64_t num_sequ
   return bytes;
 }
 
+/// Whether the split path's walk fits the shared memory a block may have on CUDA device
+/// `device_index`, with one stage: float16 inputs at head_k_dim 128 need more than the
+/// 99 KiB of sm_86 / sm_89 GPUs. Where it does not, gdn_extend takes the fused kernel.
+inline bool gdn_extend_split_fits(int64_t device_index, int64_t head_k_dim, bool float16_inputs) {
+  using gdn_split_impl::walk_bytes;
+  const int bytes = float16_inputs ? (head_k_dim == 64    ? walk_bytes<fp16_t, 64>(1)
+                                      : head_k_dim == 128 ? walk_bytes<fp16_t, 128>(1)
+                                                          : walk_bytes<fp16_t, 256>(1))
+                                   : (head_k_dim == 64    ? walk_bytes<bf16_t, 64>(1)
+                                      : head_k_dim == 128 ? walk_bytes<bf16_t, 128>(1)
+                                                          : walk_bytes<bf16_t, 256>(1));
+  const DLDevice device{kDLCUDA, static_cast<int32_t>(device_index)};
+  return static_cast<std::size_t>(bytes) <= max_shared_memory_per_block(device);
+}
+
 /// gdn_extend on the split path (long sequences): the same arguments and results, plus
 /// `workspace`, uint8 of at least gdn_extend_workspace_bytes on the call's device
 /// (scratch: its contents before and after mean nothing).

@@ -30,7 +30,12 @@ _GDN_EXTEND = KernelModule(
     "gdn_extend",
     device="cuda",
     sources=["gdn_extend.cu", "gdn_extend_split.cu"],
-    exports=["gdn_extend", "gdn_extend_split", "gdn_extend_workspace_bytes"],
+    exports=[
+        "gdn_extend",
+        "gdn_extend_split",
+        "gdn_extend_workspace_bytes",
+        "gdn_extend_split_fits",
+    ],
     archs=AMPERE_OR_NEWER,
 )
 
@@ -116,17 +121,19 @@ def gdn_extend(
     module = _GDN_EXTEND[index]
     args = (out, q, k, v, a, b, A_log, dt_bias, g, beta, state_pool, cache_indices, cu_seqlens)
     tokens, sequences = q.shape[0], cu_seqlens.shape[0] - 1
-    split = (
-        _force_path == "split"
-        if _force_path is not None
-        else use_split_path(
+    fp16 = q.dtype == torch.float16
+    if _force_path is not None:
+        split = _force_path == "split"
+    else:
+        split = use_split_path(
             tokens, sequences, v.shape[1], q.shape[2], v.shape[2], device_facts(index).sm_count
         )
-    )
+        # Where the walk's shared memory exceeds the GPU's (float16 on sm_86 / sm_89), the
+        # fused kernel runs instead: slower for long sequences, never refused.
+        split = split and module.gdn_extend_split_fits(index, q.shape[2], fp16)
     if split:
         size = module.gdn_extend_workspace_bytes(
-            tokens, sequences, q.shape[1], v.shape[1], q.shape[2], v.shape[2],
-            q.dtype == torch.float16,
+            tokens, sequences, q.shape[1], v.shape[1], q.shape[2], v.shape[2], fp16
         )  # fmt: skip
         module.gdn_extend_split(*args, scale, use_qk_l2norm, errors, _workspace(size, q.device))
     else:
