@@ -682,7 +682,8 @@ def test_the_choice_falls_back_to_the_fused_kernel_where_the_walk_does_not_fit(
             return False
 
     monkeypatch.setitem(_GDN_EXTEND, index, Cramped())
-    run_and_check(make_inputs(lengths=(1100,), value_heads=4), torch.float16, torch.float32)
+    long_call = make_inputs(lengths=(1100,), value_heads=4, dtype=torch.float16)
+    run_and_check(long_call, torch.float16, torch.float32)
     assert chosen_path == []  # no workspace: the fused kernel ran
 
 
