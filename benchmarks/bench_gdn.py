@@ -467,17 +467,10 @@ def main_extend(args: argparse.Namespace) -> str:
         notes.append(f"- fla not available ({error!r}).")
     heads = tuple(int(h) for h in args.heads.split(","))
     example = extend_inputs(128, 2)
-    original = args.original and original_peer.load_original(
-        Path(args.original),
-        "mllm_kernel.cuda.jit.gdn_extend_chunkwise",
-        "gdn_extend_chunkwise",
-        example,
-        "bench_gdn",
-    )
-    if not original:
-        why = "see stderr" if args.original else "none given: pass --original PATH"
-        notes.append(f"- the original (from {args.original}) not available: {why}.")
-        original = None
+    original = _original(
+        args.original, "mllm_kernel.cuda.jit.gdn_extend_chunkwise", "gdn_extend_chunkwise",
+        example, notes,
+    )  # fmt: skip
     rows = []
     for total in [int(t) for t in args.tokens.split(",") if t]:
         for sequences in [int(n) for n in args.sequences.split(",") if n]:
@@ -486,6 +479,19 @@ def main_extend(args: argparse.Namespace) -> str:
             # the row at once: a run cut short still shows what it measured
             print(render_extend(rows, notes, heads).splitlines()[-1], file=sys.stderr, flush=True)
     return render_extend(rows, notes, heads)
+
+
+def _original(root: str | None, module: str, name: str, example: dict, notes: list[str]):
+    """The original's function ``name`` of ``module`` from the source tree ``root``
+    (None or '': left out), built by a first call on ``example``; None, with a line in
+    ``notes`` saying why, where it is not available."""
+    if root:
+        function = original_peer.load_original(Path(root), module, name, example, "bench_gdn")
+        if function is not None:
+            return function
+    why = "see stderr" if root else "none given: pass --original PATH"
+    notes.append(f"- the original (from {root}) not available: {why}.")
+    return None
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -582,17 +588,10 @@ def main(argv: list[str] | None = None) -> int:
         fused_recurrent = None
         notes.append(f"- fla not available ({error!r}).")
     example = {n: t for n, t in inputs(2, torch.float32).items() if n != "state_bytes"}
-    original = args.original and original_peer.load_original(
-        Path(args.original),
-        "mllm_kernel.cuda.jit.gdn_decode",
-        "gdn_decode",
-        {**example, "cache_indices": torch.arange(2, device="cuda")},
-        "bench_gdn",
+    example["cache_indices"] = torch.arange(2, device="cuda")
+    original = _original(
+        args.original, "mllm_kernel.cuda.jit.gdn_decode", "gdn_decode", example, notes
     )
-    if not original:
-        why = "see stderr" if args.original else "none given: pass --original PATH"
-        notes.append(f"- the original (from {args.original}) not available: {why}.")
-        original = None
     copy_gbs = copy_bandwidth()
     cases = [(int(b), torch.float32) for b in args.batches.split(",") if b]
     cases += [(int(b), BF16) for b in args.bf16_state_batches.split(",") if b]
