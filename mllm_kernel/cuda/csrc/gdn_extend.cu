@@ -432,6 +432,17 @@ __device__ __forceinline__ void query_fragment(const QueryBits<T, K>& q, int ste
   }
 }
 
+/// The scale / |q| of the lane's rows g and g + 8 (`rq`), from the sums of the squares of
+/// the lane's elements of them (`sq`, query_fragment's), which it sums over the rows' 4 lanes.
+__device__ __forceinline__ void query_row_scales(const Params& p, float (&sq)[2], float (&rq)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 1);
+    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 2);
+    rq[h] = (p.l2norm ? gdn::l2_inv_norm(sq[h]) : 1.0f) * p.scale;
+  }
+}
+
 /// The warp's 16 tokens against S0: R = beta (v - e^G rk k S0^T) to shared memory, and
 /// the output's state part e^G rq q S0^T in `o` ([v tile][4], C layout); `rq` the rows'
 /// scale / |q|.
@@ -475,11 +486,9 @@ __device__ __forceinline__ void project_state(const Params& p, const Shared<T, K
     }
   }
   const gdn::ChunkScalars& sc = sm.scalars;
+  query_row_scales(p, sq, rq);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 1);
-    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 2);
-    rq[h] = (p.l2norm ? gdn::l2_inv_norm(sq[h]) : 1.0f) * p.scale;
     const int i = m0 + 8 * h + g;
     const float beta = sc.beta[i], k_coef = sc.decay[i] * sc.inv_norm_k[i];
     const float q_coef = sc.decay[i] * rq[h];
@@ -535,11 +544,13 @@ __device__ __forceinline__ void rows_times_keys(const Shared<T, K>& sm, LoadRows
 
 /// The warp's 16 rows of A (fp32: beta_i e^{G_i - G_j} rk_i rk_j k_i.k_j below the
 /// diagonal, 0 on it and above) and of P (hi / lo: rq_i rk_j e^{G_i - G_j} q_i.k_j on and
-/// below the diagonal, 0 above), each up to the diagonal's 16-column tile.
-template <typename T, int K>
+/// below the diagonal, 0 above), each up to the diagonal's 16-column tile. `rq`: the rows'
+/// scale / |q|, as project_state gives it, or (kScalesQueries) computed here from the q
+/// rows this loads (for a kernel with no other use of them).
+template <typename T, int K, bool kScalesQueries = false>
 __device__ __forceinline__ void write_scores(const Params& p, const Shared<T, K>& sm,
                                              const Work& wk, int64_t c0, int count,
-                                             const float (&rq)[2]) {
+                                             float (&rq)[2]) {
   using L = Layout<T, K>;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = gdn::lane_id();
   const int g = lane / 4, t = lane % 4, m0 = 16 * warp;
@@ -573,13 +584,14 @@ __device__ __forceinline__ void write_scores(const Params& p, const Shared<T, K>
   }
 
   const QueryBits<T, K> q = load_query_bits<T, K>(p, wk, c0, count);
+  float sq[2] = {0.0f, 0.0f};
   rows_times_keys<T, K, L::kSplitInputs>(
       sm,
       [&](int k0, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
-        float unused[2] = {0.0f, 0.0f};
-        query_fragment<T, K>(q, k0 / 16, hi, lo, unused);
+        query_fragment<T, K>(q, k0 / 16, hi, lo, sq);
       },
       acc);
+  if constexpr (kScalesQueries) query_row_scales(p, sq, rq);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = m0 + 8 * h + g;

@@ -136,49 +136,45 @@ __device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t n) {
 // Kernel A: the state-free factors of every chunk
 // ---------------------------------------------------------------------------
 
-/// The scale / |q| of the warp's rows g and g + 8 (its 16 tokens of the chunk).
-template <typename T, int K>
-__device__ __forceinline__ void query_scales(const Params& p, const Work& wk, int64_t c0, int count,
-                                             float (&rq)[2]) {
-  using namespace gdn_extend_impl;
-  const QueryBits<T, K> q = load_query_bits<T, K>(p, wk, c0, count);
-  float sq[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int step = 0; step < K / 16; ++step) {
-    uint32_t hi[4], lo[4];
-    query_fragment<T, K>(q, step, hi, lo, sq);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 1);
-    sq[h] += __shfl_xor_sync(0xffffffffu, sq[h], 2);
-    rq[h] = (p.l2norm ? gdn::l2_inv_norm(sq[h]) : 1.0f) * p.scale;
-  }
-}
+/// Kernel A's copies are a thread's 16-byte units, loaded a batch at a time, all before
+/// any is stored: one load at a time, each waiting for its data, was a fifth of the
+/// kernel's time.
+inline constexpr int kCopyBatch = 4;
 
 /// The chunk's `count` rows of x (head `head`) from token c0 as bf16 `hi` (and `lo`, for
-/// fp16 inputs) [64][K], zero past them: 8 elements a thread at a time.
+/// fp16 inputs) [64][K], zero past them: 8 elements a unit.
 template <typename T, int K>
 __device__ __forceinline__ void copy_rows(const Rows& x, int head, bool vector, int64_t c0,
                                           int count, uint16_t* hi, uint16_t* lo) {
   constexpr int kUnits = kChunk * K / 8;
-  for (int u = static_cast<int>(threadIdx.x); u < kUnits; u += gdn_extend_impl::kThreads) {
-    const int row = u / (K / 8), col = 8 * (u % (K / 8));
-    const bool valid = row < count;
-    const Vec<T, 8> raw =
-        gdn::load_elements<T, 8>(x.at<const T>(c0 + min(row, count - 1), head) + col, vector);
-    uint32_t words[4], hi_words[4], lo_words[4];
-    memcpy(words, &raw, sizeof(words));
+  static_assert(kUnits % (kCopyBatch * gdn_extend_impl::kThreads) == 0, "whole batches");
+#pragma unroll 1
+  for (int first = static_cast<int>(threadIdx.x); first < kUnits;
+       first += kCopyBatch * gdn_extend_impl::kThreads) {
+    Vec<T, 8> raw[kCopyBatch];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x0, x1;
-      gdn::input_pair<T>(valid ? words[e] : 0u, x0, x1, hi_words[e], lo_words[e]);
+    for (int i = 0; i < kCopyBatch; ++i) {
+      const int u = first + i * gdn_extend_impl::kThreads, row = u / (K / 8);
+      raw[i] = gdn::load_elements<T, 8>(
+          x.at<const T>(c0 + min(row, count - 1), head) + 8 * (u % (K / 8)), vector);
     }
-    *reinterpret_cast<uint4*>(hi + row * K + col) =
-        make_uint4(hi_words[0], hi_words[1], hi_words[2], hi_words[3]);
-    if (lo != nullptr) {
-      *reinterpret_cast<uint4*>(lo + row * K + col) =
-          make_uint4(lo_words[0], lo_words[1], lo_words[2], lo_words[3]);
+#pragma unroll
+    for (int i = 0; i < kCopyBatch; ++i) {
+      const int u = first + i * gdn_extend_impl::kThreads;
+      const int row = u / (K / 8), col = 8 * (u % (K / 8));
+      uint32_t words[4], hi_words[4], lo_words[4];
+      memcpy(words, &raw[i], sizeof(words));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x0, x1;
+        gdn::input_pair<T>(row < count ? words[e] : 0u, x0, x1, hi_words[e], lo_words[e]);
+      }
+      *reinterpret_cast<uint4*>(hi + row * K + col) =
+          make_uint4(hi_words[0], hi_words[1], hi_words[2], hi_words[3]);
+      if (lo != nullptr) {
+        *reinterpret_cast<uint4*>(lo + row * K + col) =
+            make_uint4(lo_words[0], lo_words[1], lo_words[2], lo_words[3]);
+      }
     }
   }
 }
@@ -187,15 +183,26 @@ __device__ __forceinline__ void copy_rows(const Rows& x, int head, bool vector, 
 template <typename T>
 __device__ __forceinline__ void copy_values(const Params& p, int hv, int head_v_dim, int64_t c0,
                                             int count, uint16_t* values) {
+  // head_v_dim is 64, 128 or 256: 4, 8 or 16 units a thread, whole batches
   const int units = kChunk * head_v_dim / 8;
-  for (int u = static_cast<int>(threadIdx.x); u < units; u += gdn_extend_impl::kThreads) {
-    const int row = u / (head_v_dim / 8), col = 8 * (u % (head_v_dim / 8));
-    const Vec<T, 8> raw =
-        gdn::load_elements<T, 8>(p.v.at<const T>(c0 + min(row, count - 1), hv) + col, p.vector_v);
-    uint4 bits;
-    memcpy(&bits, &raw, sizeof(bits));
-    if (row >= count) bits = make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(values + row * head_v_dim + col) = bits;
+#pragma unroll 1
+  for (int first = static_cast<int>(threadIdx.x); first < units;
+       first += kCopyBatch * gdn_extend_impl::kThreads) {
+    uint4 bits[kCopyBatch];
+#pragma unroll
+    for (int i = 0; i < kCopyBatch; ++i) {
+      const int u = first + i * gdn_extend_impl::kThreads, row = u / (head_v_dim / 8);
+      const Vec<T, 8> raw = gdn::load_elements<T, 8>(
+          p.v.at<const T>(c0 + min(row, count - 1), hv) + 8 * (u % (head_v_dim / 8)), p.vector_v);
+      memcpy(&bits[i], &raw, sizeof(bits[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < kCopyBatch; ++i) {
+      const int u = first + i * gdn_extend_impl::kThreads;
+      const int row = u / (head_v_dim / 8), col = 8 * (u % (head_v_dim / 8));
+      *reinterpret_cast<uint4*>(values + row * head_v_dim + col) =
+          row < count ? bits[i] : make_uint4(0, 0, 0, 0);
+    }
   }
 }
 
@@ -230,8 +237,7 @@ __device__ __forceinline__ void chunk_factors(const Params& p,
   if (threadIdx.x < kWarpSize) stage_gates(p, sc, wk, c0, count);
   __syncthreads();
   float rq[2];
-  query_scales<T, K>(p, wk, c0, count, rq);
-  write_scores<T, K>(p, sm, wk, c0, count, rq);
+  write_scores<T, K, /*kScalesQueries=*/true>(p, sm, wk, c0, count, rq);
   {
     const int lane = gdn::lane_id(), warp = static_cast<int>(threadIdx.x) / kWarpSize;
     if (lane % 4 == 0) {
@@ -383,15 +389,25 @@ inline constexpr int walk_bytes(int depth) {
 /// kernel is built where it would need more.
 inline constexpr int kMostSharedBytes = 227 * 1024;
 
-/// Issues the cp.async copies of `rows` rows of `cols` 16-bit values (a multiple of 8),
-/// `src_stride` apart, into `tile`.
-template <class Tl>
-__device__ __forceinline__ void copy_tile_async(const Tl& tile, const uint16_t* src, int rows,
-                                                int cols, int64_t src_stride) {
-  const int units = rows * cols / 8;
-  for (int u = static_cast<int>(threadIdx.x); u < units; u += kWalkThreads) {
-    const int row = u / (cols / 8), col = 8 * (u % (cols / 8));
-    cp_async_16(tile.at(row, col), src + row * src_stride + col);
+/// Issues the cp.async copies of kRows rows of kCols 16-bit values, `src_stride` apart,
+/// into `tile`. The sizes are compile-time and each thread's share is unrolled, so that a
+/// copy's addresses are the thread's first ones plus immediate offsets (with the sizes at
+/// run time, the divisions and products of each copy's address were a quarter of the
+/// walk's instructions).
+template <int kRows, int kCols, class Tl>
+__device__ __forceinline__ void copy_tile_async(const Tl& tile, const uint16_t* src,
+                                                int64_t src_stride) {
+  constexpr int kRowUnits = kCols / 8, kUnits = kRows * kRowUnits;
+  static_assert(kUnits % kWalkThreads == 0 && kWalkThreads % kRowUnits == 0,
+                "every thread copies the same columns of evenly many rows");
+  const int row0 = static_cast<int>(threadIdx.x) / kRowUnits;
+  const int col = 8 * (static_cast<int>(threadIdx.x) % kRowUnits);
+  const uint16_t* from = src + row0 * src_stride + col;
+  uint16_t* to = tile.at(row0, col);
+#pragma unroll
+  for (int i = 0; i < kUnits / kWalkThreads; ++i) {
+    constexpr int kRowStep = kWalkThreads / kRowUnits;
+    cp_async_16_or_zero(to + i * kRowStep * Tl::kStride, from + i * kRowStep * src_stride, true);
   }
 }
 
@@ -403,16 +419,20 @@ __device__ __forceinline__ void issue_stage(const Workspace& ws, const Stage<T, 
   char* key = ws.key(block, wk.hk);
 #pragma unroll
   for (int i = 0; i < Stage<T, K>::kRowTiles; ++i) {
-    copy_tile_async(st.rows[i], key_rows<K>(key, i), kChunk, K, K);
+    copy_tile_async<kChunk, K>(st.rows[i], key_rows<K>(key, i), K);
   }
   const char* head = ws.head(block, wk.hv);
   char* factors = reinterpret_cast<char*>(st.squares[0].data);
-  for (int u = static_cast<int>(threadIdx.x); u < Stage<T, K>::kFactorBytes / 16;
-       u += kWalkThreads) {
-    cp_async_16(factors + 16 * u, head + 16 * u);
+  constexpr int kFactorUnits = Stage<T, K>::kFactorBytes / 16;
+#pragma unroll
+  for (int i = 0; i < (kFactorUnits + kWalkThreads - 1) / kWalkThreads; ++i) {
+    const int u = static_cast<int>(threadIdx.x) + i * kWalkThreads;
+    if (kFactorUnits % kWalkThreads == 0 || u < kFactorUnits) {
+      cp_async_16_or_zero(factors + 16 * u, head + 16 * u, true);
+    }
   }
-  copy_tile_async(st.values, reinterpret_cast<const uint16_t*>(head + Workspace::kValues) + wk.v0,
-                  kChunk, kBlockV, head_v_dim);
+  copy_tile_async<kChunk, kBlockV>(
+      st.values, reinterpret_cast<const uint16_t*>(head + Workspace::kValues) + wk.v0, head_v_dim);
   cp_async_commit();
 }
 
@@ -475,8 +495,9 @@ __device__ __forceinline__ void scale_tokens(TokenFragments& x, const float* sca
   const int t = gdn::lane_id() % 4;
 #pragma unroll
   for (int nt = 0; nt < kChunk / 8; ++nt) {
+    const float2 scale = *reinterpret_cast<const float2*>(scales + 8 * nt + 2 * t);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[nt][e] *= scales[8 * nt + 2 * t + e % 2];
+    for (int e = 0; e < 4; ++e) x[nt][e] *= e % 2 == 0 ? scale.x : scale.y;
   }
 }
 
@@ -638,20 +659,25 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
   // R^T = v^T - (S0 k^T) diag(e^G rk) and O^T = (S0 q^T) diag(e^G rq), each warp its
   // half of K's part (v^T in the first half's) before the exchange, so that the shared
   // loads of v and the scales overlap the products instead of following the barrier
+  // v^T's 16 x 16 blocks as A fragments, whose registers are the C fragments' pairs
+  // (ldmatrix of the [token][row] tile, transposed)
+  uint32_t v_bits[kChunk / 16][4] = {};
+  if (w.half == 0) {
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb)
+      gdn::load_a_trans(v_bits[kb], st.values, w.local, 16 * kb);
+  }
   const float* key_coef = st.scales + Workspace::kKeyCoef * kChunk;
 #pragma unroll
   for (int nt = 0; nt < kChunk / 8; ++nt) {
+    const float2 coef = *reinterpret_cast<const float2*>(key_coef + 8 * nt + 2 * t);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = 8 * nt + 2 * t + e % 2, row = w.local + g + 8 * (e / 2);
-      const uint16_t bits = *st.values.at(token, row);
-      float value;
-      if constexpr (std::is_same_v<T, bf16_t>) {
-        value = __uint_as_float(static_cast<uint32_t>(bits) << 16);
-      } else {
-        value = __half2float(__ushort_as_half(bits));
-      }
-      r[nt][e] = (w.half == 0 ? value : 0.0f) - key_coef[token] * r[nt][e];
+    for (int h = 0; h < 2; ++h) {
+      float v0, v1;
+      uint32_t unused_hi, unused_lo;
+      gdn::input_pair<T>(v_bits[nt / 2][h + 2 * (nt % 2)], v0, v1, unused_hi, unused_lo);
+      r[nt][2 * h] = v0 - coef.x * r[nt][2 * h];
+      r[nt][2 * h + 1] = v1 - coef.y * r[nt][2 * h + 1];
     }
   }
   scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
