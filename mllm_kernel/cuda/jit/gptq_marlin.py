@@ -456,7 +456,7 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
            act_order, is_zp_float)  # fmt: skip
     how, module, zero_mode, bias, (rows, cols, depth) = _calls.get(key) or _planned(key, a)
     if c is None:
-        c = a.new_empty((rows, cols))
+        c = a.new_empty(size=(rows, cols))
     operands = (a, b_q_weight, b_scales, b_zeros)
     sizes = (size_m, size_n, size_k)
     # Act-order: the kernel first permutes a's columns into Marlin row order, here.
@@ -483,7 +483,7 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
         return run_gemm(a if scratch is None else scratch, weight, c)
     partials = None
     if how.split > 1 and not how.cluster:
-        partials = a.new_empty((how.split, rows, cols), dtype=torch.float32)
+        partials = a.new_empty(size=(how.split, rows, cols), dtype=torch.float32)
     module.stream(
         *operands, global_scale, g_idx, perm, workspace, c, *sizes, is_k_full, bias, scratch,
         partials, how.split, how.k_tiles_per_split, how.cluster,
