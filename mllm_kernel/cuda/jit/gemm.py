@@ -295,7 +295,9 @@ def _planned(key: tuple[int, int, int, int, torch.dtype]) -> Launch:
 def not_matrices(**operands: tuple[torch.Tensor, str]) -> NoReturn:
     """ValueError naming the first of ``operands`` (name=(tensor, expected shape)) that
     is not 2-D. The tile is chosen from M, N and K, read off the shapes before the
-    kernel checks them, so their ranks are checked first, here.
+    kernel checks them, so their ranks are checked first, here: the ops call this where
+    unpacking ``a.shape`` and ``b.shape`` into those sizes failed, and this error
+    replaces that one (``from None``), which tells nothing more.
 
     >>> not_matrices(a=(torch.ones(3), "[M, K]"))
     Traceback (most recent call last):
@@ -304,7 +306,7 @@ def not_matrices(**operands: tuple[torch.Tensor, str]) -> NoReturn:
     arg, (value, shape) = next((arg, o) for arg, o in operands.items() if o[0].dim() != 2)
     raise ValueError(
         f"argument '{arg}': expected a 2-D tensor {shape} but got shape {list(value.shape)}"
-    )
+    ) from None
 
 
 def _bind(choice: TileChoice, index: int, dtype: torch.dtype) -> Launch:
@@ -372,11 +374,11 @@ def gemm(a, b, out, bias, out_dtype):
     >>> gemm(a, w).shape
     torch.Size([16, 14336])
     """
-    if a.dim() != 2 or b.dim() != 2:
+    try:  # unpacking the sizes the plan is chosen from checks their ranks
+        (m, k), (n, _) = a.shape, b.shape
+    except ValueError:
         not_matrices(a=(a, "[M, K]"), b=(b, "[N, K]"))
     # run_gemm's lookup, inline: the decode call's path, a Python call shorter.
-    m, k = a.shape
-    n = b.shape[0]
     dtype = a.dtype
     key = (m, n, k, a.get_device(), dtype)
     launch = _plans.get(key) or _planned(key)

@@ -104,10 +104,10 @@ def int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias):
     >>> int8_scaled_mm(x_q, w_q.t(), x_scale, w_scale, torch.bfloat16).shape
     torch.Size([M, N])
     """
-    if mat_a.dim() != 2 or mat_b.dim() != 2:
+    try:  # unpacking the sizes the plan is chosen from checks their ranks
+        (m, k), (_, n) = mat_a.shape, mat_b.shape
+    except ValueError:
         not_matrices(mat_a=(mat_a, "[M, K]"), mat_b=(mat_b, "[K, N]"))
-    m, k = mat_a.shape
-    n = mat_b.shape[1]
     key = (m, n, k, mat_a.get_device())
     launch = _plans.get(key) or _planned(key)
     out = mat_a.new_empty(size=(m, n), dtype=out_dtype)
