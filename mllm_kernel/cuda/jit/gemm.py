@@ -260,6 +260,8 @@ class Plan(NamedTuple):
     choice: TileChoice | Sm80Choice
 
 
+# A plan's kernel bound to its tile, called with the op's tensors (gemm's: out, a, b, bias,
+# out_dtype).
 Launch = Callable[..., None]
 
 # (M, N, K, GPU index, operand dtype) -> the launch of its plan, its kernel looked up
@@ -331,7 +333,8 @@ def _launch(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``choice``'s kernel on ``a``'s GPU (:func:`_bind`): ``out = a @ b.T (+ bias)``,
-    ``out`` in ``out_dtype`` (default: ``out``'s dtype), returned."""
+    ``out`` in ``out_dtype`` (default: ``out``'s dtype), returned: a tile of the caller's
+    choosing, for tests and benchmarks."""
     _bind(choice, a.get_device(), a.dtype)(
         out, a, b, bias, out.dtype if out_dtype is None else out_dtype
     )

@@ -189,7 +189,8 @@ def launch_gemm(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``choice``'s kernel on ``a``'s GPU (:func:`bind_gemm`): ``out = a @ b.T (+ bias)``,
-    ``out`` in ``out_dtype`` (default: ``out``'s dtype), returned."""
+    ``out`` in ``out_dtype`` (default: ``out``'s dtype), returned: a tile of the caller's
+    choosing, for tests and benchmarks."""
     launch = bind_gemm(choice, a.get_device(), a.dtype)
     launch(out, a, b, bias, out.dtype if out_dtype is None else out_dtype)
     return out
@@ -219,6 +220,6 @@ def launch_int8_scaled_mm(
     choice: Sm80Choice,
 ) -> torch.Tensor:
     """``choice``'s int8 kernel on ``mat_a``'s GPU (:func:`bind_int8_scaled_mm`), into
-    ``out``, returned."""
+    ``out``, returned: a tile of the caller's choosing, for tests and benchmarks."""
     bind_int8_scaled_mm(choice, mat_a.get_device())(out, mat_a, mat_b, scales_a, scales_b, bias)
     return out

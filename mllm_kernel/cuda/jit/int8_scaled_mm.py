@@ -19,14 +19,7 @@ import threading
 import torch
 
 from mllm_kernel.cuda.device_facts import matmul_path
-from mllm_kernel.cuda.jit.gemm import (
-    TILES,
-    Launch,
-    Plan,
-    TileChoice,
-    choose_tile,
-    not_matrices,
-)
+from mllm_kernel.cuda.jit.gemm import TILES, Launch, Plan, TileChoice, choose_tile, not_matrices
 from mllm_kernel.cuda.jit.gemm_sm80 import bind_int8_scaled_mm, choose_sm80_tile
 from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.kernel_module import KernelModule
@@ -89,7 +82,8 @@ def _launch(
     bias: torch.Tensor | None,
     choice: TileChoice,
 ) -> torch.Tensor:
-    """``choice``'s kernel on ``mat_a``'s GPU (:func:`_bind`), into ``out``, returned."""
+    """``choice``'s kernel on ``mat_a``'s GPU (:func:`_bind`), into ``out``, returned: a
+    tile of the caller's choosing, for tests and benchmarks."""
     _bind(choice, mat_a.get_device())(out, mat_a, mat_b, scales_a, scales_b, bias)
     return out
 
