@@ -156,18 +156,22 @@ def _layer_ops(index: int) -> dict[str, tuple]:
 
     # The modules, not the functions of the same names that mllm_kernel.cuda.jit exports.
     gemm_module = importlib.import_module("mllm_kernel.cuda.jit.gemm")
+    int8_module = importlib.import_module("mllm_kernel.cuda.jit.int8_scaled_mm")
+    quant_module = importlib.import_module("mllm_kernel.cuda.jit.per_token_quant")
+    rope_module = importlib.import_module("mllm_kernel.cuda.jit.rope")
     store_module = importlib.import_module("mllm_kernel.cuda.jit.store_cache")
 
     dev, bf16 = "cuda", torch.bfloat16
     n = k = 1024
     a, out = torch.randn(1, k, device=dev, dtype=bf16), torch.empty(1, n, device=dev, dtype=bf16)
     w = (torch.randn(n, k, device=dev) * k**-0.5).to(bf16)
-    choice = gemm_module.choose_tile(
-        1, n, k, torch.cuda.get_device_properties(index).multi_processor_count
-    )
+    # The GEMMs' bare calls: the launches their plans bind (tvm-ffi function and tile).
+    gemm_launch = gemm_module._planned((1, n, k, index, bf16))
+    int8_launch = int8_module._planned((1, n, k, index))
     w4a16, w8a8 = w4a16_linear(w), w8a8_linear(w)
     a_q, scales_a = cuda.per_token_quant_int8(a)
-    w_q = torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8)
+    # [K, N] column-major, made once as a model does (bench_decoder_layer's w8a8_linear).
+    w_t = torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8).t()
     scales_b = torch.rand(n, device=dev)
     q, kk = (
         torch.randn(1, 32 * 128, device=dev, dtype=bf16),
@@ -181,18 +185,18 @@ def _layer_ops(index: int) -> dict[str, tuple]:
     return {
         "gemm [1,1024]x1024": (
             lambda: cuda.gemm(a, w),
-            lambda: gemm_module._launch(a, w, out, None, choice),
+            lambda: gemm_launch(out, a, w, None, bf16),
             mm,
         ),
         "gptq_marlin_gemm W4 1024": (lambda: w4a16.call(a), None, mm),
         "per_token_quant_int8": (
             lambda: cuda.per_token_quant_int8(a),
-            None,
+            lambda: quant_module._QUANT[index].per_token_quant_int8(a_q, scales_a, a),
             lambda: (a.float() * 127 / a.float().abs().amax(-1, keepdim=True)).round().char(),
         ),
         "int8_scaled_mm 1024": (
-            lambda: cuda.int8_scaled_mm(a_q, w_q.t(), scales_a, scales_b, bf16),
-            None,
+            lambda: cuda.int8_scaled_mm(a_q, w_t, scales_a, scales_b, bf16),
+            lambda: int8_launch(out, a_q, w_t, scales_a, scales_b, None),
             mm,
         ),
         "W8A8 linear (both)": (lambda: w8a8.call(a), None, mm),
@@ -200,7 +204,9 @@ def _layer_ops(index: int) -> dict[str, tuple]:
             lambda: cuda.apply_rope_with_cos_sin_cache_inplace(
                 positions, q, kk, 128, cos_sin, True
             ),
-            None,
+            lambda: rope_module._ROPE[index].apply_rope_inplace(
+                positions, q, kk, cos_sin, 128, True
+            ),
             lambda: (q * 1.0001, kk * 1.0001),
         ),
         "store_cache 8 heads": (

@@ -154,7 +154,7 @@ def test_matmul_path_is_wgmma_on_sm90_with_sm90a_code_and_sm80_elsewhere(gpus, m
     [("RTX 4090", 8, 9, 128), ("Jetson Orin", 8, 7, 16), ("B200", 10, 0, 148)],
 )
 def test_the_ops_plan_sm80_tiles_on_gpus_without_wgmma(gpus, monkeypatch, name, major, minor, sms):
-    from mllm_kernel.cuda.jit.gemm_sm80 import choose_sm80_tile, launch_gemm, launch_int8_scaled_mm
+    from mllm_kernel.cuda.jit.gemm_sm80 import bind_gemm, bind_int8_scaled_mm, choose_sm80_tile
 
     props = SimpleNamespace(name=name, major=major, minor=minor, multi_processor_count=sms)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
@@ -162,10 +162,48 @@ def test_the_ops_plan_sm80_tiles_on_gpus_without_wgmma(gpus, monkeypatch, name, 
     monkeypatch.setattr(gemm_module, "_plans", {})
     monkeypatch.setattr(int8_module, "_plans", {})
     plan = gemm_module._plan(16, 4096, 4096, 0)
-    assert plan == (launch_gemm, choose_sm80_tile(16, 4096, 4096, sms))
+    assert plan == (bind_gemm, choose_sm80_tile(16, 4096, 4096, sms))
     plan = int8_module._plan(1024, 4096, 4096, 0)
-    assert plan == (launch_int8_scaled_mm, choose_sm80_tile(1024, 4096, 4096, sms, 1))
-    assert gemm_module._plans.keys() == {(16, 4096, 4096, 0)}
+    assert plan == (bind_int8_scaled_mm, choose_sm80_tile(1024, 4096, 4096, sms, 1))
+
+
+def test_a_gemm_plans_and_looks_its_kernel_up_once_per_shape_dtype_and_gpu(gpus, monkeypatch):
+    """run_gemm plans a shape on its first call for its dtype and GPU and keeps the launch,
+    the kernel looked up: later calls pay one dictionary lookup, and another dtype (another
+    kernel module) is planned apart. Operands are stand-ins (a GPU index, no memory): the
+    kernels are fakes that record their arguments."""
+    monkeypatch.setattr(gemm_module, "_plans", {})
+    planned: list[tuple] = []
+    real_plan = gemm_module._plan
+    monkeypatch.setattr(
+        gemm_module, "_plan", lambda *shape: planned.append(shape) or real_plan(*shape)
+    )
+    launched: list[tuple] = []
+    choice = gemm_module.choose_tile(16, 4096, 4096, H100.multi_processor_count)
+    for dtype in (torch.bfloat16, torch.float16):
+        kernel = SimpleNamespace(gemm=lambda *args, dtype=dtype: launched.append((dtype, *args)))
+        monkeypatch.setitem(gemm_module._GEMM, (0, dtype, *choice.tile.shape_args), kernel)
+
+    def operand(shape, dtype):
+        return SimpleNamespace(shape=shape, dtype=dtype, get_device=lambda: 0)
+
+    b = operand((4096, 4096), torch.bfloat16)
+    a, out = operand((16, 4096), torch.bfloat16), operand((16, 4096), torch.float32)
+    assert gemm_module.run_gemm(a, b, out) is out
+    assert gemm_module.run_gemm(a, b, out, None, torch.bfloat16) is out
+    a16 = operand((16, 4096), torch.float16)
+    gemm_module.run_gemm(a16, b, out)
+    assert planned == [(16, 4096, 4096, 0), (16, 4096, 4096, 0)]
+    tail = (choice.split, choice.group_rows)
+    assert launched == [
+        (torch.bfloat16, out, a, b, None, torch.float32, *tail),
+        (torch.bfloat16, out, a, b, None, torch.bfloat16, *tail),
+        (torch.float16, out, a16, b, None, torch.float32, *tail),
+    ]
+    assert gemm_module._plans.keys() == {
+        (16, 4096, 4096, 0, torch.bfloat16),
+        (16, 4096, 4096, 0, torch.float16),
+    }
 
 
 def test_the_ops_refuse_gpus_before_sm80_naming_op_gpu_and_archs(gpus, monkeypatch):

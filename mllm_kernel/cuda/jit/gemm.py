@@ -4,7 +4,8 @@ accumulation; TMA + wgmma on Hopper, mma.sync elsewhere from sm_80 on.
 Which kernels a GPU runs is :func:`mllm_kernel.cuda.device_facts.matmul_path`'s rule
 (wgmma on sm_90 with sm_90a code; else the sm_80 kernels of
 :mod:`mllm_kernel.cuda.jit.gemm_sm80`, with their own tiles); the choice is remembered
-per shape and GPU, so a call that has run before costs a few dictionary lookups.
+per shape, dtype and GPU with its kernel function, so a call that has run before costs
+one dictionary lookup.
 
 One kernel source (``csrc/gemm.cu``, its configurations in
 ``include/mllm_kernel/cuda/gemm_config.cuh``) compiled per tile configuration; which one
@@ -19,6 +20,7 @@ the C++ header.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple, NoReturn
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 
 from mllm_kernel.cuda.device_facts import matmul_path
-from mllm_kernel.cuda.jit.gemm_sm80 import Sm80Choice, choose_sm80_tile, launch_gemm
+from mllm_kernel.cuda.jit.gemm_sm80 import Sm80Choice, bind_gemm, choose_sm80_tile
 from mllm_kernel.jit_utils import op_inputs
 from mllm_kernel.jit_utils.cuda_arch import AMPERE_OR_NEWER, HOPPER_ONLY, CudaArch, parse_arch_list
 from mllm_kernel.jit_utils.cuda_driver import require_torch_cuda
@@ -248,15 +250,23 @@ _GEMM = KernelModule(
 
 
 class Plan(NamedTuple):
-    """How the calls of one shape on one GPU run: ``launch(a, b, out, bias, choice,
-    out_dtype)`` with ``choice``, the Hopper kernel's tile (``_launch``) or the sm_80
-    kernel's (``gemm_sm80.launch_gemm``)."""
+    """How the calls of one shape on one GPU run: ``bind(choice, index, *variant)`` looks
+    their kernel up for GPU ``index`` and returns their launch, with ``choice``, the
+    Hopper kernel's tile (``_bind``) or the sm_80 kernel's (``gemm_sm80.bind_gemm``).
+    :func:`gemm`'s variant is the operand dtype (its launch: ``launch(out, a, b, bias,
+    out_dtype)``); ``int8_scaled_mm`` has none."""
 
-    launch: Any
+    bind: Any
     choice: TileChoice | Sm80Choice
 
 
-_plans: dict[tuple[int, int, int, int], Plan] = {}
+# A plan's kernel bound to its tile, called with the op's tensors (gemm's: out, a, b, bias,
+# out_dtype).
+Launch = Callable[..., None]
+
+# (M, N, K, GPU index, operand dtype) -> the launch of its plan, its kernel looked up
+# once: a call that has run before costs one dictionary lookup.
+_plans: dict[tuple[int, int, int, int, torch.dtype], Launch] = {}
 _lock = threading.Lock()
 
 
@@ -264,24 +274,32 @@ def plan_for(m: int, n: int, k: int, wgmma: bool, num_sms: int) -> Plan:
     """The kernel and tile of an ``m x n x k`` product on a GPU of ``num_sms`` SMs that
     runs the wgmma kernels (``wgmma``) or the sm_80 ones."""
     if wgmma:
-        return Plan(_launch, choose_tile(m, n, k, num_sms))
-    return Plan(launch_gemm, choose_sm80_tile(m, n, k, num_sms))
+        return Plan(_bind, choose_tile(m, n, k, num_sms))
+    return Plan(bind_gemm, choose_sm80_tile(m, n, k, num_sms))
 
 
 def _plan(m: int, n: int, k: int, index: int) -> Plan:
-    """:func:`plan_for` GPU ``index``, remembered per shape (NotImplementedError below
-    sm_80, on the first call of a shape)."""
+    """:func:`plan_for` GPU ``index`` (NotImplementedError below sm_80)."""
     path = matmul_path(index, "gemm")
-    plan = plan_for(m, n, k, path.wgmma, path.facts.sm_count)
+    return plan_for(m, n, k, path.wgmma, path.facts.sm_count)
+
+
+def _planned(key: tuple[int, int, int, int, torch.dtype]) -> Launch:
+    """The launch of ``key``'s plan, made once (on the first call of a shape)."""
+    m, n, k, index, dtype = key
+    bind, choice = _plan(m, n, k, index)
+    launch = bind(choice, index, dtype)
     with _lock:
-        _plans[(m, n, k, index)] = plan
-    return plan
+        _plans[key] = launch
+    return launch
 
 
 def not_matrices(**operands: tuple[torch.Tensor, str]) -> NoReturn:
     """ValueError naming the first of ``operands`` (name=(tensor, expected shape)) that
     is not 2-D. The tile is chosen from M, N and K, read off the shapes before the
-    kernel checks them, so their ranks are checked first, here.
+    kernel checks them, so their ranks are checked first, here: the ops call this where
+    unpacking ``a.shape`` and ``b.shape`` into those sizes failed, and this error
+    replaces that one (``from None``), which tells nothing more.
 
     >>> not_matrices(a=(torch.ones(3), "[M, K]"))
     Traceback (most recent call last):
@@ -290,7 +308,20 @@ def not_matrices(**operands: tuple[torch.Tensor, str]) -> NoReturn:
     arg, (value, shape) = next((arg, o) for arg, o in operands.items() if o[0].dim() != 2)
     raise ValueError(
         f"argument '{arg}': expected a 2-D tensor {shape} but got shape {list(value.shape)}"
-    )
+    ) from None
+
+
+def _bind(choice: TileChoice, index: int, dtype: torch.dtype) -> Launch:
+    """``launch(out, a, b, bias, out_dtype)``: ``choice``'s kernel for ``dtype`` operands on
+    GPU ``index``, looked up here, once: ``out = a @ b.T (+ bias)`` in ``out_dtype``; the
+    C++ entry point checks every tensor."""
+    kernel = _GEMM[(index, dtype, *choice.tile.shape_args)].gemm
+    split, group_rows = choice.split, choice.group_rows
+
+    def launch(out, a, b, bias, out_dtype):
+        kernel(out, a, b, bias, out_dtype, split, group_rows)
+
+    return launch
 
 
 def _launch(
@@ -301,11 +332,12 @@ def _launch(
     choice: TileChoice,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``choice``'s kernel on ``a``'s GPU: ``out = a @ b.T (+ bias)``, ``out`` in
-    ``out_dtype`` (default: ``out``'s dtype); the C++ entry point checks every tensor."""
-    module = _GEMM[(a.get_device(), a.dtype, *choice.tile.shape_args)]
-    dtype = out.dtype if out_dtype is None else out_dtype
-    module.gemm(out, a, b, bias, dtype, choice.split, choice.group_rows)
+    """``choice``'s kernel on ``a``'s GPU (:func:`_bind`): ``out = a @ b.T (+ bias)``,
+    ``out`` in ``out_dtype`` (default: ``out``'s dtype), returned: a tile of the caller's
+    choosing, for tests and benchmarks."""
+    _bind(choice, a.get_device(), a.dtype)(
+        out, a, b, bias, out.dtype if out_dtype is None else out_dtype
+    )
     return out
 
 
@@ -316,8 +348,8 @@ def run_gemm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The GEMM kernel and tile :func:`plan_for` picks for this shape and GPU
-    (remembered per shape): ``out = a @ b.T (+ bias)`` in ``out_dtype`` (default:
+    """The GEMM kernel and tile :func:`plan_for` picks for this shape, dtype and GPU
+    (remembered): ``out = a @ b.T (+ bias)`` in ``out_dtype`` (default:
     ``out``'s dtype), returned.
 
     For ops built on the GEMM (``gptq_marlin_gemm``'s dequantize path): ``a`` and ``b``
@@ -327,11 +359,11 @@ def run_gemm(
 
     >>> run_gemm(a, dequantized_weight, c)  # doctest: +SKIP
     """
-    index = a.get_device()
     m, k = a.shape
-    n = b.shape[0]
-    plan = _plans.get((m, n, k, index)) or _plan(m, n, k, index)
-    return plan.launch(a, b, out, bias, plan.choice, out_dtype)
+    key = (m, b.shape[0], k, a.get_device(), a.dtype)
+    launch = _plans.get(key) or _planned(key)
+    launch(out, a, b, bias, out.dtype if out_dtype is None else out_dtype)
+    return out
 
 
 @GEMM.kernel("cuda")
@@ -345,13 +377,20 @@ def gemm(a, b, out, bias, out_dtype):
     >>> gemm(a, w).shape
     torch.Size([16, 14336])
     """
-    if a.dim() != 2 or b.dim() != 2:
+    try:  # unpacking the sizes the plan is chosen from checks their ranks
+        (m, k), (n, _) = a.shape, b.shape
+    except ValueError:
         not_matrices(a=(a, "[M, K]"), b=(b, "[N, K]"))
+    # run_gemm's lookup, inline: the decode call's path, a Python call shorter.
+    dtype = a.dtype
+    key = (m, n, k, a.get_device(), dtype)
+    launch = _plans.get(key) or _planned(key)
     if out_dtype is None:
-        out_dtype = a.dtype
+        out_dtype = dtype
     if out is None:
-        out = a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-    return run_gemm(a, b, out, bias, out_dtype)
+        out = a.new_empty(size=(m, n), dtype=out_dtype)
+    launch(out, a, b, bias, out_dtype)
+    return out
 
 
 _A100_SMS = 108
@@ -457,16 +496,17 @@ class Gemm:
         try:
             self._check_path(a.get_device())
             if out is None:
-                out = a.new_empty((self.M, self.N), dtype=self.out_dtype)
-            result = self._plan.launch(a, b, out, bias, self.tile_config, self.out_dtype)
+                out = a.new_empty(size=(self.M, self.N), dtype=self.out_dtype)
+            launch = self._plan.bind(self.tile_config, a.get_device(), a.dtype)
+            launch(out, a, b, bias, self.out_dtype)
         except Exception as error:
             op_inputs.explain(error, "cuda", a=a, b=b, out=out, bias=bias)
             raise
         if not from_numpy:
-            return result
-        if result.dtype == torch.bfloat16:
-            result = result.float()
-        return result.cpu().numpy()
+            return out
+        if out.dtype == torch.bfloat16:
+            out = out.float()
+        return out.cpu().numpy()
 
     def _check_path(self, index: int) -> None:
         """ValueError unless GPU ``index`` runs the kernels this object's tile is for."""

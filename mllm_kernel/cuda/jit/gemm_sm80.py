@@ -17,6 +17,7 @@ compiles for the GPU: ``MLLM_KERNEL_CUDA_ARCH_LIST=8.0+PTX`` (no sm_90a code, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -165,6 +166,20 @@ _INT8_SM80 = KernelModule(
 )
 
 
+def bind_gemm(choice: Sm80Choice, index: int, dtype: torch.dtype) -> Callable[..., None]:
+    """``launch(out, a, b, bias, out_dtype)``: ``choice``'s kernel for ``dtype`` operands on
+    GPU ``index``, looked up here, once: ``out = a @ b.T (+ bias)`` in ``out_dtype``; the C++
+    entry point checks every tensor."""
+    kernel = _GEMM_SM80[(index, dtype, *choice.tile.shape_args)].gemm_sm80
+    split = choice.split
+
+    def launch(out, a, b, bias, out_dtype):
+        workspace = _workspace(choice, out.shape[0], out.shape[1], a.device)
+        kernel(out, a, b, bias, out_dtype, split, workspace)
+
+    return launch
+
+
 def launch_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -173,13 +188,26 @@ def launch_gemm(
     choice: Sm80Choice,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``choice``'s kernel on ``a``'s GPU: ``out = a @ b.T (+ bias)``, ``out`` in
-    ``out_dtype`` (default: ``out``'s dtype); the C++ entry point checks every tensor."""
-    module = _GEMM_SM80[(a.get_device(), a.dtype, *choice.tile.shape_args)]
-    dtype = out.dtype if out_dtype is None else out_dtype
-    workspace = _workspace(choice, out.shape[0], out.shape[1], a.device)
-    module.gemm_sm80(out, a, b, bias, dtype, choice.split, workspace)
+    """``choice``'s kernel on ``a``'s GPU (:func:`bind_gemm`): ``out = a @ b.T (+ bias)``,
+    ``out`` in ``out_dtype`` (default: ``out``'s dtype), returned: a tile of the caller's
+    choosing, for tests and benchmarks."""
+    launch = bind_gemm(choice, a.get_device(), a.dtype)
+    launch(out, a, b, bias, out.dtype if out_dtype is None else out_dtype)
     return out
+
+
+def bind_int8_scaled_mm(choice: Sm80Choice, index: int) -> Callable[..., None]:
+    """``launch(out, mat_a, mat_b, scales_a, scales_b, bias)``: ``choice``'s int8 kernel on
+    GPU ``index``, looked up here, once; the C++ entry point checks every tensor
+    (``mat_b`` as the caller passes it: ``[K, N]``, column-major)."""
+    kernel = _INT8_SM80[(index, *choice.tile.shape_args)].int8_scaled_mm_sm80
+    split = choice.split
+
+    def launch(out, mat_a, mat_b, scales_a, scales_b, bias):
+        workspace = _workspace(choice, out.shape[0], out.shape[1], mat_a.device)
+        kernel(out, mat_a, mat_b, scales_a, scales_b, bias, split, workspace)
+
+    return launch
 
 
 def launch_int8_scaled_mm(
@@ -191,9 +219,7 @@ def launch_int8_scaled_mm(
     bias: torch.Tensor | None,
     choice: Sm80Choice,
 ) -> torch.Tensor:
-    """``choice``'s int8 kernel on ``mat_a``'s GPU, into ``out``; the C++ entry point
-    checks every tensor (``mat_b`` as the caller passes it: ``[K, N]``, column-major)."""
-    module = _INT8_SM80[(mat_a.get_device(), *choice.tile.shape_args)]
-    workspace = _workspace(choice, out.shape[0], out.shape[1], mat_a.device)
-    module.int8_scaled_mm_sm80(out, mat_a, mat_b, scales_a, scales_b, bias, choice.split, workspace)
+    """``choice``'s int8 kernel on ``mat_a``'s GPU (:func:`bind_int8_scaled_mm`), into
+    ``out``, returned: a tile of the caller's choosing, for tests and benchmarks."""
+    bind_int8_scaled_mm(choice, mat_a.get_device())(out, mat_a, mat_b, scales_a, scales_b, bias)
     return out

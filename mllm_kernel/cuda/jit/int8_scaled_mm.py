@@ -19,8 +19,8 @@ import threading
 import torch
 
 from mllm_kernel.cuda.device_facts import matmul_path
-from mllm_kernel.cuda.jit.gemm import TILES, Plan, TileChoice, choose_tile, not_matrices
-from mllm_kernel.cuda.jit.gemm_sm80 import Sm80Choice, choose_sm80_tile, launch_int8_scaled_mm
+from mllm_kernel.cuda.jit.gemm import TILES, Launch, Plan, TileChoice, choose_tile, not_matrices
+from mllm_kernel.cuda.jit.gemm_sm80 import bind_int8_scaled_mm, choose_sm80_tile
 from mllm_kernel.jit_utils.cuda_arch import HOPPER_ONLY
 from mllm_kernel.jit_utils.kernel_module import KernelModule
 from mllm_kernel.ops.gemm import INT8_SCALED_MM
@@ -35,23 +35,42 @@ _INT8_GEMM = KernelModule(
 )
 
 
-_plans: dict[tuple[int, int, int, int], Plan] = {}
+# (M, N, K, GPU index) -> the launch of its plan, its kernel looked up once: a call that has
+# run before costs one dictionary lookup.
+_plans: dict[tuple[int, int, int, int], Launch] = {}
 _lock = threading.Lock()
 
 
 def _plan(m: int, n: int, k: int, index: int) -> Plan:
-    """The kernel and tile of an int8 ``m x n x k`` product on GPU ``index``,
-    remembered per shape (NotImplementedError below sm_80, on the first call of a
-    shape)."""
+    """The kernel and tile of an int8 ``m x n x k`` product on GPU ``index``
+    (NotImplementedError below sm_80)."""
     path = matmul_path(index, "int8_scaled_mm")
     sms = path.facts.sm_count
     if path.wgmma:
-        plan = Plan(_launch, choose_tile(m, n, k, sms, element_bytes=1))
-    else:
-        plan = Plan(launch_int8_scaled_mm, choose_sm80_tile(m, n, k, sms, element_bytes=1))
+        return Plan(_bind, choose_tile(m, n, k, sms, element_bytes=1))
+    return Plan(bind_int8_scaled_mm, choose_sm80_tile(m, n, k, sms, element_bytes=1))
+
+
+def _planned(key: tuple[int, int, int, int]) -> Launch:
+    """The launch of ``key``'s plan, made once (on the first call of a shape)."""
+    bind, choice = _plan(*key)
+    launch = bind(choice, key[3])
     with _lock:
-        _plans[(m, n, k, index)] = plan
-    return plan
+        _plans[key] = launch
+    return launch
+
+
+def _bind(choice: TileChoice, index: int) -> Launch:
+    """``launch(out, mat_a, mat_b, scales_a, scales_b, bias)``: ``choice``'s kernel on GPU
+    ``index``, looked up here, once; the C++ entry point checks every tensor (``mat_b`` as
+    the caller passes it: ``[K, N]``, column-major)."""
+    kernel = _INT8_GEMM[(index, *choice.tile.shape_args)].int8_scaled_mm
+    split, group_rows = choice.split, choice.group_rows
+
+    def launch(out, mat_a, mat_b, scales_a, scales_b, bias):
+        kernel(out, mat_a, mat_b, scales_a, scales_b, bias, split, group_rows)
+
+    return launch
 
 
 def _launch(
@@ -61,14 +80,11 @@ def _launch(
     scales_a: torch.Tensor,
     scales_b: torch.Tensor,
     bias: torch.Tensor | None,
-    choice: TileChoice | Sm80Choice,
+    choice: TileChoice,
 ) -> torch.Tensor:
-    """``choice``'s kernel on ``mat_a``'s GPU, into ``out``; the C++ entry point checks
-    every tensor (``mat_b`` as the caller passes it: ``[K, N]``, column-major)."""
-    module = _INT8_GEMM[(mat_a.get_device(), *choice.tile.shape_args)]
-    module.int8_scaled_mm(
-        out, mat_a, mat_b, scales_a, scales_b, bias, choice.split, choice.group_rows
-    )
+    """``choice``'s kernel on ``mat_a``'s GPU (:func:`_bind`), into ``out``, returned: a
+    tile of the caller's choosing, for tests and benchmarks."""
+    _bind(choice, mat_a.get_device())(out, mat_a, mat_b, scales_a, scales_b, bias)
     return out
 
 
@@ -82,11 +98,12 @@ def int8_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype, bias):
     >>> int8_scaled_mm(x_q, w_q.t(), x_scale, w_scale, torch.bfloat16).shape
     torch.Size([M, N])
     """
-    if mat_a.dim() != 2 or mat_b.dim() != 2:
+    try:  # unpacking the sizes the plan is chosen from checks their ranks
+        (m, k), (_, n) = mat_a.shape, mat_b.shape
+    except ValueError:
         not_matrices(mat_a=(mat_a, "[M, K]"), mat_b=(mat_b, "[K, N]"))
-    index = mat_a.get_device()
-    m, k = mat_a.shape
-    n = mat_b.shape[1]
-    plan = _plans.get((m, n, k, index)) or _plan(m, n, k, index)
-    out = mat_a.new_empty((m, n), dtype=out_dtype)
-    return plan.launch(out, mat_a, mat_b, scales_a, scales_b, bias, plan.choice)
+    key = (m, n, k, mat_a.get_device())
+    launch = _plans.get(key) or _planned(key)
+    out = mat_a.new_empty(size=(m, n), dtype=out_dtype)
+    launch(out, mat_a, mat_b, scales_a, scales_b, bias)
+    return out

@@ -24,7 +24,7 @@ def per_token_quant_int8(x, scale_dtype):
     >>> x_q.dtype, scales.shape
     (torch.int8, torch.Size([16, 1]))
     """
-    x_q = x.new_empty(x.shape, dtype=torch.int8)
-    scales = x.new_empty((*x.shape[:-1], 1), dtype=scale_dtype)
+    x_q = x.new_empty(size=x.shape, dtype=torch.int8)
+    scales = x.new_empty(size=(*x.shape[:-1], 1), dtype=scale_dtype)
     _QUANT[x.get_device()].per_token_quant_int8(x_q, scales, x)
     return x_q, scales
