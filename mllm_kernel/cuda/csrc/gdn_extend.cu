@@ -544,13 +544,14 @@ __device__ __forceinline__ void rows_times_keys(const Shared<T, K>& sm, LoadRows
 
 /// The warp's 16 rows of A (fp32: beta_i e^{G_i - G_j} rk_i rk_j k_i.k_j below the
 /// diagonal, 0 on it and above) and of P (hi / lo: rq_i rk_j e^{G_i - G_j} q_i.k_j on and
-/// below the diagonal, 0 above), each up to the diagonal's 16-column tile. `rq`: the rows'
-/// scale / |q|, as project_state gives it, or (kScalesQueries) computed here from the q
-/// rows this loads (for a kernel with no other use of them).
-template <typename T, int K, bool kScalesQueries = false>
+/// below the diagonal, 0 above), each up to the diagonal's 16-column tile: P into `p_hi`,
+/// `p_lo` (tiles with store_pair: sm.score_hi / lo, or kernel A's workspace). `rq`: the
+/// rows' scale / |q|, as project_state gives it, or (kScalesQueries) computed here from
+/// the q rows this loads (for a kernel with no other use of them).
+template <typename T, int K, bool kScalesQueries = false, class ScoreTiles>
 __device__ __forceinline__ void write_scores(const Params& p, const Shared<T, K>& sm,
-                                             const Work& wk, int64_t c0, int count,
-                                             float (&rq)[2]) {
+                                             const Work& wk, int64_t c0, int count, float (&rq)[2],
+                                             const ScoreTiles& p_hi, const ScoreTiles& p_lo) {
   using L = Layout<T, K>;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = gdn::lane_id();
   const int g = lane / 4, t = lane % 4, m0 = 16 * warp;
@@ -609,8 +610,8 @@ __device__ __forceinline__ void write_scores(const Params& p, const Shared<T, K>
       }
       uint32_t hi, lo;
       gdn::split_pair(value[0], value[1], hi, lo);
-      sm.score_hi.store_pair(i, 8 * nt + 2 * t, hi);
-      sm.score_lo.store_pair(i, 8 * nt + 2 * t, lo);
+      p_hi.store_pair(i, 8 * nt + 2 * t, hi);
+      p_lo.store_pair(i, 8 * nt + 2 * t, lo);
     }
   }
 }
@@ -780,7 +781,7 @@ __global__ void __launch_bounds__(kThreads, K <= 128 ? 3 : 2) extend_chunks(cons
     float o[kBlockV / 8][4], rq[2];
     project_state<T, K>(p, sm, wk, c0, count, o, rq);
     __syncthreads();  // S0 read: its region takes A
-    write_scores<T, K>(p, sm, wk, c0, count, rq);
+    write_scores<T, K>(p, sm, wk, c0, count, rq, sm.score_hi, sm.score_lo);
     __syncthreads();
     solve_chunk<T, K>(sm);
     __syncthreads();

@@ -72,6 +72,12 @@ struct LowerTile {
   __device__ __forceinline__ uint32_t address(int row, int col) const {
     return static_cast<uint32_t>(__cvta_generic_to_shared(data + offset(row, col)));
   }
+  /// Stores a packed pair at (row, col), (row, col + 1); col even. In global memory too
+  /// (kernel A writes P into the workspace so): the 32 lanes of an mma C fragment's
+  /// pairs fill one 128-byte quarter.
+  __device__ __forceinline__ void store_pair(int row, int col, uint32_t pair) const {
+    *reinterpret_cast<uint32_t*>(data + offset(row, col)) = pair;
+  }
 };
 
 /// The workspace: one block per (chunk, value head), then one per (chunk, key head).
@@ -206,18 +212,34 @@ __device__ __forceinline__ void copy_values(const Params& p, int hv, int head_v_
   }
 }
 
-/// A 64 x 64 tile of shared memory to a LowerTile at `dst`: its 16 x 16 blocks on and
-/// below the diagonal (the scores' tiles leave those above it unwritten).
-template <class Tl>
-__device__ __forceinline__ void copy_lower(const Tl& tile, uint16_t* dst) {
-  for (int u = static_cast<int>(threadIdx.x); u < kChunk * kChunk / 8;
-       u += gdn_extend_impl::kThreads) {
-    const int row = u / (kChunk / 8), col = 8 * (u % (kChunk / 8));
-    if (col / 16 > row / 16) continue;
-    *reinterpret_cast<uint4*>(dst + LowerTile::offset(row, col)) =
-        *reinterpret_cast<const uint4*>(tile.at(row, col));
+/// Kernel A's shared memory: the fused kernel's regions that it uses, packed: the k rows,
+/// whose region the solve's right-hand sides take once the scores are written (the next
+/// chunk's k rows wait for the solve's last barrier), A, and the scalars; no state, and no
+/// scores (P goes straight to the workspace). 36 KiB for bf16 inputs at K = 128, where the
+/// fused layout has 63.5: four CTAs an SM instead of three (its 128 registers a thread
+/// allow four).
+template <typename T, int K>
+struct FactorLayout {
+  using L = gdn_extend_impl::Layout<T, K>;
+  static constexpr int kResidualBytes = kChunk * L::kResidualStride * 4;
+  static constexpr int kGram = std::max(L::kKeyBytes, kResidualBytes);
+  static constexpr int kScalars = kGram + kChunk * L::kGramStride * 4;
+  static constexpr int kBytes = kScalars + 4 * kChunk * 4;
+  /// The views kernel A's steps take, over `base`; those of regions it lacks are null.
+  __device__ static gdn_extend_impl::Shared<T, K> views(char* base) {
+    gdn_extend_impl::Shared<T, K> sm(base);
+    sm.gram = reinterpret_cast<float*>(base + kGram);
+    sm.residual = reinterpret_cast<float*>(base);
+    float* scalars = reinterpret_cast<float*>(base + kScalars);
+    sm.scalars = {scalars, scalars + kChunk, scalars + 2 * kChunk, scalars + 3 * kChunk};
+    for (auto* tile : {&sm.state_hi, &sm.state_lo}) tile->data = nullptr;
+    for (auto* tile : {&sm.delta_hi, &sm.delta_lo, &sm.update_hi, &sm.update_lo}) {
+      tile->data = nullptr;
+    }
+    for (auto* tile : {&sm.score_hi, &sm.score_lo}) tile->data = nullptr;
+    return sm;
   }
-}
+};
 
 /// Kernel A's work on one chunk: c0, count as in the fused kernel; `block` the chunk's
 /// workspace block; `keys` whether this CTA writes the key block (one value head of each
@@ -237,7 +259,9 @@ __device__ __forceinline__ void chunk_factors(const Params& p,
   if (threadIdx.x < kWarpSize) stage_gates(p, sc, wk, c0, count);
   __syncthreads();
   float rq[2];
-  write_scores<T, K, /*kScalesQueries=*/true>(p, sm, wk, c0, count, rq);
+  write_scores<T, K, /*kScalesQueries=*/true>(
+      p, sm, wk, c0, count, rq, LowerTile{reinterpret_cast<uint16_t*>(head + Workspace::kPHi)},
+      LowerTile{reinterpret_cast<uint16_t*>(head + Workspace::kPLo)});
   {
     const int lane = gdn::lane_id(), warp = static_cast<int>(threadIdx.x) / kWarpSize;
     if (lane % 4 == 0) {
@@ -266,9 +290,7 @@ __device__ __forceinline__ void chunk_factors(const Params& p,
     copy_rows<T, K>(p.k, wk.hk, p.vector_k, c0, count, key_rows<K>(key, 1),
                     kLo ? key_rows<K>(key, 3) : nullptr);
   }
-  __syncthreads();  // A and P written
-  copy_lower(sm.score_hi, reinterpret_cast<uint16_t*>(head + Workspace::kPHi));
-  copy_lower(sm.score_lo, reinterpret_cast<uint16_t*>(head + Workspace::kPLo));
+  __syncthreads();  // A written
   gdn::invert_diagonal_blocks(sm.gram, L::kGramStride);
   // T = (I + A)^-1, 32 columns of the identity at a time; T' = T diag(beta) as hi / lo
   // (its blocks on and below the diagonal: T is lower triangular, so the second half's
@@ -313,7 +335,7 @@ template <typename T, int K>
 __global__ void __launch_bounds__(gdn_extend_impl::kThreads)
     split_factors(const Params p, const Workspace ws, int head_v_dim, int chunk_stride) {
   extern __shared__ __align__(16) char shared_bytes[];
-  const gdn_extend_impl::Shared<T, K> sm(shared_bytes);
+  const gdn_extend_impl::Shared<T, K> sm = FactorLayout<T, K>::views(shared_bytes);
   // 1-D grid: (sequence, value head, first chunk); a CTA takes chunks first, first +
   // chunk_stride, ...
   const int64_t cta = blockIdx.x;
@@ -785,7 +807,7 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
                   DLDevice device) {
   using gdn_extend_impl::Layout;
   const std::size_t allowed = max_shared_memory_per_block(device);
-  constexpr int kFactorBytes = Layout<T, K>::kBytes;
+  constexpr int kFactorBytes = FactorLayout<T, K>::kBytes;
   constexpr int kOneStage = walk_bytes<T, K>(1), kTwoStages = walk_bytes<T, K>(2);
   RuntimeCheck(static_cast<std::size_t>(kOneStage) <= allowed,
                "gdn_extend (split path): ", "head_k_dim ", K, " with ",
@@ -797,12 +819,13 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   RuntimeCheck(walks < (int64_t{1} << 31), "gdn_extend: at most 2^31 - 1 CTAs (sequences x ",
                "num_v_heads x head_v_dim / ", kBlockV, "), got ", walks, "; split the batch");
   if (walks == 0) return;
-  // Kernel A: about 32 CTAs an SM in all (about 3 run at once: the waves stay even), each
-  // taking every chunk_stride-th chunk of its sequence (a sequence has at most
-  // ceil(total_tokens / 64) chunks; a CTA per chunk of the longest possible sequence
-  // would be mostly empty CTAs for many short ones).
+  // Kernel A: about 30 CTAs an SM in all (whole waves where 3, 5 or 6 run at once, as
+  // its shared memory allows for the inputs and K), each taking every chunk_stride-th
+  // chunk of its sequence (a sequence has at most ceil(total_tokens / 64) chunks; a CTA
+  // per chunk of the longest possible sequence would be mostly empty CTAs for many short
+  // ones).
   const int64_t most_chunks = std::max<int64_t>(1, (p.total_tokens + kChunk - 1) / kChunk);
-  const int64_t wanted = (32 * static_cast<int64_t>(num_sms(device)) + heads - 1) / heads;
+  const int64_t wanted = (30 * static_cast<int64_t>(num_sms(device)) + heads - 1) / heads;
   const int64_t chunk_stride = std::min(most_chunks, std::max<int64_t>(1, wanted));
   RuntimeCheck(heads * chunk_stride < (int64_t{1} << 31),
                "gdn_extend: at most 2^31 - 1 CTAs (sequences x num_v_heads), got ", heads);
