@@ -805,7 +805,6 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
 template <typename T, typename S, int K>
 void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int head_v_dim,
                   DLDevice device) {
-  using gdn_extend_impl::Layout;
   const std::size_t allowed = max_shared_memory_per_block(device);
   constexpr int kFactorBytes = FactorLayout<T, K>::kBytes;
   constexpr int kOneStage = walk_bytes<T, K>(1), kTwoStages = walk_bytes<T, K>(2);
