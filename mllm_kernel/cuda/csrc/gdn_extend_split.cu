@@ -780,22 +780,20 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
   issue_stage<T, K>(ws, stage(0), seq.first_block, wk, head_v_dim);
   for (int64_t c = 0; c < chunks; ++c) {
     const Stage<T, K> st = stage(c);
+    cp_async_wait<0>();
+    // every thread's copies landed, and every thread done with the chunk before (its
+    // stage, refilled next with two stages, and the exchange slots)
+    __syncthreads();
     if constexpr (kDepth == 2) {
       if (c + 1 < chunks) {
         issue_stage<T, K>(ws, stage(c + 1), seq.first_block + c + 1, wk, head_v_dim);
-      } else {
-        cp_async_commit();  // an empty group: the wait below counts one group behind
       }
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();  // every thread's copies landed (and the exchange slots read)
     const int64_t c0 = seq.bos + kChunk * c;
     const int count = static_cast<int>(std::min<int64_t>(kChunk, seq.eos - c0));
     walk_chunk<T, K>(p, st, wk, w, c0, count, s);
-    __syncthreads();  // the stage read before it is refilled
     if constexpr (kDepth == 1) {
+      __syncthreads();  // the stage read before it is refilled
       if (c + 1 < chunks) issue_stage<T, K>(ws, st, seq.first_block + c + 1, wk, head_v_dim);
     }
   }
