@@ -118,13 +118,12 @@ MID_M = (64, 128, 256)
 
 def mid_m_candidates(m: int) -> list:
     """Every Hopper tile choice worth timing for ``m`` tokens (``MID_M``): the swapped
-    tiles of 64 and more tokens with each split of K they allow (several tile-rows when
-    ``m`` exceeds theirs), and the plain tiles unsplit."""
+    tiles of 64 and more tokens and the plain tiles, each with every split of K it
+    allows (several tile-rows when ``m`` exceeds the tile's)."""
     from mllm_kernel.cuda.jit.gemm import TILES, TileChoice
 
-    swapped = [t for t in TILES if t.swap_ab and t.tile_q >= 64]
-    splits = [TileChoice(t, s) for t in swapped for s in (1, 2, 4, 8) if s <= t.max_split]
-    return splits + [TileChoice(t) for t in TILES if not t.swap_ab]
+    tiles = [t for t in TILES if not t.swap_ab or t.tile_q >= 64]
+    return [TileChoice(t, s) for t in tiles for s in (1, 2, 4, 8) if s <= t.max_split]
 
 
 @contextlib.contextmanager

@@ -160,14 +160,28 @@ def test_every_tile_and_split(config):
             _check(out, a, b, bias)
 
 
+@needs_hopper
+def test_a_split_past_the_tiles_partial_sums_is_refused():
+    """128 x 128 tiles keep their split partners' partial sums (64 KB each) in the stage
+    ring: 3 partners fit, a split of 8 is a ValueError, not a write past it."""
+    from mllm_kernel.cuda.jit.gemm import TileChoice, _launch
+
+    a, b = _operands(256, 256, 1024, torch.bfloat16)
+    out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"split must be in \[1, 4\] for this tile, got 8"):
+        _launch(a, b, out, None, TileChoice(gemm_module._BY_NAME["128x128"], 8))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    ("m", "n", "k"), [(256, 4096, 1024), (200, 4096, 2048), (129, 4104, 1000), (100, 9000, 1032)]
+    ("m", "n", "k"),
+    [(256, 4096, 1024), (200, 4096, 2048), (129, 4104, 1000), (256, 4096, 512), (100, 9000, 1032)],
 )
 def test_gemm_mid_m_choices(gemm_path, m, n, k):
-    """M = 129-256 where choose_tile takes the swapped 128-token tile over two tile-rows,
-    and M = 100 where it takes 128 x 128 tiles without a cluster
-    (tests/test_gemm_choice.py), through the public call, into a poisoned output."""
+    """M = 129-256 where choose_tile takes 128 x 128 tiles with K split in two (or, with
+    8 k-blocks, the swapped 128-token tile over two tile-rows), and M = 100 where it
+    takes 128 x 128 tiles without a cluster (tests/test_gemm_choice.py), through the
+    public call, into a poisoned output."""
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(m, n, k, torch.bfloat16)

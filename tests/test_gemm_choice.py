@@ -18,15 +18,18 @@ BF16, INT8 = 2, 1
 @pytest.mark.parametrize(
     ("m", "n", "k", "element_bytes", "expected"),
     [
-        # 16-bit, M = 256: the swapped 128-token tile over two tile-rows where N = 4096
-        # leaves the plain tiles' grid at half the SMs; the plain tiles elsewhere.
-        (256, 4096, 4096, BF16, "swap-128x64"),
-        (256, 4096, 14336, BF16, "swap-128x64"),
+        # M = 256: 128 x 128 tiles with K split in two where N = 4096 leaves the plain
+        # tiles' grid at half the SMs, both dtypes; the plain tiles elsewhere.
+        (256, 4096, 4096, BF16, "128x128, split-K 2"),
+        (256, 4096, 14336, BF16, "128x128, split-K 2"),
         (256, 14336, 4096, BF16, "128x256-mc2"),
         (256, 28672, 8192, BF16, "128x256-mc2"),
-        # int8 keeps the plain tiles at M = 256 (its short k-loop).
-        (256, 4096, 4096, INT8, "128x128-mc2"),
-        (256, 4096, 14336, INT8, "128x128-mc2"),
+        (256, 4096, 4096, INT8, "128x128, split-K 2"),
+        (256, 4096, 14336, INT8, "128x128, split-K 2"),
+        # Too short a k-loop to split (8 k-blocks): 16-bit operands take the swapped
+        # 128-token tile over two tile-rows, int8 the plain tile.
+        (256, 4096, 512, BF16, "swap-128x64"),
+        (256, 4096, 1024, INT8, "128x128-mc2"),
         # M = 65-128 and N large: 128 x 128 tiles without a cluster, both dtypes.
         (128, 14336, 4096, INT8, "128x128"),
         (128, 28672, 8192, INT8, "128x128"),
@@ -55,8 +58,8 @@ def test_measured_choice(m, n, k, element_bytes, expected):
 @pytest.mark.parametrize("element_bytes", [BF16, INT8])
 @pytest.mark.parametrize("num_sms", [16, 78, 114, 132])
 def test_every_choice_is_a_tile_the_kernel_has(element_bytes, num_sms):
-    """On any SM count and shape: a compiled tile, a split it allows (1 for the plain
-    tiles), and swapped tiles only up to 256 tokens."""
+    """On any SM count and shape: a compiled tile, a split it allows, and swapped tiles
+    only up to 256 tokens."""
     for m, n, k in itertools.product(
         [1, 16, 63, 64, 65, 127, 128, 129, 200, 256, 257, 4096], [64, 4096, 14336], [64, 4096]
     ):

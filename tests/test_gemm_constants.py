@@ -25,8 +25,8 @@ ELEMENTS = {"bf16": ("__nv_bfloat16", 2), "int8": ("int8_t", 1)}
 
 def _program() -> str:
     """A host program printing, per element type and tile, one line of
-    ``element name tile_p tile_q tile_k shared_bytes(max_split)``, then the header's
-    limits."""
+    ``element name tile_p tile_q tile_k shared_bytes(max_split) max_split()``, then the
+    header's limits."""
     lines = [
         "#include <cuda_bf16.h>",
         "#include <cstdio>",
@@ -34,8 +34,8 @@ def _program() -> str:
         "using namespace mllm_kernel::cuda::hopper_gemm;",
         "template <typename C>",
         "void show(const char* element, const char* name, int split) {",
-        '  std::printf("%s %s %d %d %d %zu\\n", element, name, C::kTileP, C::kTileQ, C::kTileK,',
-        "              C::shared_bytes(split));",
+        '  std::printf("%s %s %d %d %d %zu %d\\n", element, name, C::kTileP, C::kTileQ,',
+        "              C::kTileK, C::shared_bytes(split), C::max_split());",
         "}",
         "int main() {",
     ]
@@ -56,8 +56,8 @@ def _program() -> str:
 
 @pytest.fixture(scope="module")
 def kernel_facts(tmp_path_factory):
-    """``({(element, tile name): (tile_p, tile_q, tile_k, shared bytes)}, limits)`` as the
-    C++ header computes them."""
+    """``({(element, tile name): (tile_p, tile_q, tile_k, shared bytes, largest split)},
+    limits)`` as the C++ header computes them."""
     lines = run_host_program(tmp_path_factory.mktemp("gemm_constants"), _program())
     facts, limits = {}, None
     for line in lines.splitlines():
@@ -76,7 +76,7 @@ def kernel_facts(tmp_path_factory):
 def test_tile_shapes_are_the_kernels(kernel_facts, element, tile):
     """tile_m / tile_n (what choose_tile counts tiles and waves with) are the kernel's
     P and Q extents, swapped for swap_ab tiles."""
-    tile_p, tile_q, _, _ = kernel_facts[0][element, tile.name]
+    tile_p, tile_q, _, _, _ = kernel_facts[0][element, tile.name]
     rows, cols = (tile_q, tile_p) if tile.swap_ab else (tile_p, tile_q)
     assert (tile.tile_m, tile.tile_n) == (rows, cols)
 
@@ -95,16 +95,16 @@ def test_a_k_block_is_the_kernels(kernel_facts, element):
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
 def test_every_split_choose_tile_may_pick_fits(kernel_facts, element, tile):
     """A split of max_split CTAs is one cluster, at most kMaxSplit, and its partial sums
-    fit beside the stages in an sm_90 block's shared memory (the kernel's own
-    shared_bytes); multicast tiles share their cluster and never split."""
-    _, _, _, shared = kernel_facts[0][element, tile.name]
+    fit in an sm_90 block's shared memory (the kernel's own shared_bytes), beside the
+    stages or in them (max_split(), which the launch checks); multicast tiles share
+    their cluster and never split."""
+    _, _, _, shared, kernel_max_split = kernel_facts[0][element, tile.name]
     limits = kernel_facts[1]
-    assert 1 <= tile.max_split <= limits["max_split"]
+    assert 1 <= tile.max_split <= min(limits["max_split"], kernel_max_split)
     assert tile.max_split & (tile.max_split - 1) == 0, "choose_tile doubles the split"
     assert shared <= limits["shared"], f"{shared} bytes for a split of {tile.max_split}"
     assert tile.multicast <= limits["max_split"]
     assert tile.multicast == 1 or tile.max_split == 1
-    assert tile.swap_ab or tile.max_split == 1, "only the swapped tiles split K"
 
 
 def test_gemm_objects_refuse_what_the_kernel_refuses(kernel_facts):

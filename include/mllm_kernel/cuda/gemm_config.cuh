@@ -57,6 +57,12 @@ struct TileConfig {
   static constexpr int kConsumerRegisters = 232;
   // One split partner's partial sums: every consumer thread's accumulators.
   static constexpr int kPartialBytes = kConsumerThreads * kAccumulators * 4;
+  // Split partners send their partial sums into rank 0's shared memory. One consumer's
+  // (at most 32 KB a partner) fit beside the stages. Two consumers' (64 KB a partner)
+  // go into rank 0's stage ring itself, idle once its k-loop has ended (a split launch
+  // gives each CTA one tile: run_gemm), after one more cluster barrier, so that no
+  // partner writes a stage rank 0 may still read.
+  static constexpr bool kPartialsInRing = kConsumers == 2;
   // The output leaves through shared memory and TMA stores, 64 rows x 128 bytes at a
   // time, two buffers per consumer (one filling while the other is read). Swapped
   // tiles write out^T, which TMA cannot, and go straight from registers.
@@ -71,13 +77,15 @@ struct TileConfig {
 
   // The dynamic shared memory, from its first 1024-byte boundary: the stages' P tiles,
   // their Q tiles, the store buffers, the staged column scales, the full and the empty
-  // barrier of every stage, then the split partners' partial sums (byte offsets).
+  // barrier of every stage, then the split partners' partial sums, unless they go into
+  // the stages (byte offsets).
   static constexpr int kOffsetQ = kStages * kTileBytesP;
   static constexpr int kOffsetStore = kStages * kStageBytes;
   static constexpr int kOffsetColScales = kOffsetStore + kStoreBytes;
   static constexpr int kOffsetBarriers = kOffsetColScales + kColScaleBytes;
-  static constexpr int kOffsetPartials =
+  static constexpr int kBarriersEnd =
       kOffsetBarriers + 2 * kStages * static_cast<int>(sizeof(MBarrier));
+  static constexpr int kOffsetPartials = kPartialsInRing ? 0 : kBarriersEnd;
 
   static_assert(kTileQ % 16 == 0 && kTileQ <= 256, "wgmma N extent");
   static_assert(kTileBytesP % 1024 == 0 && kTileBytesQ % (1024 * kMulticast) == 0,
@@ -87,7 +95,18 @@ struct TileConfig {
 
   /// Dynamic shared memory for a split of `split` CTAs (+1024 to align the tiles).
   static constexpr std::size_t shared_bytes(int split) {
-    return 1024 + std::size_t{kOffsetPartials} + std::size_t(split - 1) * kPartialBytes;
+    if constexpr (kPartialsInRing) return 1024 + std::size_t{kBarriersEnd};
+    return 1024 + std::size_t{kBarriersEnd} + std::size_t(split - 1) * kPartialBytes;
+  }
+
+  /// The largest split whose partial sums fit: the cluster's (kMaxSplit) or, with the
+  /// partial sums in the stage ring, the ring's.
+  static constexpr int max_split() {
+    if constexpr (kPartialsInRing) {
+      constexpr int kFit = 1 + kStages * kStageBytes / kPartialBytes;
+      return kFit < kMaxSplit ? kFit : kMaxSplit;
+    }
+    return kMaxSplit;
   }
 };
 

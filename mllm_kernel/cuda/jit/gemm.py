@@ -93,9 +93,10 @@ TILES = (
     # 8192^3 on an H100 against the same tiles without it (benchmarks/RESULTS.md).
     TileConfig("128x256-mc2", swap_ab=False, consumers=2, tile_q=256, stages=4, multicast=2),
     TileConfig("128x128-mc2", swap_ab=False, consumers=2, tile_q=128, stages=6, multicast=2),
-    # Without a cluster for 65-128 tokens, where a cluster's second tile-row is empty
-    # (choose_tile's mid-M rules).
-    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6),
+    # Without a multicast cluster for 65-256 tokens, where a cluster's second tile-row
+    # is empty or the tiles are too few to fill the SMs: K is split over a cluster then
+    # (choose_tile's mid-M rules; a split of 4 ran slower than 2 at every mid-M shape).
+    TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6, max_split=2),
     TileConfig("swap-16x64", swap_ab=True, consumers=1, tile_q=16, stages=8, max_split=8),
     TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
     TileConfig("swap-64x64", swap_ab=True, consumers=1, tile_q=64, stages=6, max_split=4),
@@ -194,15 +195,18 @@ def _ctas(choice: TileChoice, m: int, n: int) -> int:
 def _mid_m_tile(
     choice: TileChoice, m: int, n: int, k: int, num_sms: int, element_bytes: int
 ) -> TileChoice:
-    """``choice`` (what the rules for small or large ``m`` give), or the other tile
-    family for 64 < ``m`` <= 256 where ``choice`` leaves at least half the SMs idle or
-    the other one was measured faster (H200, ``--sweep-mid``, us):
+    """``choice`` (what the rules for small or large ``m`` give), or another tile for
+    64 < ``m`` <= 256 where ``choice`` leaves at least half the SMs idle or the other
+    one was measured faster (H200, ``--sweep-mid``, us):
 
-    - ``m`` in (128, 256], 16-bit operands: the plain tiles' grid is small when N is
-      (N = 4096: 32 tiles of 128 x 128 per 128 rows), and the swapped 128-token tile
-      over two tile-rows fills the SMs instead: M = 256, N = 4096, K = 4096 / 14336:
-      20.2 / 55.6 against 23.8 / 76.3 for 128 x 128. int8 keeps the plain tile (14.8
-      against 16.1 at K = 4096: its short k-loop favours the wide tile).
+    - ``m`` in (128, 256]: the plain tiles' grid is small when N is (N = 4096: 32 tiles
+      of 128 x 128 per 128 rows); 128 x 128 tiles with K split in two (from 16
+      k-blocks) fill the SMs and read each weight and activation byte once per tile:
+      M = 256, N = 4096, K = 4096 / 14336: bf16 19.4 / 49.8 against 20.0 / 55.3 for the
+      swapped 128-token tile over two tile-rows (before, 23.8 / 76.3 for 128 x 128
+      unsplit), int8 13.6 / 29.7 against 14.7 / 37.8 for 128 x 128 in clusters of 2.
+      Where that split does not fit one wave, 16-bit operands take the swapped tile
+      if it fills more than half the SMs.
     - ``m`` in (64, 128]: where N gives at least half a wave of 128 x 128 tiles, those
       tiles without a cluster (a cluster of two would pair the tile-row with an empty
       one): A is read once per 128 columns instead of once per 64, and both operands
@@ -215,8 +219,13 @@ def _mid_m_tile(
     """
     half = num_sms // 2
     if m > 128:
+        if _ctas(choice, m, n) > half:
+            return choice
+        split = TileChoice(_BY_NAME["128x128"], 2)
+        if _ctas(split, m, n) <= num_sms and _ceil_div(k * element_bytes, _K_BLOCK_BYTES) >= 16:
+            return split
         swapped = TileChoice(_BY_NAME["swap-128x64"])
-        if element_bytes == 2 and _ctas(choice, m, n) <= half < _ctas(swapped, m, n):
+        if element_bytes == 2 and half < _ctas(swapped, m, n):
             return swapped
         return choice
     plain = TileChoice(_BY_NAME["128x128"])
