@@ -291,8 +291,8 @@ __device__ __forceinline__ void mma_tile(typename Config::Acc (&acc)[Config::kAc
 /// rank 0 has read them: the caller's cluster_sync() after the store. Slots in the
 /// stage ring are written once rank 0's last wgmma has read it (the first barrier).
 /// (Reduce-scattering instead, each partner summing and storing a share of the tile
-/// from registers, measured no faster on an H200 at M = 1-256 and 4-19% slower for
-/// the 128 x 128 tile split in two, which then lost its TMA stores.)
+/// from registers, ran as fast at M = 1 and 16 and 3-6% slower at M = 128 on an H200:
+/// benchmarks/RESULTS.md, session 20.)
 template <typename Config>
 __device__ __forceinline__ void reduce_split_k(typename Config::Acc (&acc)[Config::kAccumulators],
                                                typename Config::Acc4* partials, const CtaWork& work,
