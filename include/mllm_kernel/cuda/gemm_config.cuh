@@ -63,12 +63,16 @@ struct TileConfig {
   // gives each CTA one tile: run_gemm), after one more cluster barrier, so that no
   // partner writes a stage rank 0 may still read.
   static constexpr bool kPartialsInRing = kConsumers == 2;
-  // The output leaves through shared memory and TMA stores, 64 rows x 128 bytes at a
-  // time, two buffers per consumer (one filling while the other is read). Swapped
-  // tiles write out^T, which TMA cannot, and go straight from registers.
+  // The output leaves through shared memory and TMA stores. Plain tiles: 64 rows x 128
+  // bytes at a time, two buffers per consumer (one filling while the other is read).
+  // Swapped tiles hold out^T: their one consumer's accumulators go transposed into a
+  // box of kTileQ output rows x 64 16-bit columns (epilogue.cuh), one store a tile; an
+  // fp32 output goes straight from registers instead.
   static constexpr bool kTmaStore = !kSwapAB;
   static constexpr int kStoreChunkBytes = 64 * 128;
-  static constexpr int kStoreBytes = kTmaStore ? kConsumers * 2 * kStoreChunkBytes : 0;
+  static constexpr int kStoreBytes =
+      kTmaStore ? kConsumers * 2 * kStoreChunkBytes : kTileQ * kSwizzle128Bytes;
+  static_assert(!kSwapAB || kConsumers == 1, "a swapped tile's one consumer owns the box");
   // int8 with TMA stores: the tile's column scales, staged in shared memory for the
   // epilogue (one copy for both consumers: two would not fit beside 4 stages).
   static constexpr bool kStageColScales = kInt8 && kTmaStore;

@@ -18,9 +18,9 @@
 // each B tile once for both (TMA multicast). For small M (decode) the roles swap
 // (P = b, Q = a): wgmma's M extent is fixed at 64, its N extent goes down to 8, so the
 // weight rows fill the 64-row side and a few tokens the narrow side; the output, C^T,
-// goes straight from registers. Small- and mid-M problems also split K over the CTAs
-// of a cluster, so that enough SMs stream the weights; the partial sums meet in the
-// first CTA's shared memory (distributed shared memory).
+// is transposed in shared memory and leaves by TMA too. Small- and mid-M problems also split K over
+// the CTAs of a cluster, so that enough SMs stream the weights; the partial sums meet in the first
+// CTA's shared memory (distributed shared memory).
 //
 // The kernel body reads as its steps, each a __forceinline__ function below:
 //   cta_work, tile_origin    which tiles and k-blocks this CTA takes (tile scheduling);
@@ -28,13 +28,15 @@
 //   run_producer             load_k_block per k-block: wait for a free stage, TMA in;
 //   run_consumer, per tile   load_epilogue_scales, mma_tile (wgmma over the stages,
 //                            release_stage), reduce_split_k, stage_col_scales,
-//                            store_output (store_tile_tma or store_tile).
+//                            store_output (store_tile_tma, store_tile_transposed
+//                            or store_tile).
 // Inlined, they compile to the SASS the kernel had when it was one body (nvcc 13.0,
 // every variant, instruction for instruction: cuobjdump -sass). To keep it so, a few
 // things are written in an order that may look arbitrary (CtaWork's fields, the Q
 // tile's address before the P copy, the `&` in load_epilogue_scales): other orders
 // moved instructions and registers.
 #include "mllm_kernel/cuda/cluster.cuh"
+#include "mllm_kernel/cuda/epilogue.cuh"
 #include "mllm_kernel/cuda/gemm_config.cuh"
 #include "mllm_kernel/cuda/gemm_operands.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
@@ -502,6 +504,42 @@ __device__ __forceinline__ void store_tile_tma(
   }
 }
 
+/// Writes a swapped tile (C = out^T: C's rows are output columns) in Out, a 16-bit type,
+/// scaled (int8) and adding the bias: transposed into the box in shared memory
+/// (stage_transposed_box), then one TMA store, which clips the rows past M and the
+/// columns past N. 2-byte stores straight from the accumulators half-filled every
+/// sector they touched (ncu: 50% excess sectors at M = 128, N = K = 4096).
+template <typename Config, typename Out>
+__device__ __forceinline__ void store_tile_transposed(
+    const Params& params, const typename Config::Acc (&acc)[Config::kAccumulators], int row_base,
+    int col_base, uint8_t* box, const CUtensorMap* map_out) {
+  const Out* bias = static_cast<const Out*>(params.bias);
+  const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  float add[2], scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int col = row_base + 16 * warp + lane / 4 + 8 * h;  // an output column
+    const bool in_matrix = col < params.rows_p;
+    add[h] = bias && in_matrix ? to_float(bias[col]) : 0.0f;
+    scale[h] = in_matrix ? col_scale<Config>(params, col) : 0.0f;
+  }
+  if (thread == 0) tma_store_wait_read<0>();  // the last tile's store has read the box
+  warpgroup_barrier(1);
+  stage_transposed_box<Out, Config::kTileQ>(shared_address(box), warp, lane, [&](int i, int h) {
+    const int row = col_base + 8 * (i / 4) + 2 * (lane % 4) + i % 2;  // an output row
+    const float s = row < params.rows_q ? row_scale<Config>(params, row) : 0.0f;
+    return dequantize(acc[i], s, scale[h]) + add[h];
+  });
+  fence_shared_for_tma();
+  warpgroup_barrier(1);
+  if (thread == 0) {
+    tma_store_2d(map_out, box, row_base, col_base);
+    tma_store_commit();
+  }
+}
+
 /// Stores consumer `consumer`'s tile in the output dtype, through shared memory and
 /// TMA where the output allows it, else straight from registers.
 template <typename T, typename Config>
@@ -512,6 +550,13 @@ __device__ __forceinline__ void store_output(
   uint8_t* buffers = smem.store_buffers + consumer * 2 * Config::kStoreChunkBytes;
   auto store = [&](auto out_type) {
     using Out = decltype(out_type);
+    if constexpr (Config::kSwapAB && sizeof(Out) == 2) {
+      if (params.tma_store) {
+        store_tile_transposed<Config, Out>(params, acc, row_base, col_base, smem.store_buffers,
+                                           map_out);
+        return;
+      }
+    }
     if (Config::kTmaStore && params.tma_store) {
       store_tile_tma<Config, Out>(params, acc, row_base, col_base, scales.rows, smem.col_scales,
                                   buffers, map_out, 1 + consumer, chunk);
@@ -558,7 +603,7 @@ __device__ __forceinline__ void run_consumer(const Params& params,
     if (work.split > 1) cluster_sync();  // rank 0 has read the partial sums: slots reusable
   }
   // The stores must finish reading shared memory (and writing) before the CTA exits.
-  if (Config::kTmaStore && threadIdx.x % kWarpgroupThreads == 0) tma_store_wait<0>();
+  if (params.tma_store && threadIdx.x % kWarpgroupThreads == 0) tma_store_wait<0>();
 }
 
 /// The kernel: the stage ring set up, warpgroup 0 produces and the others consume.
@@ -598,8 +643,8 @@ CUtensorMap matrix_map(const Operand& m, int box_rows) {
                               static_cast<uint32_t>(kSwizzle128Bytes / kBytes), type, kBytes});
 }
 
-/// The output's tensor map for TMA stores: boxes of 64 rows x 128 bytes.
-inline CUtensorMap output_map(const TensorView& out) {
+/// The output's tensor map for TMA stores: boxes of `box_rows` rows x 128 bytes.
+inline CUtensorMap output_map(const TensorView& out, int box_rows) {
   const bool fp32 = is_dtype<fp32_t>(out.dtype());
   const CUtensorMapDataType type = fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : is_dtype<bf16_t>(out.dtype())
@@ -608,8 +653,8 @@ inline CUtensorMap output_map(const TensorView& out) {
   const uint32_t element = fp32 ? 4 : 2;
   return tma_map_2d(TmaMatrix{data_ptr<const void>(out), static_cast<uint64_t>(out.size(0)),
                               static_cast<uint64_t>(out.size(1)),
-                              static_cast<uint64_t>(out.stride(0)) * element, 64, 128 / element,
-                              type, element});
+                              static_cast<uint64_t>(out.stride(0)) * element,
+                              static_cast<uint32_t>(box_rows), 128 / element, type, element});
 }
 
 /// Runs `Config`'s kernel on checked operands (a [M, K], b [N, K], out [M, N]); `params`
@@ -653,10 +698,12 @@ void run_gemm(const TensorView& out, const Operand& a, const Operand& b, Params 
   const CUtensorMap map_q = empty_k ? CUtensorMap{} : matrix_map<T>(q, Config::kTileQ / kMulticast);
 
   const std::size_t out_element = out_fp32 ? 4 : 2;
-  params.tma_store = Config::kTmaStore && !empty_k &&
+  // Swapped tiles store 16-bit outputs only through TMA (stmatrix moves 16-bit values).
+  params.tma_store = (Config::kTmaStore || !out_fp32) && !empty_k &&
                      reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % kTmaAlignBytes == 0 &&
                      out.stride(0) * out_element % kTmaAlignBytes == 0;
-  const CUtensorMap map_out = params.tma_store ? output_map(out) : CUtensorMap{};
+  const CUtensorMap map_out =
+      params.tma_store ? output_map(out, Config::kSwapAB ? Config::kTileQ : 64) : CUtensorMap{};
 
   const std::size_t shared = Config::shared_bytes(static_cast<int>(split));
   RuntimeCheck(shared <= max_shared_memory_per_block(dev), "gemm: a split of ", split, " needs ",

@@ -36,11 +36,12 @@
 // StageRing (the stages and their barriers), the producer (produce_k_blocks,
 // run_producer), the consumers' main loop (consume_k_blocks over run_k_block and
 // dequant_k_block), the cluster's split-K sum (sum_over_cluster) and the epilogue
-// (store_output_tile).
+// (store_output_tile, over epilogue.cuh's stage_transposed_box).
 #include <tvm/ffi/optional.h>
 
 #include "mllm_kernel/cuda/cluster.cuh"
 #include "mllm_kernel/cuda/dequant.cuh"
+#include "mllm_kernel/cuda/epilogue.cuh"
 #include "mllm_kernel/cuda/marlin_config.cuh"
 #include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
@@ -403,32 +404,6 @@ __device__ __forceinline__ void channel_scales(float (&scale)[2], const marlin::
   }
 }
 
-/// The thread's sums, scaled, cast to T and transposed by stmatrix into `box`: acc[4 j +
-/// 2 h + e] is weight column 16 w + g + 8 h (of the consumer's 64) and token
-/// 8 j + 2 t + e, and the box holds c's rows, [kTokens][64] 128-byte swizzled (the 8
-/// rows a matrix writes fall in 8 different 16-byte columns).
-template <typename T, class Config>
-__device__ __forceinline__ void stage_output_box(uint8_t* box,
-                                                 const float (&acc)[Config::kAccumulators],
-                                                 const float (&scale)[2],
-                                                 const ConsumerThread& id) {
-  // This lane addresses row `lane % 8` of matrix `lane / 8` = (token block j + m / 2,
-  // columns 16 w + 8 (m % 2) ..: the box row's 16-byte piece 2 w + m % 2).
-  const int matrix = id.lane / 8;
-#pragma unroll
-  for (int j = 0; j < Config::kTokens / 8; j += 2) {
-    uint32_t frag[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int i = 4 * (j + m / 2) + 2 * (m % 2);
-      frag[m] = bits_of<T>(pair_of<T>(acc[i] * scale[m % 2], acc[i + 1] * scale[m % 2]));
-    }
-    const int token = 8 * (j + matrix / 2) + id.lane % 8;
-    const int piece = (2 * id.warp + matrix % 2) ^ (token % 8);
-    stmatrix_x4_trans(shared_address(box) + token * kSwizzle128Bytes + piece * 16, frag);
-  }
-}
-
 /// The epilogue: each consumer's 64 columns go through a box in shared memory (the
 /// ring's first bytes) and leave with one TMA store, which writes whole 128-byte row
 /// pieces and clips the rows past M; 2-byte stores straight from the accumulators
@@ -443,7 +418,10 @@ __device__ __forceinline__ void store_output_tile(const float (&acc)[Config::kAc
   float scale[2] = {1.f, 1.f};
   channel_scales<T>(scale, p, work, id, col_base);
   uint8_t* box = ring.shared + id.consumer * Config::kOutBoxBytes;
-  stage_output_box<T, Config>(box, acc, scale, id);
+  // acc[4 j + 2 h + e] is weight column 16 w + g + 8 h (of the consumer's 64) and token
+  // 8 j + 2 t + e: the box holds c's rows, [kTokens][64].
+  stage_transposed_box<T, Config::kTokens>(shared_address(box), id.warp, id.lane,
+                                           [&](int i, int h) { return acc[i] * scale[h]; });
   fence_shared_for_tma();
   warpgroup_barrier(1 + id.consumer);
   if (threadIdx.x % kWarpgroupThreads == 0 && col_base < p.n) {
