@@ -175,13 +175,13 @@ def test_a_split_past_the_tiles_partial_sums_is_refused():
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("m", "n", "k"),
-    [(256, 4096, 1024), (200, 4096, 2048), (129, 4104, 1000), (256, 4096, 512), (100, 9000, 1032)],
+    [(256, 4096, 1024), (200, 4096, 2048), (129, 4104, 1000), (200, 4104, 6152), (100, 9000, 1032)],
 )
 def test_gemm_mid_m_choices(gemm_path, m, n, k):
-    """M = 129-256 where choose_tile takes 128 x 128 tiles with K split in two (or, with
-    8 k-blocks, the swapped 128-token tile over two tile-rows), and M = 100 where it
-    takes 128 x 128 tiles without a cluster (tests/test_gemm_choice.py), through the
-    public call, into a poisoned output."""
+    """M = 129-256 where choose_tile takes the swapped 128-token tile over two tile-rows
+    or, with a long k-loop (K = 6152), 128 x 128 tiles with K split in two, and M = 100
+    where it takes 128 x 128 tiles without a cluster (tests/test_gemm_choice.py),
+    through the public call, into a poisoned output."""
     from mllm_kernel.cuda.jit import gemm
 
     a, b = _operands(m, n, k, torch.bfloat16)

@@ -137,14 +137,14 @@ def test_int8_scaled_mm_grid(gemm_path, m, n, k, with_bias, out_dtype):
         (128, 14336, 1024),
         (100, 12288, 512),
         (256, 4096, 1024),
-        (200, 4104, 4096),
+        (200, 4104, 12304),
     ],
 )
 def test_int8_mid_m_choices(m, n, k):
     """The shapes where choose_tile takes another tile (tests/test_gemm_choice.py)
     through the public call: two tile-rows of the 64-token tile, 128 x 128 tiles without
-    a cluster, 128 x 128 tiles in clusters of 2 (8 k-blocks) or with K split in two, into
-    a poisoned output."""
+    a cluster, the swapped 128-token tile over two tile-rows, 128 x 128 tiles with K
+    split in two (K = 12304), into a poisoned output."""
     a, w = _int8(m, k), _int8(n, k)
     scales_a, scales_b = _scales(m), _scales(n)
     _poison_allocator(m, n, torch.bfloat16)

@@ -18,18 +18,15 @@ BF16, INT8 = 2, 1
 @pytest.mark.parametrize(
     ("m", "n", "k", "element_bytes", "expected"),
     [
-        # M = 256: 128 x 128 tiles with K split in two where N = 4096 leaves the plain
-        # tiles' grid at half the SMs, both dtypes; the plain tiles elsewhere.
-        (256, 4096, 4096, BF16, "128x128, split-K 2"),
+        # M = 256 where N = 4096 leaves the plain tiles' grid at half the SMs: 128 x 128
+        # tiles with K split in two for a long k-loop (>= 96 k-blocks), the swapped
+        # 128-token tile over two tile-rows for a shorter one; the plain tiles elsewhere.
         (256, 4096, 14336, BF16, "128x128, split-K 2"),
+        (256, 4096, 14336, INT8, "128x128, split-K 2"),
+        (256, 4096, 4096, BF16, "swap-128x64"),
+        (256, 4096, 4096, INT8, "swap-128x64"),
         (256, 14336, 4096, BF16, "128x256-mc2"),
         (256, 28672, 8192, BF16, "128x256-mc2"),
-        (256, 4096, 4096, INT8, "128x128, split-K 2"),
-        (256, 4096, 14336, INT8, "128x128, split-K 2"),
-        # Too short a k-loop to split (8 k-blocks): 16-bit operands take the swapped
-        # 128-token tile over two tile-rows, int8 the plain tile.
-        (256, 4096, 512, BF16, "swap-128x64"),
-        (256, 4096, 1024, INT8, "128x128-mc2"),
         # M = 65-128 and N large: 128 x 128 tiles without a cluster, both dtypes.
         (128, 14336, 4096, INT8, "128x128"),
         (128, 28672, 8192, INT8, "128x128"),

@@ -200,13 +200,12 @@ def _mid_m_tile(
     one was measured faster (H200, ``--sweep-mid``, us):
 
     - ``m`` in (128, 256]: the plain tiles' grid is small when N is (N = 4096: 32 tiles
-      of 128 x 128 per 128 rows); 128 x 128 tiles with K split in two (from 16
-      k-blocks) fill the SMs and read each weight and activation byte once per tile:
-      M = 256, N = 4096, K = 4096 / 14336: bf16 19.4 / 49.8 against 20.0 / 55.3 for the
-      swapped 128-token tile over two tile-rows (before, 23.8 / 76.3 for 128 x 128
-      unsplit), int8 13.6 / 29.7 against 14.7 / 37.8 for 128 x 128 in clusters of 2.
-      Where that split does not fit one wave, 16-bit operands take the swapped tile
-      if it fills more than half the SMs.
+      of 128 x 128 per 128 rows). With a long k-loop (96 k-blocks or more), 128 x 128
+      tiles with K split in two fill the SMs; otherwise the swapped 128-token tile over
+      two tile-rows does, where it fills more than half of them. M = 256, N = 4096,
+      K = 14336: bf16 50.0 (split) against 53.7 (swapped), int8 30.0 against 31.1 and
+      38.0 for 128 x 128 in clusters of 2; K = 4096: bf16 18.4 (swapped) against 19.6,
+      int8 12.5 against 13.8 and 15.0.
     - ``m`` in (64, 128]: where N gives at least half a wave of 128 x 128 tiles, those
       tiles without a cluster (a cluster of two would pair the tile-row with an empty
       one): A is read once per 128 columns instead of once per 64, and both operands
@@ -222,12 +221,10 @@ def _mid_m_tile(
         if _ctas(choice, m, n) > half:
             return choice
         split = TileChoice(_BY_NAME["128x128"], 2)
-        if _ctas(split, m, n) <= num_sms and _ceil_div(k * element_bytes, _K_BLOCK_BYTES) >= 16:
+        if _ctas(split, m, n) <= num_sms and _ceil_div(k * element_bytes, _K_BLOCK_BYTES) >= 96:
             return split
         swapped = TileChoice(_BY_NAME["swap-128x64"])
-        if element_bytes == 2 and half < _ctas(swapped, m, n):
-            return swapped
-        return choice
+        return swapped if half < _ctas(swapped, m, n) else choice
     plain = TileChoice(_BY_NAME["128x128"])
     if _ctas(plain, m, n) >= half:
         return plain
