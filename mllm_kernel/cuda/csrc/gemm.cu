@@ -18,9 +18,9 @@
 // each B tile once for both (TMA multicast). For small M (decode) the roles swap
 // (P = b, Q = a): wgmma's M extent is fixed at 64, its N extent goes down to 8, so the
 // weight rows fill the 64-row side and a few tokens the narrow side; the output, C^T,
-// is transposed in shared memory and leaves by TMA too. Small- and mid-M problems also split K over
-// the CTAs of a cluster, so that enough SMs stream the weights; the partial sums meet in the first
-// CTA's shared memory (distributed shared memory).
+// is transposed in shared memory and leaves by TMA too. Small- and mid-M problems also
+// split K over the CTAs of a cluster, so that enough SMs stream the weights; the
+// partial sums meet in the first CTA's shared memory (distributed shared memory).
 //
 // The kernel body reads as its steps, each a __forceinline__ function below:
 //   cta_work, tile_origin    which tiles and k-blocks this CTA takes (tile scheduling);
@@ -30,7 +30,7 @@
 //                            release_stage), reduce_split_k, stage_col_scales,
 //                            store_output (store_tile_tma, store_tile_transposed
 //                            or store_tile).
-// Inlined, they compile to the SASS the kernel had when it was one body (nvcc 13.0,
+// Inlined, they compiled to the SASS the kernel had when it was one body (nvcc 13.0,
 // every variant, instruction for instruction: cuobjdump -sass). To keep it so, a few
 // things are written in an order that may look arbitrary (CtaWork's fields, the Q
 // tile's address before the P copy, the `&` in load_epilogue_scales): other orders
