@@ -29,7 +29,11 @@ The contenders, each on bf16 q, k, v, a, b and fp32 A_log, dt_bias:
   ``use_qk_l2norm_in_kernel``), ``state_v_first`` (the pool's [V, K] layout). It takes
   no pool indices: its initial state is a contiguous block of the pool's rows (a view,
   no gather) and its final state a new fp32 tensor, so it moves the bytes ours does; the
-  scatter back into the pool that a serving engine adds is not counted.
+  scatter back into the pool that a serving engine adds is not counted. A graph's calls
+  of it all write their final states to the same memory, freed and reused, which L2
+  holds at small batches; 'fla kept' keeps each call's final state instead, so that they
+  rotate through HBM as the pool's rows do, and 'fla + wb' copies it into the pool's
+  rows (the write-back counted).
 * original: the original mllm-kernel's ``gdn_decode``, imported from its source tree
   (``--original``) and built by its own JIT on first use; fp32 pools only; warm indices
   as ours.
@@ -178,17 +182,33 @@ def blocks(batch: int, rows: int) -> list[tuple[int, torch.Tensor]]:
     ]
 
 
-def fla_call(fused_recurrent: Callable, case: dict, first: int) -> Callable[[], object]:
+def fla_call(
+    fused_recurrent: Callable, case: dict, first: int, finish: str = ""
+) -> Callable[[], object]:
+    """fla's decode step on the pool's block of rows from ``first``; its output. Its final
+    state goes to a new tensor, which ``finish`` says what becomes of:
+    - "" (fla): dropped, so a graph's calls all write it to the same memory, which L2
+      holds at small batches (a serving engine's next step reads other states);
+    - "kept": kept alive, so that each call of a graph writes its own (as many as the
+      graph has calls: rotating through HBM like the pool's rows);
+    - "write-back": copied into the pool's rows, as a serving engine needs it there
+      (ours updates the pool in place)."""
     state = case["state_pool"][first : first + len(case["q"])]
+    kept = []
 
     def call():
-        return fused_recurrent(
+        out, final = fused_recurrent(
             case["q"][:, None], case["k"][:, None], case["v"][:, None],
             g=case["a"][:, None], beta=case["b"][:, None], A_log=case["A_log"],
             dt_bias=case["dt_bias"], initial_state=state, output_final_state=True,
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
             use_beta_sigmoid_in_kernel=True, state_v_first=True,
-        )[0][:, 0]  # fmt: skip
+        )  # fmt: skip
+        if finish == "kept":
+            kept.append(final)
+        elif finish == "write-back":
+            state.copy_(final)
+        return out[:, 0]
 
     return call
 
@@ -226,7 +246,9 @@ def contenders(
     for config in configs:
         found[f"ours c{config}"] = [forced_call(t, index, config) for t in views]
     if fused_recurrent is not None:
-        found["fla"] = [fla_call(fused_recurrent, case, first) for first, _ in sets]
+        for finish in ("", "kept", "write-back"):
+            name = f"fla, {finish}" if finish else "fla"
+            found[name] = [fla_call(fused_recurrent, case, first, finish) for first, _ in sets]
     if original is not None and pool.dtype == torch.float32:
         found["original"] = [lambda t=t: original(**t, cache_indices=index) for t in views]
     flag = torch.zeros(1, device="cuda")
@@ -509,11 +531,16 @@ def render(rows: list[dict], copy_gbs: float, notes: list[str]) -> str:
         "  + written), both in the same run; 'x floor':",
         f"  ours over it. 1 GiB copy: {copy_gbs:.0f} GB/s. 'fla / ours', 'original / ours':",
         "  their time over ours (> 1: ours is faster).",
+        "- fla's final state goes to a new tensor: 'fla' drops it (a graph's calls then all",
+        "  write the same memory, which L2 holds at small batches), 'fla kept' keeps each",
+        "  call's (they rotate through HBM as the pool's rows do), 'fla + wb' copies it into",
+        "  the pool's rows (what a serving engine adds; ours updates the pool in place).",
         *notes,
         "",
         "| batch | state | state MB | launch | floor | ours | x floor | ours GB/s | fla "
-        "| fla / ours | original | original / ours | max abs error vs float64 |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| fla / ours | fla kept / ours | fla + wb / ours | original | original / ours "
+        "| max abs error vs float64 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
 
     def us(seconds):
@@ -530,7 +557,8 @@ def render(rows: list[dict], copy_gbs: float, notes: list[str]) -> str:
             f"{row['bytes'] / 2**20:.0f} | {us(row.get('launch'))} | {us(row.get('floor'))} | "
             f"{us(ours)} | "
             f"{ratio(ours, row.get('floor'))} | {gbs:.0f} | {us(row.get('fla'))} | "
-            f"{ratio(row.get('fla'), ours)} | {us(row.get('original'))} | "
+            f"{ratio(row.get('fla'), ours)} | {ratio(row.get('fla, kept'), ours)} | "
+            f"{ratio(row.get('fla, write-back'), ours)} | {us(row.get('original'))} | "
             f"{ratio(row.get('original'), ours)} | {row['check'] or '-'} |"
         )
     forced = sorted({name for row in rows for name in row if name.startswith("ours c")})
