@@ -42,6 +42,12 @@ __device__ __forceinline__ void cp_async_8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(address), "l"(src) : "memory");
 }
 
+/// Asks L2 to fetch the 128-byte line holding `src` (nothing to wait for; a later load
+/// of it then waits for L2, not for memory).
+__device__ __forceinline__ void prefetch_l2_line(const void* src) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src) : "memory");
+}
+
 /// Closes the group of copies issued by this thread since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

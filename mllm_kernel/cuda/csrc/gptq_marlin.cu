@@ -247,6 +247,18 @@ struct GroupValues {
     }
   }
 
+  /// Asks L2 for group `group`'s scales of the warp's 64 columns (lane 0: one 128-byte
+  /// line), so that their load, a group later, waits for L2 alone. Zero points are left
+  /// out, and float zero points' builds ask for nothing: there it spilled the 16-token
+  /// build (40 bytes).
+  __device__ __forceinline__ static void prefetch(const Params& p, int group, int col0, int lane) {
+    if constexpr (ZeroMode != kFloatZero) {
+      if (lane == 0) {
+        prefetch_l2_line(static_cast<const T*>(p.scales) + int64_t{group} * p.n + col0);
+      }
+    }
+  }
+
   template <bool ActOrder>
   __device__ __forceinline__ void apply(TileConstants<T, Bits, ActOrder>& tc) const {
     tc.scale[0] = scale;
@@ -557,14 +569,17 @@ struct WeightRing {
   }
 
   /// Copies slice tile `r`, the next one, into `slot` (zeros past the slice, or when the
-  /// warp's columns do not exist) and moves on.
+  /// warp's columns do not exist) and moves on. `InSlice`: the caller knows r < tiles, so
+  /// `next` moves on unconditionally (a warp without columns walks column tile 0's rows of
+  /// the slice, copying nothing).
+  template <bool InSlice = false>
   __device__ __forceinline__ void load(int r, unsigned char* slot, const StreamSlice& s) {
-    const bool valid = s.warp_valid && r < s.tiles;
+    const bool valid = s.warp_valid && (InSlice || r < s.tiles);
 #pragma unroll
     for (int v = 0; v < kLaneBytes / 16; ++v) {
       cp_async_16_or_zero(slot + 16 * v, next + 16 * v, valid);
     }
-    if (valid) next += row_bytes;
+    if (InSlice || valid) next += row_bytes;
     if constexpr (C::kRingScales) {
       // Tiles past the slice are never read: their scales need no copy.
       if (valid) cp_async_8(scale_slot(r), scales + nvfp4_scale_offset(s.kt_begin + r, 0, n));
@@ -715,17 +730,21 @@ struct StreamConsumer {
 };
 
 /// When the dequantization constants change along K. Grouped: each group's values are
-/// loaded one group ahead and take over at the group's first tile. Slices start at a
-/// multiple of 4 tiles and groups span a power of two >= 2 of them, so groups change
-/// only at the first (or, for 2-tile groups, the third) tile of a turn: checked there
-/// alone, the switch costs nothing on the other tiles. Per-channel constants never
-/// change; act-order's are each tile's own (act_order_constants, in the main loop).
+/// loaded one group ahead and take over at the group's first tile; L2 is asked for them
+/// kPrefetchGroups further ahead (ncu, H200, 28672 x 8192, M = 1: without it, 10% of
+/// the stall samples waited on the one-group-ahead load). Slices start at a multiple of
+/// 4 tiles and groups span a power of two >= 2 of them, so groups change only at the
+/// first (or, for 2-tile groups, the third) tile of a turn: checked there alone, the
+/// switch costs nothing on the other tiles. Per-channel constants never change;
+/// act-order's are each tile's own (act_order_constants, in the main loop).
 template <class C>
 struct GroupSchedule {
+  static constexpr int kPrefetchGroups = 2;
+  using Values = GroupValues<typename C::T, C::kBits, C::kZeroMode>;
   int group_tiles;        // k16 tiles per group (groups are >= 32 rows); 0: none
   int next_kt = INT_MAX;  // the next group's first tile (never reached ungrouped)
   int next_index = 0;     // and its index
-  GroupValues<typename C::T, C::kBits, C::kZeroMode> next;  // and its values
+  Values next;            // and its values
 
   /// The slice's first constants into `consumer`'s: its first group's (the next
   /// group's values on their way), or the per-channel ones.
@@ -740,12 +759,15 @@ struct GroupSchedule {
     if (!s.warp_valid) return;
     if (grouped) {
       const int group = s.kt_begin / group_tiles;
-      GroupValues<typename C::T, C::kBits, C::kZeroMode> first;
+      Values first;
       first.load(p, group, s.col0, s.lane);
       first.apply(consumer.constants);
       next_index = min(group + 1, p.groups - 1);
       next.load(p, next_index, s.col0, s.lane);
       next_kt = (group + 1) * group_tiles;
+      for (int ahead = 1; ahead <= kPrefetchGroups; ++ahead) {
+        Values::prefetch(p, min(next_index + ahead, p.groups - 1), s.col0, s.lane);
+      }
     } else if (!C::kActOrder) {
       channel_constants(consumer.constants, p, s.col0, s.lane);
     }
@@ -759,52 +781,77 @@ struct GroupSchedule {
     consumer.begin_group(next);
     next_index = min(next_index + 1, p.groups - 1);
     next.load(p, next_index, s.col0, s.lane);
+    Values::prefetch(p, min(next_index + kPrefetchGroups, p.groups - 1), s.col0, s.lane);
     next_kt += group_tiles;
   }
 };
 
-/// The main loop over the slice's k16 tiles, four a turn (slots, chunk offsets and loop
-/// tests are paid once per four). Each tile: wait for its copies (and any A chunk sent
-/// with them), take its scales (act-order's; NVFP4's from the ring), multiply, and send
-/// the copy of the tile kDepth ahead into the slot just read. Built twice: only 2-tile
-/// groups (32 rows) check for a new group mid-turn.
+/// One turn of the main loop: slice tiles r0 .. r0 + 3. Each tile: wait for its copies
+/// (and any A chunk sent with them), take its scales (act-order's; NVFP4's from the
+/// ring), multiply, and send the copy of the tile kDepth ahead into the slot just read.
+/// `Steady`: the turn and the copies it sends lie within the slice, so no tile is tested
+/// against the slice's end and, with deferred scales, none against the warp's columns (a
+/// warp without columns multiplies the zeros it copied, and its sums are never stored).
+/// Only 2-tile groups (32 rows) check for a new group mid-turn.
+template <class C, bool TwoTileGroups, bool Steady>
+__device__ __forceinline__ void stream_turn(int r0, const Params& p, const StreamSlice& s,
+                                            unsigned char* smem, WeightRing<C>& weights,
+                                            const ChunkFragments<C>& chunks,
+                                            GroupSchedule<C>& groups, StreamConsumer<C>& consumer) {
+  const uint32_t a_tiles = chunks.turn(r0);
+  unsigned char* ring_turn = weights.lane_slot(r0 % C::kDepth);
+  if constexpr (!C::kActOrder && !C::kRingScales) {
+    if (s.warp_valid) groups.switch_at(s.kt_begin + r0, consumer, p, s);
+  }
+#pragma unroll
+  for (int u = 0; u < kTurnTiles; ++u) {
+    const int r = r0 + u;
+    cp_async_wait<C::kDepth - 1>();  // tile r, and any A chunk sent with it, landed
+    if (u == 0 && r0 % kChunkTiles == 0) {
+      __syncthreads();  // the chunk is visible to all; all are done with the other buffer
+      if (r0 + kChunkTiles < s.tiles) load_activation_chunk<C>(p, s, smem, r0 / kChunkTiles + 1);
+    }
+    unsigned char* slot = ring_turn + u * WeightRing<C>::kSlotStride;
+    const int kt = s.kt_begin + r;
+    const bool multiply = Steady ? (C::kDeferred || s.warp_valid) : s.warp_valid && r < s.tiles;
+    if (multiply) {
+      if constexpr (C::kActOrder) {
+        act_order_constants(consumer.constants, p, int64_t{kt} * 16 + 2 * (s.lane % 4), s.col0,
+                            s.lane);
+      } else if constexpr (C::kRingScales) {
+        consumer.constants.scale[0] = Nvfp4Scales<typename C::T>::eight(weights.scale_bytes(r));
+      } else if constexpr (TwoTileGroups) {
+        if (u == 2) groups.switch_at(kt, consumer, p, s);  // a warp without columns: never
+      }
+      consumer.multiply(chunks, a_tiles, u, WeightRing<C>::words(slot), s.rows);
+    }
+    // Into the slot just read (its reads have completed).
+    weights.template load<Steady>(r + C::kDepth, slot, s);
+    cp_async_commit();
+  }
+}
+
+/// The main loop over the slice's k16 tiles, a turn of four at a time (slots, chunk
+/// offsets and loop tests are paid once per four). With deferred scales (the decode
+/// builds, up to 16 tokens), steady turns while every copy a turn sends lies within the
+/// slice, then the last kDepth / 4 turns (and a partial one) with their tests. With the
+/// scales' L2 prefetch (GroupSchedule) this took M = 1 from 45.9 to 41.7 us at 28672 x
+/// 8192 and 18.5 to 16.7 at 4096 x 14336 (H200; RESULTS.md, session 21). The other
+/// builds, whose timings were not taken with it, test every turn.
 template <class C, bool TwoTileGroups>
 __device__ __forceinline__ void stream_main_loop(const Params& p, const StreamSlice& s,
                                                  unsigned char* smem, WeightRing<C>& weights,
                                                  const ChunkFragments<C>& chunks,
                                                  GroupSchedule<C>& groups,
                                                  StreamConsumer<C>& consumer) {
-  for (int r0 = 0; r0 < s.tiles; r0 += kTurnTiles) {
-    const uint32_t a_tiles = chunks.turn(r0);
-    unsigned char* ring_turn = weights.lane_slot(r0 % C::kDepth);
-    if constexpr (!C::kActOrder && !C::kRingScales) {
-      if (s.warp_valid) groups.switch_at(s.kt_begin + r0, consumer, p, s);
+  int r0 = 0;
+  if constexpr (C::kDeferred) {
+    for (; r0 + kTurnTiles + C::kDepth <= s.tiles; r0 += kTurnTiles) {
+      stream_turn<C, TwoTileGroups, true>(r0, p, s, smem, weights, chunks, groups, consumer);
     }
-#pragma unroll
-    for (int u = 0; u < kTurnTiles; ++u) {
-      const int r = r0 + u;
-      cp_async_wait<C::kDepth - 1>();  // tile r, and any A chunk sent with it, landed
-      if (u == 0 && r0 % kChunkTiles == 0) {
-        __syncthreads();  // the chunk is visible to all; all are done with the other buffer
-        if (r0 + kChunkTiles < s.tiles) load_activation_chunk<C>(p, s, smem, r0 / kChunkTiles + 1);
-      }
-      unsigned char* slot = ring_turn + u * WeightRing<C>::kSlotStride;
-      const int kt = s.kt_begin + r;
-      if (s.warp_valid && r < s.tiles) {
-        if constexpr (C::kActOrder) {
-          act_order_constants(consumer.constants, p, int64_t{kt} * 16 + 2 * (s.lane % 4), s.col0,
-                              s.lane);
-        } else if constexpr (C::kRingScales) {
-          consumer.constants.scale[0] = Nvfp4Scales<typename C::T>::eight(weights.scale_bytes(r));
-        } else if constexpr (TwoTileGroups) {
-          if (u == 2) groups.switch_at(kt, consumer, p, s);
-        }
-        consumer.multiply(chunks, a_tiles, u, WeightRing<C>::words(slot), s.rows);
-      }
-      // Into the slot just read (its reads have completed).
-      weights.load(r + C::kDepth, slot, s);
-      cp_async_commit();
-    }
+  }
+  for (; r0 < s.tiles; r0 += kTurnTiles) {
+    stream_turn<C, TwoTileGroups, false>(r0, p, s, smem, weights, chunks, groups, consumer);
   }
 }
 
