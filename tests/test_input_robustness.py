@@ -250,13 +250,14 @@ def _processes_mentioning(marker: str) -> dict[int, str]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
+        try:  # a process may exit between the listing and any of these reads
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             stat = (entry / "stat").read_text()
+            comm = (entry / "comm").read_text().strip()
         except OSError:
             continue
         if marker in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
-            found[int(entry.name)] = (entry / "comm").read_text().strip()
+            found[int(entry.name)] = comm
     return found
 
 
