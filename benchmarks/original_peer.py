@@ -13,9 +13,16 @@ function keeps working once ours is ``mllm_kernel`` again::
         ...
 
 Some of its builds take many minutes (its gptq_marlin_gemm: every kernel of a dtype in
-one translation unit). A benchmark with a time limit builds it first in a process of
-its own, :func:`build_in_child`, and loads it (then a quick load from its JIT's cache)
-only if that finished in time.
+one translation unit, about 25 minutes of one core). A benchmark with a time limit builds
+it first in a process of its own, :func:`build_in_child`, and loads it (then a quick load
+from its JIT's cache) only if that finished in time. Or the build runs beforehand on a
+machine without a GPU, for the GPU's arch, and the GPU machine loads its product::
+
+    python benchmarks/original_peer.py prebuild-marlin _peers/original-sm90 --arch 9.0
+    MLLM_ORIGINAL_PREBUILT=_peers/original-sm90 python benchmarks/bench_quant_gemm.py
+
+(:func:`prebuilt_modules`: a module of the original's JIT whose shared library lies in
+that folder is loaded from it instead of being built.)
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +95,72 @@ def original_modules(root: Path) -> Iterator[None]:
         sys.modules.update(saved)
 
 
+# A folder of the original's JIT products built elsewhere (see the module's docstring).
+PREBUILT_ENV = "MLLM_ORIGINAL_PREBUILT"
+
+
+@contextlib.contextmanager
+def prebuilt_modules(folder: str | None) -> Iterator[None]:
+    """Inside: tvm-ffi's ``load_inline`` (which the original's JIT calls for each of its
+    modules) loads ``<folder>/<name>.so`` where that exists instead of building ``name``;
+    nothing changes without a folder."""
+    if not folder:
+        yield
+        return
+    import tvm_ffi
+    import tvm_ffi.cpp
+
+    build = tvm_ffi.cpp.load_inline
+
+    def load_inline(name: str, *args, **kwargs):
+        library = Path(folder) / f"{name}.so"
+        if library.is_file():
+            return tvm_ffi.load_module(str(library))
+        return build(name, *args, **kwargs)
+
+    tvm_ffi.cpp.load_inline = load_inline
+    try:
+        yield
+    finally:
+        tvm_ffi.cpp.load_inline = build
+
+
+def prebuild_marlin(root: Path, folder: Path, arch: str) -> Path:
+    """Builds the original's fp16 gptq_marlin_gemm (the one bench_quant_gemm times) for
+    CUDA ``arch`` (``9.0``) without a GPU, and copies its shared library into ``folder``
+    for :func:`prebuilt_modules`. Returns the copy. It forces the build through the
+    original's ``jit`` decorator: the wrapper it returns closes over ``_load_module``."""
+    os.environ["TVM_FFI_CUDA_ARCH_LIST"] = arch
+    if "CUDA_HOME" not in os.environ:
+        from mllm_kernel.jit_utils import toolchain
+
+        os.environ["CUDA_HOME"] = str(toolchain.find_cuda().home)
+    with original_modules(root):
+        gptq_marlin = importlib.import_module("mllm_kernel.cuda.jit.gptq_marlin")
+        wrapper = gptq_marlin._make_gptq_marlin_gemm_kernel(torch.float16)
+        cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (), strict=True))
+        if "_load_module" not in cells:
+            raise RuntimeError("the original's jit wrapper no longer closes over _load_module")
+        captured: list[str] = []
+        import tvm_ffi.cpp
+
+        build = tvm_ffi.cpp.load_inline
+
+        def load_inline(name: str, *args, **kwargs):
+            captured.append(str(Path(kwargs["build_directory"]) / f"{name}.so"))
+            return build(name, *args, **kwargs)
+
+        tvm_ffi.cpp.load_inline = load_inline
+        try:
+            cells["_load_module"].cell_contents("cuda")
+        finally:
+            tvm_ffi.cpp.load_inline = build
+    if not captured:  # the original's own cache answered: its build folder is not known
+        raise RuntimeError("the original's module was already loaded; run in a fresh process")
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy2(captured[0], folder))
+
+
 def load_original(
     root: Path, module: str, name: str, example: dict, caller: str
 ) -> Callable[..., object] | None:
@@ -102,7 +176,7 @@ def load_original(
     major, minor = torch.cuda.get_device_capability()
     os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", f"{major}.{minor}")
     try:
-        with original_modules(root):
+        with original_modules(root), prebuilt_modules(os.environ.get(PREBUILT_ENV)):
             function = getattr(importlib.import_module(module), name)
             function(**example)
             torch.cuda.synchronize()
@@ -127,3 +201,22 @@ def build_in_child(command: list[str], wait: float) -> str | None:
         child.wait()
         return f"its build did not finish in {wait:g} s and was stopped"
     return None if status == 0 else f"its build exited with status {status} (see stderr)"
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Builds the original's kernels ahead.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    marlin = commands.add_parser(
+        "prebuild-marlin", help="its fp16 gptq_marlin_gemm, for MLLM_ORIGINAL_PREBUILT"
+    )
+    marlin.add_argument("folder", type=Path, help="where the shared library goes")
+    marlin.add_argument("--arch", required=True, help="the GPU's compute capability: 9.0")
+    marlin.add_argument("--original", type=Path, default=DEFAULT_ROOT, help="its source tree")
+    args = parser.parse_args()
+    print(prebuild_marlin(args.original, args.folder, args.arch))
+
+
+if __name__ == "__main__":
+    main()
