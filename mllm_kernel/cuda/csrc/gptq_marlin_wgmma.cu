@@ -435,7 +435,7 @@ __device__ __forceinline__ void store_output_tile(const float (&acc)[Config::kAc
 /// The fused kernel (see the file comment): warpgroup 0 produces, warpgroups 1 and 2
 /// consume the ring, sum over the cluster when K is split, and store their columns.
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads, 1)
+__global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     marlin_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_w,
                         const __grid_constant__ CUtensorMap map_s,

@@ -94,6 +94,8 @@ _FUSED_TOKENS = (64, 128, 256)
 _FUSED_COLS = 128
 _FUSED_K_BLOCK = 64
 _FUSED_MAX_SPLIT = {64: 4, 128: 3, 256: 2}
+# CTAs an SM holds at once, per token tile (kCtasPerSm).
+_FUSED_CTAS_PER_SM = {64: 2, 128: 1, 256: 1}
 _FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks per slice
 
 
@@ -262,6 +264,17 @@ def plan(
     return Plan(False, rows, split, per_split, clusters and split > 1)
 
 
+def _can_double_split(split: int, tokens: int, ctas: int, k_blocks: int, slots: int) -> bool:
+    """Whether ``ctas`` output tiles of ``tokens`` tokens, K split ``split`` ways, may
+    split twice as far: within the build's most slices, ``slots`` CTAs and slices of
+    ``_FUSED_MIN_SLICE_BLOCKS`` k-blocks."""
+    return (
+        split * 2 <= _FUSED_MAX_SPLIT[tokens]
+        and ctas * split * 2 <= slots
+        and k_blocks // (split * 2) >= _FUSED_MIN_SLICE_BLOCKS
+    )
+
+
 def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     """The fused kernel's tokens per CTA, K slices and tail tiles for an ``m x n x k``
     product on ``sms`` SMs.
@@ -269,7 +282,12 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     - The widest token tile (fewest weight re-reads, widest wgmma), none wider than the
       narrowest that holds all ``m`` tokens, whose CTAs, with K split over a cluster
       (slices of at least 8 k-blocks of 64), fill 90% of the SMs; failing that, the
-      narrowest tile, split as far as it goes.
+      narrowest tile, split as far as it goes. K is split while the CTAs stay within
+      one per SM, and once more where they fill less than 90% of the SMs and a build
+      of two CTAs an SM (64 tokens) holds them all at once. Measured on an H200 (bf16,
+      uint4b8, RESULTS.md, session 22): at M = 64, 14336 x 4096, 112 CTAs unsplit took
+      26.5 us and split in two 24.4; at M = 128, 4096^2, 64 tiles split in two took 17.5
+      and in four (256 CTAs, two an SM) 25.4.
     - Unsplit tiles beyond whole waves of ``sms`` that fill at most half a wave (the
       tail) run in a second launch with K split in two, so the last wave takes about
       half as long.
@@ -278,13 +296,12 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     widest = next((t for t in tiles if t >= m), tiles[-1])
     k_blocks = -(-k // _FUSED_K_BLOCK)
     for tokens in reversed([t for t in tiles if t <= widest]):
-        ctas = -(-m // tokens) * -(-n // _FUSED_COLS)  # one CTA per SM at a time
+        ctas = -(-m // tokens) * -(-n // _FUSED_COLS)
         split = 1
-        while (
-            split * 2 <= _FUSED_MAX_SPLIT[tokens]
-            and ctas * split * 2 <= sms
-            and k_blocks // (split * 2) >= _FUSED_MIN_SLICE_BLOCKS
-        ):
+        while _can_double_split(split, tokens, ctas, k_blocks, sms):
+            split *= 2
+        slots = sms * _FUSED_CTAS_PER_SM[tokens]  # CTAs at once
+        if ctas * split < 0.9 * sms and _can_double_split(split, tokens, ctas, k_blocks, slots):
             split *= 2
         if ctas * split >= 0.9 * sms:
             break
