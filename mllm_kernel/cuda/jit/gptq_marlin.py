@@ -80,12 +80,15 @@ DEQUANT_GEMM_MIN_M = 256
 #   92.5 / 113.2 (28672 x 8192); at M = 64 the fused kernel won on all four shapes but
 #   4096^2 (21.8 / 22.8). At M = 1 and 16 the streaming kernel beat fused tiles of 16
 #   and 32 tokens (10.5 / 15.0 us at 4096^2, 58.1 / 70.7 at 28672 x 8192): not built.
+# - Since the 64-token build holds two CTAs an SM (H200, session 22), fused / streaming
+#   at M = 17: 16.0 / 16.9 (4096^2), 28.6 / 34.3, 38.4 / 45.4 (4096 x 14336), 81.1 /
+#   103.0; at M = 24: 15.9 / 17.3, 27.3 / 35.0, 38.4 / 46.1, 81.5 / 104.8.
 # - fused / dequantize + GEMM, in cuBLAS speed (session 9, TMA-store epilogue): 0.91-1.01x
 #   / 0.83-0.91x at M = 2048 on all four Llama shapes; 0.90-0.93x / 0.89-0.95x at
 #   M = 4096, a draw, where the dequantized copy costs little against the product and
 #   the bf16 GEMM (wgmma from shared memory, persistent, multicast) runs faster per
 #   flop than wgmma with A from registers.
-FUSED_MIN_M = 32
+FUSED_MIN_M = 17
 FUSED_MAX_M = 4096
 _FUSED_TOKENS = (64, 128, 256)
 # The fused kernel's shapes (marlin_config.cuh's FusedConfig): weight columns per CTA
