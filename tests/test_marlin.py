@@ -159,7 +159,9 @@ def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
 def test_fused_tiling_is_no_wider_than_m_needs_and_keeps_slices_long():
     assert fused_tiling(100, 28672, 8192, 132) == (128, 1, 0)
     assert fused_tiling(256, 4096, 4096, 132) == (128, 2, 0)  # 256 tokens: 32 CTAs only
-    assert fused_tiling(64, 4096, 1024, 132) == (64, 2, 0)  # 16 k-blocks: slices of 8
+    # 16 k-blocks: slices of 8, so 64-token tiles split in two fill only 64 SMs; 32-token
+    # tiles split in two fill 128
+    assert fused_tiling(64, 4096, 1024, 132) == (32, 2, 0)
 
 
 def test_fused_tiling_splits_a_mostly_empty_last_wave():
@@ -175,9 +177,10 @@ def test_fused_kernel_is_registered_with_its_variants():
 
     entries = {entry.name: entry for entry in registry.kernels("cuda")}
     variants = entries["gptq_marlin_gemm_wgmma"].variants
-    # both dtypes x tokens per CTA (64, 128, 256) x zero mode (the type's, int zero points)
-    assert len(set(variants)) == len(variants) == 12
-    assert {v[1] for v in variants} == {64, 128, 256} and {v[2] for v in variants} == {0, 1}
+    # both dtypes x tokens per CTA (32, 64, 128, 256) x zero mode (the type's, int zero
+    # points)
+    assert len(set(variants)) == len(variants) == 16
+    assert {v[1] for v in variants} == {32, 64, 128, 256} and {v[2] for v in variants} == {0, 1}
 
 
 def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():

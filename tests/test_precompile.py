@@ -205,7 +205,7 @@ def test_an_ops_name_selects_the_helper_modules_that_serve_it():
     # dequantize + GEMM path; the GEMM itself is its own op
     assert counts == {
         "gptq_marlin_gemm": 44,
-        "gptq_marlin_gemm_wgmma": 12,
+        "gptq_marlin_gemm_wgmma": 16,
         "gptq_marlin_dequantize": 8,
     }
     helpers = {e.name: e.op for e in registry.kernels("cuda") if e.op is not None}

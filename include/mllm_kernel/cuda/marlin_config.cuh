@@ -64,12 +64,12 @@ struct FusedConfig {
   static constexpr int kScaleOffset = kWeightOffset + kWeightBytes;
   static constexpr int kZeroOffset = kScaleOffset + 2 * kScaleRowBytes;
   static constexpr int kStageBytes = (kZeroOffset + 2 * kZeroRowBytes + 1023) / 1024 * 1024;
-  // CTAs an SM holds: two for 64 tokens (their consumers' 32 accumulators fit in 104
-  // registers, and 224 tiles of a 28672-column layer run as one wave instead of 1.7),
-  // else one, whose consumers take the registers the producer gives up. Two took M = 64
-  // from 21.6 to 16.3 us at 4096^2, 51.2 to 38.6 at 4096 x 14336 and 100.2 to 81.1 at
-  // 28672 x 8192 (H200, bf16; RESULTS.md, session 22).
-  static constexpr int kCtasPerSm = kTokens == 64 ? 2 : 1;
+  // CTAs an SM holds: two for 32 and 64 tokens (their consumers' 16 or 32 accumulators
+  // fit in 104 registers, and 224 tiles of a 28672-column layer run as one wave instead
+  // of 1.7), else one, whose consumers take the registers the producer gives up. Two
+  // took M = 64 from 21.6 to 16.3 us at 4096^2, 51.2 to 38.6 at 4096 x 14336 and 100.2
+  // to 81.1 at 28672 x 8192 (H200, bf16; RESULTS.md, session 22).
+  static constexpr int kCtasPerSm = kTokens <= 64 ? 2 : 1;
   // As many stages as fit in the CTA's share of an SM's 227 KB, at most 8.
   static constexpr int kRingBudget = 227 * 1024 / kCtasPerSm - 2048;
   static constexpr int kStages = kRingBudget / kStageBytes < 8 ? kRingBudget / kStageBytes : 8;

@@ -82,7 +82,9 @@ DEQUANT_GEMM_MIN_M = 256
 #   and 32 tokens (10.5 / 15.0 us at 4096^2, 58.1 / 70.7 at 28672 x 8192): not built.
 # - Since the 64-token build holds two CTAs an SM (H200, session 22), fused / streaming
 #   at M = 17: 16.0 / 16.9 (4096^2), 28.6 / 34.3, 38.4 / 45.4 (4096 x 14336), 81.1 /
-#   103.0; at M = 24: 15.9 / 17.3, 27.3 / 35.0, 38.4 / 46.1, 81.5 / 104.8.
+#   103.0; at M = 24: 15.9 / 17.3, 27.3 / 35.0, 38.4 / 46.1, 81.5 / 104.8. A 32-token
+#   tile (also two CTAs an SM) then took M = 17-32 from 15.8 / 26.0-28.9 / 38.0-38.2 /
+#   78.1-81.3 (64-token tiles) to 12.8 / 21.0-21.1 / 33.1 / 67.0-67.1.
 # - fused / dequantize + GEMM, in cuBLAS speed (session 9, TMA-store epilogue): 0.91-1.01x
 #   / 0.83-0.91x at M = 2048 on all four Llama shapes; 0.90-0.93x / 0.89-0.95x at
 #   M = 4096, a draw, where the dequantized copy costs little against the product and
@@ -90,15 +92,15 @@ DEQUANT_GEMM_MIN_M = 256
 #   flop than wgmma with A from registers.
 FUSED_MIN_M = 17
 FUSED_MAX_M = 4096
-_FUSED_TOKENS = (64, 128, 256)
+_FUSED_TOKENS = (32, 64, 128, 256)
 # The fused kernel's shapes (marlin_config.cuh's FusedConfig): weight columns per CTA
 # (kCols), k per k-block (kTileK), and per token tile the most K slices of a cluster
 # (kMaxSplit: the partners' sums must fit in the first CTA's ring of stages).
 _FUSED_COLS = 128
 _FUSED_K_BLOCK = 64
-_FUSED_MAX_SPLIT = {64: 4, 128: 3, 256: 2}
+_FUSED_MAX_SPLIT = {32: 5, 64: 4, 128: 3, 256: 2}
 # CTAs an SM holds at once, per token tile (kCtasPerSm).
-_FUSED_CTAS_PER_SM = {64: 2, 128: 1, 256: 1}
+_FUSED_CTAS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}
 _FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks per slice
 
 
