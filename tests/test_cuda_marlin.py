@@ -230,7 +230,7 @@ def fused_tokens(request, monkeypatch):
 # (N, K, M): one 128-column CTA; half a CTA of columns past the last whole one with K
 # not a multiple of the 64-k block (group 32 ends mid-block); several token tiles, the
 # last one partial; K shorter than one 64-k block (per-channel scales only); the fewest
-# tokens planned fused (FUSED_MIN_M), a quarter of the smallest tile.
+# tokens planned fused (FUSED_MIN_M), just over half the smallest tile.
 FUSED_SHAPES = [
     (128, 256, 64),
     (320, 1120, 100),
