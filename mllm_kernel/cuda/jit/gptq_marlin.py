@@ -289,10 +289,10 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
       (slices of at least 8 k-blocks of 64), fill 90% of the SMs; failing that, the
       narrowest tile, split as far as it goes. K is split while the CTAs stay within
       one per SM, and once more where they fill less than 90% of the SMs and a build
-      of two CTAs an SM (32 and 64 tokens) holds them all at once. Measured on an H200 (bf16,
-      uint4b8, RESULTS.md, session 22): at M = 64, 14336 x 4096, 112 CTAs unsplit took
-      26.5 us and split in two 24.4; at M = 128, 4096^2, 64 tiles split in two took 17.5
-      and in four (256 CTAs, two an SM) 25.4.
+      of two CTAs an SM (32 and 64 tokens) holds them all at once. Measured on an H200
+      (bf16, uint4b8, RESULTS.md, session 22): at M = 64, 14336 x 4096, 112 CTAs
+      unsplit took 26.5 us and split in two 24.4; at M = 128, 4096^2, 64 tiles split in
+      two took 17.5 and in four (256 CTAs, two an SM) 25.4.
     - Unsplit tiles beyond whole waves of ``sms`` that fill at most half a wave (the
       tail) run in a second launch with K split in two, so the last wave takes about
       half as long.
