@@ -9,7 +9,8 @@ Measured in one interleaved run:
                                           [--original-build-only]
 
 Rows: the Llama-3-8B/70B linear shapes (N, K) in {(4096, 4096), (14336, 4096),
-(4096, 14336), (28672, 8192)} x M in {1, 4, 16, 64, 256, 1024, 4096}. Contenders:
+(4096, 14336), (28672, 8192)} x M in {1, 4, 16, 32, 64, 256, 1024, 4096} (32: the
+fused kernel's smallest token tile, where the original's Marlin was last ahead). Contenders:
 ours W4A16 (gptq_marlin_gemm, uint4b8, group 128; ``--weights fp8``: float8_e4m3fn,
 group 128, ``--weights nvfp4``: float4_e2m1f with fp8 scales per 16 k and a global scale,
 both in the format vLLM prepares: the W4A16 columns then hold these, and GB/s, % copy
@@ -328,6 +329,10 @@ def _us(t: dict[str, float], name: str) -> str:
     return f"{t[name] * 1e6:.1f}" if name in t else "-"
 
 
+# The shared Llama M grid and M = 32, where the fused kernel's 32-token tile runs.
+QUANT_M = sorted({*harness.LLAMA_M, 32})
+
+
 def _ratio(t: dict[str, float], slower: str, faster: str) -> str:
     """``t[slower] / t[faster]`` as ``1.23x``, or '-' where either is missing."""
     return f"{t[slower] / t[faster]:.2f}x" if slower in t and faster in t else "-"
@@ -392,7 +397,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.original_build_only:
         sys.exit(0 if load_original(args.original) else 1)
-    ms = [int(v) for v in args.m.split(",")] if args.m else harness.LLAMA_M
+    ms = [int(v) for v in args.m.split(",")] if args.m else QUANT_M
     weight_format = WEIGHT_FORMATS[args.weights]
     if args.quick:
         ms = [1, 16, 1024]
