@@ -100,29 +100,36 @@ PREBUILT_ENV = "MLLM_ORIGINAL_PREBUILT"
 
 
 @contextlib.contextmanager
-def prebuilt_modules(folder: str | None) -> Iterator[None]:
+def _load_inline_wrapped(wrap: Callable[..., object]) -> Iterator[None]:
     """Inside: tvm-ffi's ``load_inline`` (which the original's JIT calls for each of its
-    modules) loads ``<folder>/<name>.so`` where that exists instead of building ``name``;
-    nothing changes without a folder."""
+    modules) is ``wrap(build, name, *args, **kwargs)``, ``build`` the real one."""
+    import tvm_ffi.cpp
+
+    build = tvm_ffi.cpp.load_inline
+    tvm_ffi.cpp.load_inline = lambda name, *args, **kwargs: wrap(build, name, *args, **kwargs)
+    try:
+        yield
+    finally:
+        tvm_ffi.cpp.load_inline = build
+
+
+@contextlib.contextmanager
+def prebuilt_modules(folder: str | None) -> Iterator[None]:
+    """Inside: a module of the original's JIT whose ``<folder>/<name>.so`` exists is
+    loaded from it instead of being built; nothing changes without a folder."""
     if not folder:
         yield
         return
     import tvm_ffi
-    import tvm_ffi.cpp
 
-    build = tvm_ffi.cpp.load_inline
-
-    def load_inline(name: str, *args, **kwargs):
+    def load_prebuilt(build, name: str, *args, **kwargs):
         library = Path(folder) / f"{name}.so"
         if library.is_file():
             return tvm_ffi.load_module(str(library))
         return build(name, *args, **kwargs)
 
-    tvm_ffi.cpp.load_inline = load_inline
-    try:
+    with _load_inline_wrapped(load_prebuilt):
         yield
-    finally:
-        tvm_ffi.cpp.load_inline = build
 
 
 def prebuild_marlin(root: Path, folder: Path, arch: str) -> Path:
@@ -142,19 +149,13 @@ def prebuild_marlin(root: Path, folder: Path, arch: str) -> Path:
         if "_load_module" not in cells:
             raise RuntimeError("the original's jit wrapper no longer closes over _load_module")
         captured: list[str] = []
-        import tvm_ffi.cpp
 
-        build = tvm_ffi.cpp.load_inline
-
-        def load_inline(name: str, *args, **kwargs):
+        def record(build, name: str, *args, **kwargs):
             captured.append(str(Path(kwargs["build_directory"]) / f"{name}.so"))
             return build(name, *args, **kwargs)
 
-        tvm_ffi.cpp.load_inline = load_inline
-        try:
+        with _load_inline_wrapped(record):
             cells["_load_module"].cell_contents("cuda")
-        finally:
-            tvm_ffi.cpp.load_inline = build
     if not captured:  # the original's own cache answered: its build folder is not known
         raise RuntimeError("the original's module was already loaded; run in a fresh process")
     folder.mkdir(parents=True, exist_ok=True)
