@@ -43,6 +43,13 @@ __device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* tile, in
          (uint64_t{1} << 62);
 }
 
+/// `desc` (a shared-memory descriptor) moved on by `bytes`, a multiple of 16: the start
+/// address is the low field, and shared addresses (< 256 KiB) never carry out of it.
+/// One add where a new descriptor costs the masks and shifts again.
+__device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, int bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+
 /// Orders earlier register and shared-memory accesses before the next wgmma.mma_async.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

@@ -85,7 +85,7 @@ struct BlockConstants {
 
 /// The four A registers of one k16 step from the thread's Marlin word: rows g and
 /// g + 8 (blocks 2 w and 2 w + 1) at k 2 t + {0, 1} then 2 t + {8, 9}.
-template <typename T, bool kScaled>
+template <typename T>
 __device__ __forceinline__ void dequant_a(uint32_t (&a)[4], uint32_t word,
                                           const BlockConstants<T>& bc) {
   using Deq = IntDequant<T, 4>;
@@ -93,9 +93,7 @@ __device__ __forceinline__ void dequant_a(uint32_t (&a)[4], uint32_t word,
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int block = r % 2;
-    Pair<T> v = Deq::pair(word, kPair[r], bc.offset[block]);
-    if constexpr (kScaled) v = __hmul2(v, bc.scale[block]);
-    a[r] = bits_of<T>(v);
+    a[r] = bits_of<T>(__hmul2(Deq::pair(word, kPair[r], bc.offset[block]), bc.scale[block]));
   }
 }
 
@@ -115,9 +113,10 @@ template <typename T, int kTokens, int N>
 __device__ __forceinline__ void wgmma_k_block_rs(float (&acc)[N], const uint32_t (&a)[4][4],
                                                  const uint8_t* stage) {
   wgmma_fence();
+  const uint64_t desc = smem_desc_k_major_sw128(stage, 0);
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-    wgmma_m64k16_rs<T, kTokens>(acc, a[s], smem_desc_k_major_sw128(stage, s));
+    wgmma_m64k16_rs<T, kTokens>(acc, a[s], smem_desc_advance(desc, 32 * s));
   }
   wgmma_commit_group();
 }
@@ -287,11 +286,7 @@ __device__ __forceinline__ void dequant_k_block(uint32_t (&a)[4][4], const uint8
     if (s == 2 && work.rows_per_block == 2) {
       load_group_constants<T, Config>(bc, stage, 1, id, work.grouped);
     }
-    if (work.grouped) {
-      dequant_a<T, true>(a[s], word[s], bc);
-    } else {
-      dequant_a<T, false>(a[s], word[s], bc);
-    }
+    dequant_a<T>(a[s], word[s], bc);
   }
 }
 
@@ -340,6 +335,11 @@ __device__ __forceinline__ void consume_k_blocks(float (&acc)[Config::kAccumulat
   BlockConstants<T> bc;
   const Pair<T> fixed = Deq::offset(static_cast<float>(Config::kZeroMode == kBias ? p.bias : 0));
   bc.offset[0] = bc.offset[1] = fixed;
+  // Per-channel scales wait for the epilogue; the weights are multiplied by one (exact)
+  // rather than branched around, so that one k-block's four words dequantize as one
+  // stretch of code the compiler can interleave.
+  const T one = static_cast<T>(1.f);
+  bc.scale[0] = bc.scale[1] = Pair<T>{one, one};
 #pragma unroll
   for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0.f;
   // Pins the zeroing before the first wgmma: ptxas otherwise may sink it into the
