@@ -164,6 +164,17 @@ def test_fused_tiling_is_no_wider_than_m_needs_and_keeps_slices_long():
     assert fused_tiling(64, 4096, 1024, 132) == (32, 2, 0)
 
 
+def test_fused_tiling_takes_the_second_slot_only_with_long_enough_slices():
+    # 48 tiles of 64 tokens split in two fill 96 SMs; four slices of 16 k-blocks would
+    # fill the second slots, but 64-token slices that short lose: the tile stays as it is
+    assert fused_tiling(64, 6144, 4096, 132) == (64, 2, 0)
+    assert fused_tiling(64, 6144, 14336, 132) == (64, 4, 0)  # slices of 56 k-blocks
+    # 32-token partners send half the sums: split into the second slot all the same
+    assert fused_tiling(24, 6144, 4096, 132) == (32, 4, 0)
+    # 112 tiles: split in two, slices of 32 k-blocks
+    assert fused_tiling(64, 14336, 4096, 132) == (64, 2, 0)
+
+
 def test_fused_tiling_splits_a_mostly_empty_last_wave():
     # 448 tiles: 3 waves of 132 and 52 more, which run split in two (104 CTAs)
     assert fused_tiling(1024, 14336, 4096, 132) == (256, 1, 52)

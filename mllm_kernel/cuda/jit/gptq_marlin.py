@@ -102,6 +102,11 @@ _FUSED_MAX_SPLIT = {32: 5, 64: 4, 128: 3, 256: 2}
 # CTAs an SM holds at once, per token tile (kCtasPerSm).
 _FUSED_CTAS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}
 _FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks per slice
+# Slices a split into an SM's second CTA slot keeps, per token tile: 64-token partners
+# send twice the 32-token ones' sums, and there a split into slices of 16 k-blocks lost
+# to half as many CTAs (H200, bf16, RESULTS.md, session 23: M = 64, 6144 x 4096 split 4
+# 15.3 us, split 2 14.2; 32 tokens, split 4 12.5, split 2 13.0).
+_FUSED_SECOND_SLOT_MIN_BLOCKS = {32: _FUSED_MIN_SLICE_BLOCKS, 64: 32}
 
 
 @dataclass(frozen=True)
@@ -269,14 +274,21 @@ def plan(
     return Plan(False, rows, split, per_split, clusters and split > 1)
 
 
-def _can_double_split(split: int, tokens: int, ctas: int, k_blocks: int, slots: int) -> bool:
+def _can_double_split(
+    split: int,
+    tokens: int,
+    ctas: int,
+    k_blocks: int,
+    slots: int,
+    min_blocks: int = _FUSED_MIN_SLICE_BLOCKS,
+) -> bool:
     """Whether ``ctas`` output tiles of ``tokens`` tokens, K split ``split`` ways, may
     split twice as far: within the build's most slices, ``slots`` CTAs and slices of
-    ``_FUSED_MIN_SLICE_BLOCKS`` k-blocks."""
+    ``min_blocks`` k-blocks."""
     return (
         split * 2 <= _FUSED_MAX_SPLIT[tokens]
         and ctas * split * 2 <= slots
-        and k_blocks // (split * 2) >= _FUSED_MIN_SLICE_BLOCKS
+        and k_blocks // (split * 2) >= min_blocks
     )
 
 
@@ -289,10 +301,13 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
       (slices of at least 8 k-blocks of 64), fill 90% of the SMs; failing that, the
       narrowest tile, split as far as it goes. K is split while the CTAs stay within
       one per SM, and once more where they fill less than 90% of the SMs and a build
-      of two CTAs an SM (32 and 64 tokens) holds them all at once. Measured on an H200
-      (bf16, uint4b8, RESULTS.md, session 22): at M = 64, 14336 x 4096, 112 CTAs
-      unsplit took 26.5 us and split in two 24.4; at M = 128, 4096^2, 64 tiles split in
-      two took 17.5 and in four (256 CTAs, two an SM) 25.4.
+      of two CTAs an SM (32 and 64 tokens) holds them all at once; where that would
+      cut 64-token slices below 32 k-blocks, the tile is taken as it is. Measured on
+      an H200 (bf16, uint4b8, RESULTS.md, sessions 22 and 23): at M = 64, 14336 x
+      4096, 112 CTAs unsplit took 26.5 us and split in two 24.4; at M = 128, 4096^2, 64
+      tiles split in two took 17.5 and in four (256 CTAs, two an SM) 25.4; at M = 64,
+      6144 x 4096, 48 tiles split in four (slices of 16 k-blocks) took 15.3 and in two
+      14.2.
     - Unsplit tiles beyond whole waves of ``sms`` that fill at most half a wave (the
       tail) run in a second launch with K split in two, so the last wave takes about
       half as long.
@@ -307,6 +322,8 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
             split *= 2
         slots = sms * _FUSED_CTAS_PER_SM[tokens]  # CTAs at once
         if ctas * split < 0.9 * sms and _can_double_split(split, tokens, ctas, k_blocks, slots):
+            if k_blocks // (split * 2) < _FUSED_SECOND_SLOT_MIN_BLOCKS.get(tokens, 0):
+                break  # slices too short to pay for the second slot: this tile as it is
             split *= 2
         if ctas * split >= 0.9 * sms:
             break
