@@ -106,7 +106,7 @@ _FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks per slice
 # send twice the 32-token ones' sums, and there a split into slices of 16 k-blocks lost
 # to half as many CTAs (H200, bf16, RESULTS.md, session 23: M = 64, 6144 x 4096 split 4
 # 15.3 us, split 2 14.2; 32 tokens, split 4 12.5, split 2 13.0).
-_FUSED_SECOND_SLOT_MIN_BLOCKS = {32: _FUSED_MIN_SLICE_BLOCKS, 64: 32}
+_FUSED_SECOND_SLOT_MIN_BLOCKS = {32: _FUSED_MIN_SLICE_BLOCKS, 64: 32}  # others: one slot
 
 
 @dataclass(frozen=True)
@@ -274,21 +274,14 @@ def plan(
     return Plan(False, rows, split, per_split, clusters and split > 1)
 
 
-def _can_double_split(
-    split: int,
-    tokens: int,
-    ctas: int,
-    k_blocks: int,
-    slots: int,
-    min_blocks: int = _FUSED_MIN_SLICE_BLOCKS,
-) -> bool:
+def _can_double_split(split: int, tokens: int, ctas: int, k_blocks: int, slots: int) -> bool:
     """Whether ``ctas`` output tiles of ``tokens`` tokens, K split ``split`` ways, may
     split twice as far: within the build's most slices, ``slots`` CTAs and slices of
-    ``min_blocks`` k-blocks."""
+    ``_FUSED_MIN_SLICE_BLOCKS`` k-blocks."""
     return (
         split * 2 <= _FUSED_MAX_SPLIT[tokens]
         and ctas * split * 2 <= slots
-        and k_blocks // (split * 2) >= min_blocks
+        and k_blocks // (split * 2) >= _FUSED_MIN_SLICE_BLOCKS
     )
 
 
