@@ -446,7 +446,16 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   extern __shared__ uint8_t shared_raw[];
   const StageRing<Config> ring(shared_raw);
   const FusedWork work = fused_work<Config>(p, first_tile);
-  if (threadIdx.x == 0) ring.init_barriers();
+  if (threadIdx.x == 0) {
+    // The tensor maps' first fetches overlap the set-up instead of each one's first
+    // copy (the epilogue's store map too).
+    tma_prefetch_map(&map_a);
+    tma_prefetch_map(&map_w);
+    if (work.grouped) tma_prefetch_map(&map_s);
+    if constexpr (Config::kZeroMode == kIntZero) tma_prefetch_map(&map_z);
+    tma_prefetch_map(&map_c);
+    ring.init_barriers();
+  }
   __syncthreads();
   // A tail launch (overlap_previous) of this kernel may take the SMs this launch's CTAs
   // leave: it writes other output tiles.
