@@ -7,7 +7,8 @@ prefill / extend sequences (section "extend" below).
                                    [--configs 0,1,...] [--out FILE]
                                    [--original _peers/mllm-kernel]
     python benchmarks/bench_gdn.py --extend [--tokens 1024,4096,16384]
-                                   [--sequences 1,4,16,64] [--heads 16,32] [--out FILE]
+                                   [--sequences 1,4,16,64] [--heads 16,32]
+                                   [--segments 64,128,...] [--out FILE]
 
 The long cases of issue 33 (full heads, then the TP8 slice H=2, HV=8):
 
@@ -53,7 +54,10 @@ same heads (or ``--heads H,HV``), bf16 q/k/v/a/b, fp32 A_log, dt_bias and pool. 
 contenders:
 
 * ours: ``gdn_extend(q, k, v, a, b, A_log, dt_bias, pool, indices, cu_seqlens)``, on the
-  path it chooses; 'fused' and 'split': the same call forced onto each of its two paths.
+  path it chooses; 'fused' and 'split': the same call forced onto each of its two paths
+  (the split path's walks in one run each, not in segments); with ``--segments``, 'seg
+  N': the split path with its walks cut into segments of N chunks, forced (what
+  ``segment_chunks`` picks from).
 * fla: ``chunk_gated_delta_rule`` on the same packed tensors (``cu_seqlens``), the gates
   fused as for decode (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``,
   ``use_qk_l2norm_in_kernel``), ``state_v_first``, the initial states a view of the
@@ -61,9 +65,10 @@ contenders:
 * original: the original mllm-kernel's ``gdn_extend_chunkwise`` (built by its own JIT).
 * floor: a ``copy_`` of the bytes every contender must move once (q, k, v, a, b read, o
   written, each state read and written): where a memory-bound kernel would end.
-* A, B: the split path's two kernels (A: every chunk's state-free factors in parallel;
-  B: the walk along each sequence), from torch.profiler's CUDA kernel records of three
-  calls: where the split path's time goes.
+* A, B, C: the kernels of ours where it takes the split path (A: every chunk's
+  state-free factors in parallel; B: the walks along each sequence, the segmented walk's
+  end and output walks together; C: the segmented walk's combine), from torch.profiler's
+  CUDA kernel records of three calls: where the time goes.
 
 Each is timed as eager calls (fla's varlen path reads cu_seqlens on the host, so it cannot
 be captured in a CUDA graph), the contenders in turn in an order rotated every round,
@@ -326,22 +331,30 @@ def extend_inputs(total: int, sequences: int, heads: int = H, value_heads: int =
     }
 
 
-def extend_contenders(case: dict, chunk_rule, original) -> dict[str, Callable[[], object]]:
+def extend_contenders(
+    case: dict, chunk_rule, original, segments: list[int]
+) -> dict[str, Callable[[], object]]:
     """Each contender as one call on ``case`` (the pool updated in place where it takes
     one); the floor copies the bytes they all move."""
 
-    def on_path(path):
+    def on_path(path, segment_chunks=None):
         def call():
             EXTEND._force_path = path
+            forced = EXTEND._FORCED_SEGMENT_CHUNKS
+            if segment_chunks is not None:
+                EXTEND._FORCED_SEGMENT_CHUNKS = segment_chunks
             try:
                 return gdn_extend(**case)
             finally:
                 EXTEND._force_path = None
+                EXTEND._FORCED_SEGMENT_CHUNKS = forced
 
         return call
 
     found = {"ours": lambda: gdn_extend(**case), "fused": on_path("fused")}
     found["split"] = on_path("split")
+    for length in segments:
+        found[f"seg {length}"] = on_path("segments", length)
     if chunk_rule is not None:
         initial = case["state_pool"]
         offsets_on_host = case["cu_seqlens"].cpu()  # what a serving engine has at hand
@@ -388,9 +401,10 @@ def time_eager(calls: dict[str, Callable[[], object]], rounds: int = 5, repeat: 
 
 
 def split_kernel_times(call: Callable[[], object], repeat: int = 3) -> dict[str, float]:
-    """Seconds per call of the split path's two kernels, from the profiler's CUDA kernel
-    records of ``repeat`` calls: 'factors' (kernel A, every chunk in parallel) and 'walk'
-    (kernel B, the state along each sequence); empty when the profiler gives neither."""
+    """Seconds per call of the split path's kernels, from the profiler's CUDA kernel
+    records of ``repeat`` calls: 'factors' (kernel A, every chunk in parallel), 'walk'
+    (kernel B, the state along each sequence: all its launches) and 'combine' (the
+    segmented walk's); empty when the profiler gives none."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
@@ -401,20 +415,26 @@ def split_kernel_times(call: Callable[[], object], repeat: int = 3) -> dict[str,
         torch.cuda.synchronize()
     found: dict[str, float] = {}
     for event in prof.key_averages():
-        for kernel, name in (("split_factors", "factors"), ("split_walk", "walk")):
+        for kernel, name in (
+            ("split_factors", "factors"),
+            ("split_walk", "walk"),
+            ("split_combine", "combine"),
+        ):
             if kernel in event.key:
                 found[name] = found.get(name, 0.0) + event.device_time_total / 1e6 / repeat
     return found
 
 
-def measure_extend(total: int, sequences: int, heads: tuple[int, int], chunk_rule, original):
+def measure_extend(
+    total: int, sequences: int, heads: tuple[int, int], chunk_rule, original, segments: list[int]
+):
     case = extend_inputs(total, sequences, *heads)
     saved = case["state_pool"].clone()
     expected, _ = gdn_extend_reference(
         case["q"], case["k"], case["v"], saved, case["cache_indices"], case["cu_seqlens"],
         a=case["a"], b=case["b"], A_log=case["A_log"], dt_bias=case["dt_bias"],
     )  # fmt: skip
-    found = extend_contenders(case, chunk_rule, original)
+    found = extend_contenders(case, chunk_rule, original, segments)
     check, times = [], {}
     for name in [n for n in found if n != "floor"]:
         case["state_pool"].copy_(saved)
@@ -425,9 +445,9 @@ def measure_extend(total: int, sequences: int, heads: tuple[int, int], chunk_rul
             print(f"bench_gdn: {name} at {total}/{sequences}: {error!r}", file=sys.stderr)
             del found[name]
     times = time_eager(found)
-    if "split" in found:
+    if "ours" in found:
         try:
-            times.update(split_kernel_times(found["split"]))
+            times.update(split_kernel_times(found["ours"]))
         except Exception as error:
             print(f"bench_gdn: the split path's kernel times: {error!r}", file=sys.stderr)
     del case, found
@@ -435,8 +455,11 @@ def measure_extend(total: int, sequences: int, heads: tuple[int, int], chunk_rul
     return {"tokens": total, "sequences": sequences, "check": ", ".join(check), **times}
 
 
-def render_extend(rows: list[dict], notes: list[str], heads: tuple[int, int]) -> str:
+def render_extend(
+    rows: list[dict], notes: list[str], heads: tuple[int, int], segments: list[int]
+) -> str:
     name = torch.cuda.get_device_name()
+    seg_head = "".join(f" | seg {length}" for length in segments)
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     lines = [
         f"# gdn_extend: {name}",
@@ -445,15 +468,17 @@ def render_extend(rows: list[dict], notes: list[str], heads: tuple[int, int]) ->
         "  q/k/v/a/b, fp32 pool; equal-length sequences; times in us per call, eager (module",
         "  docstring).",
         "- 'floor': a copy_ of the bytes each contender moves once; 'fused', 'split': ours",
-        "  forced onto each path ('ours' takes the one it chooses); 'A', 'B': the split",
-        "  path's kernels (A: every chunk's factors in parallel, B: the walk), from the",
-        "  profiler; 'fla / ours', 'original / ours': their time over ours (> 1: ours is",
-        "  faster).",
+        "  forced onto each path, the split path's walks unsegmented ('ours' takes the path",
+        "  and segments it chooses; 'seg N': segments of N chunks forced); 'A', 'B', 'C':",
+        "  ours's split-path kernels (A: every chunk's factors in parallel, B: the walks, C:",
+        "  the segments' combine), from the profiler; 'fla / ours', 'original / ours': their",
+        "  time over ours (> 1: ours is faster).",
         *notes,
         "",
-        "| tokens | sequences | floor | ours | fused | split | A | B | Mtok/s | fla | fla / ours "
-        "| original | original / ours | max abs error vs float64 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| tokens | sequences | floor | ours | fused | split{seg_head} | A | B | C | Mtok/s | fla "
+        "| fla / ours | original | original / ours | max abs error vs float64 |",
+        "|---:|---:|---:|---:|---:|---:" + "---:|" * len(segments) + "---:|---:|---:|---:|---:"
+        "|---:|---:|---:|---:|---|",
     ]
 
     def us(seconds):
@@ -468,7 +493,8 @@ def render_extend(rows: list[dict], notes: list[str], heads: tuple[int, int]) ->
         lines.append(
             f"| {row['tokens']} | {row['sequences']} | {us(row.get('floor'))} | {us(ours)} | "
             f"{us(row.get('fused'))} | {us(row.get('split'))} | "
-            f"{us(row.get('factors'))} | {us(row.get('walk'))} | "
+            + "".join(f"{us(row.get(f'seg {length}'))} | " for length in segments)
+            + f"{us(row.get('factors'))} | {us(row.get('walk'))} | {us(row.get('combine'))} | "
             f"{rate} | {us(row.get('fla'))} | {ratio(row.get('fla'), ours)} | "
             f"{us(row.get('original'))} | {ratio(row.get('original'), ours)} | "
             f"{row['check'] or '-'} |"
@@ -493,14 +519,16 @@ def main_extend(args: argparse.Namespace) -> str:
         args.original, "mllm_kernel.cuda.jit.gdn_extend_chunkwise", "gdn_extend_chunkwise",
         example, notes,
     )  # fmt: skip
+    segments = [int(n) for n in args.segments.split(",") if n]
     rows = []
     for total in [int(t) for t in args.tokens.split(",") if t]:
         for sequences in [int(n) for n in args.sequences.split(",") if n]:
             print(f"{total} tokens, {sequences} sequences ...", file=sys.stderr, flush=True)
-            rows.append(measure_extend(total, sequences, heads, chunk_rule, original))
+            rows.append(measure_extend(total, sequences, heads, chunk_rule, original, segments))
             # the row at once: a run cut short still shows what it measured
-            print(render_extend(rows, notes, heads).splitlines()[-1], file=sys.stderr, flush=True)
-    return render_extend(rows, notes, heads)
+            last = render_extend(rows, notes, heads, segments).splitlines()[-1]
+            print(last, file=sys.stderr, flush=True)
+    return render_extend(rows, notes, heads, segments)
 
 
 def _original(root: str | None, module: str, name: str, example: dict, notes: list[str]):
@@ -594,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="1024,4096,16384", help="--extend: total tokens")
     parser.add_argument("--sequences", default="1,4,16,64", help="--extend: sequences")
     parser.add_argument("--heads", default=f"{H},{HV}", help="--extend: H,HV (TP8: 2,8)")
+    parser.add_argument(
+        "--segments", default="", help="--extend: segment lengths (chunks) to force too"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gdn: no CUDA GPU visible; nothing to measure", file=sys.stderr)

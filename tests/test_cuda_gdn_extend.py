@@ -3,11 +3,12 @@ of 64 tokens at a time, against a float64 token-by-token reference
 (tests/gdn_reference.py) and against gdn_decode run token by token: every head dim, GVA
 ratio, input and state dtype, chunk tails, empty and one-token sequences, the pool's
 padding and untouched rows, precomputed gates, CUDA graphs, torch.compile, and every bad
-input named. Every GPU test runs on both paths (the fused kernel and the split path of
-long sequences; the ``path`` fixture), beside long sequences and the split path's
-workspace. The CPU part needs no GPU: the declaration (schema, fake), the refusals
-decided before any kernel, the original's module path, the module's build (nvcc), the
-split path's algebra in float64 and its choice of path."""
+input named. Every GPU test runs on each path (the fused kernel, the split path of long
+sequences, and the split path with its walks cut into segments of 2 chunks; the ``path``
+fixture), beside long sequences and the split path's workspace. The CPU part needs no
+GPU: the declaration (schema, fake), the refusals decided before any kernel, the
+original's module path, the module's build (nvcc), the split path's and the segments'
+algebra in float64 and the choice of path and segments."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from mllm_kernel.jit_utils import cuda_arch_override, env, loader
 
 OPS = torch.ops.mllm_kernel
 EXTEND = importlib.import_module("mllm_kernel.cuda.jit.gdn_extend")
-PATHS = ("fused", "split")
+PATHS = ("fused", "split", "segments")
 HEAD_DIMS = (64, 128, 256)
 # Lengths that cross every chunk boundary: empty, one token, a chunk less one, one chunk,
 # one more, several chunks with a tail.
@@ -38,7 +39,7 @@ SPREAD = 5e-5
 
 
 def pytest_generate_tests(metafunc):
-    """Every GPU test runs on both of gdn_extend's paths (the ``path`` fixture), but those
+    """Every GPU test runs on each of gdn_extend's paths (the ``path`` fixture), but those
     that choose their own (the ``split_path`` and ``chosen_path`` fixtures)."""
     cuda = metafunc.definition.get_closest_marker("cuda") is not None
     if cuda and not {"split_path", "chosen_path"} & set(metafunc.fixturenames):
@@ -266,6 +267,62 @@ def test_the_split_algebra_equals_the_recurrence_in_float64():
     torch.testing.assert_close(state, pool_ref[0, 0], rtol=0, atol=1e-12)
 
 
+def test_segments_combine_to_the_recurrence_in_float64():
+    """The segmented walk's algebra: each segment's end from zeros (H) and its transition
+    (the identity's rows walked with v = 0: M) give the state at every segment's end as
+    Z_i = Z_{i-1} M_{i-1} + H_{i-1}, and each segment's outputs from that start are the
+    whole walk's."""
+    generator = torch.Generator().manual_seed(1)
+
+    def randn(*shape):
+        return torch.randn(shape, dtype=torch.float64, generator=generator)
+
+    tokens, K, V, length = 150, 32, 16, 40  # segments of 40 tokens, the last 30
+    q, k, v = randn(1, tokens, 1, K), randn(1, tokens, 1, K), randn(1, tokens, 1, V)
+    g = -torch.rand(1, tokens, 1, dtype=torch.float64, generator=generator) * 0.2
+    beta = torch.rand(1, tokens, 1, dtype=torch.float64, generator=generator)
+    pool = randn(1, 1, V, K)
+    o_ref, pool_ref, _ = gdn_reference(q, k, v, pool, torch.tensor([0]), g=g, beta=beta)
+    start, outputs = pool, []
+    for t0 in range(0, tokens, length):
+        part = slice(t0, t0 + length)
+        inputs = dict(g=g[:, part], beta=beta[:, part])
+
+        def walk(values, state, part=part, inputs=inputs):
+            return gdn_reference(q[:, part], k[:, part], values, state, torch.tensor([0]),
+                                 **inputs)  # fmt: skip
+
+        o, _, _ = walk(v[:, part], start)
+        outputs.append(o)
+        _, end_from_zeros, _ = walk(v[:, part], torch.zeros_like(pool))
+        zero_values = torch.zeros(1, o.shape[1], 1, K, dtype=torch.float64)
+        _, transition, _ = walk(zero_values, torch.eye(K, dtype=torch.float64)[None, None])
+        start = start @ transition + end_from_zeros
+    torch.testing.assert_close(torch.cat(outputs, 1), o_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(start, pool_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "sequences", "value_heads", "dim_k", "dim_v", "chunks"),
+    [
+        # the TP8 slice: 32 walks, 4 segments (128 output walks, 192 end walks: two an SM)
+        (65536, 1, 8, 128, 128, 256),
+        (65536, 1, 32, 128, 128, 0),  # full heads: 128 walks on 132 SMs
+        (65536, 2, 8, 128, 128, 256),  # 64 walks, 2 segments a sequence
+        (65536, 3, 8, 128, 128, 0),  # 96 walks: more than half the SMs
+        (2048, 1, 8, 128, 64, 8),  # 16 walks; 6 segments (end walks 48 each), 8 chunks long
+        (65536, 1, 2, 64, 128, 64),  # 8 walks, 16 segments (end walks: 12 each)
+        (512, 1, 8, 128, 128, 0),  # 8 chunks: one shortest segment holds them all
+        (0, 0, 8, 128, 128, 0),
+    ],
+)
+def test_segments_are_for_walks_that_leave_most_sms_idle(
+    tokens, sequences, value_heads, dim_k, dim_v, chunks
+):
+    found = EXTEND.segment_chunks(tokens, sequences, value_heads, dim_k, dim_v, 132)
+    assert found == chunks
+
+
 @pytest.mark.parametrize(
     ("tokens", "sequences", "value_heads", "dim_k", "split"),
     [
@@ -289,32 +346,43 @@ def test_the_split_paths_workspace_size_and_export():
     """gdn_extend_workspace_bytes: per chunk block (num_sequences + ceil(tokens / 64) of
     them) and value head, T' and P as bf16 hi / lo (4 x their 10 blocks of 16 x 16 on and
     below the diagonal x 2 bytes), 4 x 64 fp32 scales and v's 64 rows; per block and key
-    head, q's and k's 64 rows as bf16 (hi and lo for float16 inputs). The split export
-    checks its arguments as gdn_extend does."""
+    head, q's and k's 64 rows as bf16 (hi and lo for float16 inputs); with segments of n
+    chunks, per segment block (num_sequences + ceil(chunks / n)) and value head, a state
+    and a transition in fp32. The split export checks its arguments as gdn_extend does."""
     with cuda_arch_override("9.0a,8.0"):
         module = _GDN_EXTEND.load()
 
-    def expected(tokens, sequences, heads, value_heads, dim_k, dim_v, fp16):
-        blocks = sequences + -(-tokens // 64)
+    def expected(tokens, sequences, heads, value_heads, dim_k, dim_v, fp16, segment_chunks):
+        chunks = -(-tokens // 64)
+        blocks = sequences + chunks
         per_value_head = 4 * 10 * 16 * 16 * 2 + 4 * 64 * 4 + 64 * dim_v * 2
         per_key_head = (4 if fp16 else 2) * 64 * dim_k * 2
-        return blocks * (value_heads * per_value_head + heads * per_key_head)
+        bytes = blocks * (value_heads * per_value_head + heads * per_key_head)
+        if segment_chunks:
+            segment_blocks = sequences + -(-chunks // segment_chunks)
+            bytes += segment_blocks * value_heads * (dim_v + dim_k) * dim_k * 4
+        return bytes
 
     cases = [
-        (130, 2, 2, 4, 128, 64, False),
-        (1, 1, 1, 1, 64, 256, True),
-        (0, 0, 16, 32, 128, 128, False),
-        (65536, 1, 16, 32, 128, 128, False),  # past 2^31 bytes
+        (130, 2, 2, 4, 128, 64, False, 0),
+        (130, 2, 2, 4, 128, 64, False, 1),
+        (1, 1, 1, 1, 64, 256, True, 0),
+        (1, 1, 1, 1, 64, 256, True, 3),
+        (0, 0, 16, 32, 128, 128, False, 2),
+        (65536, 1, 16, 32, 128, 128, False, 0),  # past 2^31 bytes
+        (65536, 1, 2, 8, 128, 128, False, 256),
     ]
     for case in cases:
         assert module.gdn_extend_workspace_bytes(*case) == expected(*case), case
+    with pytest.raises(ValueError, match=r"^argument 'segment_chunks': expected >= 0, got -1"):
+        module.gdn_extend_workspace_bytes(130, 2, 2, 4, 128, 64, False, -1)
     args = make_inputs(device="cpu")
     with pytest.raises(ValueError, match=r"^argument 'q': expected a tensor on cuda"):
         module.gdn_extend_split(
             torch.empty_like(args["v"]), args["q"], args["k"], args["v"], args["a"], args["b"],
             args["A_log"], args["dt_bias"], None, None, args["state_pool"],
             args["cache_indices"], args["cu_seqlens"], None, True, None,
-            torch.empty(16, dtype=torch.uint8),
+            torch.empty(16, dtype=torch.uint8), 0,
         )  # fmt: skip
 
 
@@ -628,10 +696,13 @@ def test_long_sequences(lengths, dtype):
 
 
 @pytest.mark.cuda
-def test_the_split_path_reads_nothing_it_did_not_write(split_path, monkeypatch):
+@pytest.mark.parametrize("forced", ["split", "segments"])
+def test_the_split_path_reads_nothing_it_did_not_write(forced, split_path, monkeypatch):
     """The workspace all ones bits (NaN as bf16 and as fp32) before each call: an output
     or state that read a byte the call did not write would be NaN. Two calls, the second
-    with fewer chunks, as the allocator would hand out the first's memory again."""
+    with fewer chunks, as the allocator would hand out the first's memory again; walks in
+    one run and in segments."""
+    monkeypatch.setattr(EXTEND, "_force_path", forced)
     sizes = []
 
     def poisoned(num_bytes, device):
@@ -655,6 +726,18 @@ def test_the_choice_sends_few_long_sequences_down_the_split_path(chosen_path):
     assert len(chosen_path) == 1
     run_and_check(make_inputs(lengths=(70, 3, 9)), torch.bfloat16, torch.float32)
     assert len(chosen_path) == 1
+
+
+@pytest.mark.cuda
+def test_the_choice_cuts_walks_that_leave_most_sms_idle_into_segments(chosen_path):
+    """Without a forced path: one long sequence of 4 value heads is 16 walks, which
+    segment_chunks cuts into segments (the workspace has their blocks); right."""
+    module, sms = _GDN_EXTEND.current(), torch.cuda.get_device_properties(0).multi_processor_count
+    chunks = EXTEND.segment_chunks(1100, 1, 4, 128, 128, sms)
+    assert 0 < chunks < 18
+    run_and_check(make_inputs(lengths=(1100,), value_heads=4), torch.bfloat16, torch.float32)
+    size = module.gdn_extend_workspace_bytes(1100, 1, 2, 4, 128, 128, False, chunks)
+    assert chosen_path == [size]
 
 
 @pytest.mark.cuda
@@ -690,15 +773,24 @@ def test_the_choice_falls_back_to_the_fused_kernel_where_the_walk_does_not_fit(
 @pytest.mark.cuda
 def test_a_short_workspace_is_refused(split_path):
     args = make_inputs(lengths=(70, 3))
-    size = _GDN_EXTEND.current().gdn_extend_workspace_bytes(73, 2, 2, 4, 128, 128, False)
+    module = _GDN_EXTEND.current()
     before = args["state_pool"].clone()
-    with pytest.raises(ValueError, match=rf"^argument 'workspace': expected at least {size} bytes"):
-        _GDN_EXTEND.current().gdn_extend_split(
+
+    def call(workspace_bytes, segment_chunks):
+        module.gdn_extend_split(
             torch.empty_like(args["v"]), args["q"], args["k"], args["v"], args["a"], args["b"],
             args["A_log"], args["dt_bias"], None, None, args["state_pool"],
             args["cache_indices"], args["cu_seqlens"], None, True, None,
-            torch.empty(size - 1, dtype=torch.uint8, device="cuda"),
+            torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda"), segment_chunks,
         )  # fmt: skip
+
+    for segment_chunks in (0, 1):
+        size = module.gdn_extend_workspace_bytes(73, 2, 2, 4, 128, 128, False, segment_chunks)
+        expected = rf"^argument 'workspace': expected at least {size} bytes"
+        with pytest.raises(ValueError, match=expected):
+            call(size - 1, segment_chunks)
+    with pytest.raises(ValueError, match=r"^argument 'segment_chunks': expected >= 0, got -2"):
+        call(size, -2)
     assert torch.equal(bits(args["state_pool"]), bits(before))
 
 

@@ -360,6 +360,29 @@ int max_active_clusters(void (*kernel)(KernelArgs...), int cluster, int threads,
   return count;
 }
 
+/// How many CTAs of `kernel` (`threads` each, `shared_bytes` of dynamic shared memory)
+/// one SM of `device` runs at once; 0 when it cannot run one.
+template <typename... KernelArgs>
+int max_active_blocks_per_sm(void (*kernel)(KernelArgs...), int threads, std::size_t shared_bytes,
+                             DLDevice device) {
+  ::tvm::ffi::CUDADeviceGuard guard(device.device_id);
+  const auto* address = reinterpret_cast<const void*>(kernel);
+  if (shared_bytes > 0 &&  // opted in as a launch does (KernelLauncher says why)
+      detail::raise_func_attribute(address, device.device_id,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(shared_bytes)) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return 0;
+  }
+  int count = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kernel, threads, shared_bytes) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 /// CTAs in this CTA's thread-block cluster: 1 without a cluster launch, and before
 /// Hopper, which has no clusters.
 __device__ __forceinline__ unsigned cluster_num_blocks() {

@@ -40,6 +40,29 @@
 // The workspace block of chunk c of sequence n is number n + floor(cu_seqlens[n] / 64)
 // + c: distinct for sequences in order (each ends before the next begins), and below
 // num_sequences + ceil(total_tokens / 64).
+//
+// The segmented walk. A walk has one CTA per 32 state rows of a head, 4 warps: with few
+// sequences and heads (a TP slice of 8 value heads is 32 CTAs) most SMs idle while it
+// walks thousands of chunks one after another. The recurrence is affine in the state, so
+// a sequence cut into segments of segment_chunks chunks is walked at once, in three
+// launches after kernel A:
+//
+//   end walks   for every segment but the last, at once: its end state from zeros (H_i:
+//               kernel B with S0 = 0, no outputs) and its transition M_i (kernel B on
+//               the K x K identity's rows with v = 0: a row x becomes x M_i over the
+//               segment, as each of the state's rows does without v);
+//   combine     per sequence and head, segment by segment: Z_0 = the pool's state,
+//               Z_i = Z_{i-1} M_{i-1} + H_{i-1} (fp32 on CUDA cores);
+//   output walks every segment at once from its start Z_i, as an unsegmented walk.
+//
+// The end walks double the walk's products (the transition has K rows) and skip the
+// output's (a third of them); the fp32 of every product is kept, so the results are an
+// unsegmented walk's to fp32 rounding. The segment blocks hold H_i and M_i, then Z_i in
+// H_i's place (Workspace::segment_state); segment i of sequence n is block n +
+// floor(cu_seqlens[n] / (64 segment_chunks)) + i, distinct as the chunks' are. The
+// grids give every sequence the call's most segments (the CTAs past a sequence's own
+// exit at once): the Python rule (segment_chunks) cuts walks only where they are few,
+// into as many segments as fill the GPU about once.
 
 #include "mllm_kernel/cuda/cp_async.cuh"
 
@@ -93,19 +116,36 @@ struct Workspace {
   char* data = nullptr;
   int64_t head_bytes = 0, key_bytes = 0, keys = 0;  // keys: where the key blocks start
   int num_v_heads = 0, num_k_heads = 0;
+  // Segments (segment_chunks > 0): a sequence's walk cut into runs of segment_chunks
+  // chunks (the last shorter), walked at once (design note of the segmented walk). One
+  // block per (segment, value head) from `segment_offset` on: a state [V][K] and a transition
+  // [K][K], fp32; segment s of sequence n is block n + floor(bos / (64 segment_chunks)) + s.
+  // max_segments: the most a sequence of the call can have, ceil(ceil(tokens / 64) /
+  // segment_chunks), at least 1 (the grids' count).
+  int64_t segment_chunks = 0, max_segments = 1, segment_offset = 0, segment_bytes = 0,
+          transition_offset = 0;
 
   /// The bytes of a call's workspace, and its blocks' sizes.
   static Workspace sized(int64_t sequences, int64_t tokens, int64_t num_k_heads,
                          int64_t num_v_heads, int64_t head_k_dim, int64_t head_v_dim,
-                         bool split_inputs, int64_t& bytes) {
+                         bool split_inputs, int64_t segment_chunks, int64_t& bytes) {
     Workspace ws;
-    const int64_t blocks = sequences + (tokens + kChunk - 1) / kChunk;
+    const int64_t chunks = (tokens + kChunk - 1) / kChunk, blocks = sequences + chunks;
     ws.head_bytes = kValues + kChunk * head_v_dim * 2;
     ws.key_bytes = (split_inputs ? 4 : 2) * kChunk * head_k_dim * 2;  // q, k (hi, lo)
     ws.keys = blocks * num_v_heads * ws.head_bytes;
     ws.num_v_heads = static_cast<int>(num_v_heads);
     ws.num_k_heads = static_cast<int>(num_k_heads);
     bytes = ws.keys + blocks * num_k_heads * ws.key_bytes;
+    if (segment_chunks > 0) {
+      ws.segment_chunks = segment_chunks;
+      ws.segment_offset = bytes;
+      ws.transition_offset = head_v_dim * head_k_dim * 4;
+      ws.segment_bytes = (head_v_dim + head_k_dim) * head_k_dim * 4;
+      const int64_t most = (chunks + segment_chunks - 1) / segment_chunks;
+      bytes += (sequences + most) * num_v_heads * ws.segment_bytes;
+      ws.max_segments = std::max<int64_t>(1, most);  // a grid's count: never 0
+    }
     return ws;
   }
 
@@ -115,6 +155,19 @@ struct Workspace {
   __device__ __forceinline__ char* key(int64_t block, int hk) const {
     return data + keys + (block * num_k_heads + hk) * key_bytes;
   }
+  /// Segment block `block`'s state [V][K] for value head hv: after the end walks, the
+  /// segment before's end state from zeros (block 0 of a sequence: nothing); after the
+  /// combine, the segment's start state.
+  __device__ __forceinline__ float* segment_state(int64_t block, int hv) const {
+    return reinterpret_cast<float*>(data + segment_offset +
+                                    (block * num_v_heads + hv) * segment_bytes);
+  }
+  /// Segment block `block`'s transition [K][K] for value head hv: the product of its
+  /// tokens' state maps (a row vector x becomes x times it; the state's rows are such).
+  __device__ __forceinline__ float* segment_transition(int64_t block, int hv) const {
+    return reinterpret_cast<float*>(data + segment_offset +
+                                    (block * num_v_heads + hv) * segment_bytes + transition_offset);
+  }
 };
 
 /// A key block's rows: q hi, k hi, then (fp16 inputs) q lo, k lo, each [64][K] bf16.
@@ -123,18 +176,23 @@ __device__ __forceinline__ uint16_t* key_rows(char* block, int which) {
   return reinterpret_cast<uint16_t*>(block) + which * kChunk * K;
 }
 
-/// The sequence's bounds, whether they are within the tokens, and its first block.
+/// The sequence's bounds, whether they are within the tokens, its first block, its
+/// chunks, and (segmented walks) its segments and first segment block.
 struct Sequence {
-  int64_t bos, eos, first_block;
+  int64_t bos, eos, first_block, chunks, segments, first_segment;
   bool in_range;
 };
 
-__device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t n) {
+__device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t n,
+                                                int64_t segment_chunks = 0) {
   Sequence s;
   s.bos = gdn::load_index(p.cu_seqlens, p.cu_seqlens_int64, p.cu_seqlens_stride, n);
   s.eos = gdn::load_index(p.cu_seqlens, p.cu_seqlens_int64, p.cu_seqlens_stride, n + 1);
   s.in_range = 0 <= s.bos && s.bos <= s.eos && s.eos <= p.total_tokens;
   s.first_block = n + (s.in_range ? s.bos / kChunk : 0);
+  s.chunks = s.in_range ? (s.eos - s.bos + kChunk - 1) / kChunk : 0;
+  s.segments = segment_chunks > 0 ? (s.chunks + segment_chunks - 1) / segment_chunks : 1;
+  s.first_segment = segment_chunks > 0 && s.in_range ? n + s.bos / (kChunk * segment_chunks) : 0;
   return s;
 }
 
@@ -365,18 +423,22 @@ inline constexpr int kWalkWarps = 2 * (kBlockV / 16);  // a pair of warps per 16
 inline constexpr int kWalkThreads = kWalkWarps * kWarpSize;
 
 /// One stage of kernel B's shared memory: a chunk's workspace blocks (the slice's 32
-/// columns of v), q's and k's rows in padded tiles for ldmatrix. The factors and the
-/// scales are one contiguous run, as in the workspace.
-template <typename T, int K>
+/// columns of v), q's and k's rows in padded tiles for ldmatrix (q's only for a walk with
+/// outputs). The factors and the scales are one contiguous run, as in the workspace.
+template <typename T, int K, bool kOutputs>
 struct Stage {
   static constexpr bool kSplitInputs = std::is_same_v<T, fp16_t>;
   using RowTile = gdn::Tile<kChunk, K>;
   using ValueTile = gdn::Tile<kChunk, kBlockV>;
   static constexpr int kRowTiles = kSplitInputs ? 4 : 2;  // q hi, k hi (, q lo, k lo)
+  /// Whether key row tile i (key_rows' order) is staged.
+  static constexpr bool staged(int i) { return i < kRowTiles && (kOutputs || i % 2 == 1); }
+  static constexpr int kStagedRowTiles = kOutputs ? kRowTiles : kRowTiles / 2;
   static constexpr int kFactorBytes = static_cast<int>(Workspace::kValues);  // T', P, scales
-  static constexpr int kBytes = kRowTiles * RowTile::kBytes + kFactorBytes + ValueTile::kBytes;
+  static constexpr int kBytes =
+      kStagedRowTiles * RowTile::kBytes + kFactorBytes + ValueTile::kBytes;
 
-  RowTile rows[4];       // key_rows' order (the lo tiles only for fp16 inputs)
+  RowTile rows[4];       // key_rows' order (null where not staged)
   LowerTile squares[4];  // T' hi, T' lo, P hi, P lo
   float* scales;         // Workspace::Scale rows
   ValueTile values;      // v [token][row of the slice]
@@ -384,8 +446,8 @@ struct Stage {
   __device__ explicit Stage(char* base) {
     char* at = base;
     for (int i = 0; i < 4; ++i) {
-      rows[i].data = i < kRowTiles ? reinterpret_cast<uint16_t*>(at) : nullptr;
-      if (i < kRowTiles) at += RowTile::kBytes;
+      rows[i].data = staged(i) ? reinterpret_cast<uint16_t*>(at) : nullptr;
+      if (staged(i)) at += RowTile::kBytes;
     }
     for (int i = 0; i < 4; ++i) {
       squares[i].data = reinterpret_cast<uint16_t*>(at + i * LowerTile::kBytes);
@@ -403,9 +465,9 @@ inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots * kWarpSize * 
 
 /// Kernel B's shared memory with `depth` stages: two where the GPU has room for them (the
 /// next chunk's copies overlap a chunk's products), else one.
-template <typename T, int K>
+template <typename T, int K, bool kOutputs = true>
 inline constexpr int walk_bytes(int depth) {
-  return depth * Stage<T, K>::kBytes + kExchangeBytes;
+  return depth * Stage<T, K, kOutputs>::kBytes + kExchangeBytes;
 }
 /// The most shared memory a block may have on any GPU (Hopper's 227 KiB): no two-stage
 /// kernel is built where it would need more.
@@ -433,19 +495,21 @@ __device__ __forceinline__ void copy_tile_async(const Tl& tile, const uint16_t* 
   }
 }
 
-/// Issues the copies of block `block`'s data for value head hv, state rows v0.. into
-/// `st`, and commits them as one group.
-template <typename T, int K>
-__device__ __forceinline__ void issue_stage(const Workspace& ws, const Stage<T, K>& st,
-                                            int64_t block, const Work& wk, int head_v_dim) {
+/// Issues the copies of block `block`'s data for value head hv, state rows v0.. (v's
+/// rows only with `values`) into `st`, and commits them as one group.
+template <typename T, int K, bool kOutputs>
+__device__ __forceinline__ void issue_stage(const Workspace& ws, const Stage<T, K, kOutputs>& st,
+                                            int64_t block, const Work& wk, int head_v_dim,
+                                            bool values) {
+  using St = Stage<T, K, kOutputs>;
   char* key = ws.key(block, wk.hk);
 #pragma unroll
-  for (int i = 0; i < Stage<T, K>::kRowTiles; ++i) {
-    copy_tile_async<kChunk, K>(st.rows[i], key_rows<K>(key, i), K);
+  for (int i = 0; i < St::kRowTiles; ++i) {
+    if (St::staged(i)) copy_tile_async<kChunk, K>(st.rows[i], key_rows<K>(key, i), K);
   }
   const char* head = ws.head(block, wk.hv);
   char* factors = reinterpret_cast<char*>(st.squares[0].data);
-  constexpr int kFactorUnits = Stage<T, K>::kFactorBytes / 16;
+  constexpr int kFactorUnits = St::kFactorBytes / 16;
 #pragma unroll
   for (int i = 0; i < (kFactorUnits + kWalkThreads - 1) / kWalkThreads; ++i) {
     const int u = static_cast<int>(threadIdx.x) + i * kWalkThreads;
@@ -453,8 +517,11 @@ __device__ __forceinline__ void issue_stage(const Workspace& ws, const Stage<T, 
       cp_async_16_or_zero(factors + 16 * u, head + 16 * u, true);
     }
   }
-  copy_tile_async<kChunk, kBlockV>(
-      st.values, reinterpret_cast<const uint16_t*>(head + Workspace::kValues) + wk.v0, head_v_dim);
+  if (values) {
+    copy_tile_async<kChunk, kBlockV>(
+        st.values, reinterpret_cast<const uint16_t*>(head + Workspace::kValues) + wk.v0,
+        head_v_dim);
+  }
   cp_async_commit();
 }
 
@@ -489,6 +556,19 @@ __device__ __forceinline__ void load_rows(const S* rows, bool held, float fill,
       }
       s[nt][2 * h] = x0;
       s[nt][2 * h + 1] = x1;
+    }
+  }
+}
+
+/// The identity's rows row0.. over columns col0.. (an end walk's transition starts so).
+template <int K>
+__device__ __forceinline__ void identity_rows(int row0, int col0, HalfRowFragments<K>& s) {
+  const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4;
+#pragma unroll
+  for (int nt = 0; nt < K / 16; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = row0 + g + 8 * (e / 2) == col0 + 8 * nt + 2 * t + e % 2 ? 1.0f : 0.0f;
     }
   }
 }
@@ -610,9 +690,10 @@ struct Walker {
   float4 *mine, *other;
 };
 
-/// The pair's parts of R^T and O^T (sums over K): this warp's r and the other's token
-/// blocks of o out, the other's in and added (a + b in one warp, b + a in the other: the
-/// same bits).
+/// The pair's parts of R^T and O^T (sums over K; O^T only with kOutputs): this warp's r
+/// and the other's token blocks of o out, the other's in and added (a + b in one warp,
+/// b + a in the other: the same bits).
+template <bool kOutputs>
 __device__ __forceinline__ void exchange(const Walker& w, TokenFragments& r, TokenFragments& o) {
   const int lane = gdn::lane_id();
   auto slot = [&](float4* base, int i) -> float4& { return base[i * kWarpSize + lane]; };
@@ -620,7 +701,7 @@ __device__ __forceinline__ void exchange(const Walker& w, TokenFragments& r, Tok
 #pragma unroll
   for (int nt = 0; nt < kChunk / 8; ++nt) {
     slot(w.mine, nt) = make_float4(r[nt][0], r[nt][1], r[nt][2], r[nt][3]);
-    if ((w.finished >> nt / 2 & 1u) == 0) {
+    if (kOutputs && (w.finished >> nt / 2 & 1u) == 0) {
       slot(w.mine, kChunk / 8 + nt / 4 * 2 + nt % 2) =
           make_float4(o[nt][0], o[nt][1], o[nt][2], o[nt][3]);
     }
@@ -633,7 +714,7 @@ __device__ __forceinline__ void exchange(const Walker& w, TokenFragments& r, Tok
     r[nt][1] += x.y;
     r[nt][2] += x.z;
     r[nt][3] += x.w;
-    if ((w.finished >> nt / 2 & 1u) != 0) {
+    if (kOutputs && (w.finished >> nt / 2 & 1u) != 0) {
       const float4 y = slot(w.other, kChunk / 8 + nt / 4 * 2 + nt % 2);
       o[nt][0] += y.x;
       o[nt][1] += y.y;
@@ -644,12 +725,13 @@ __device__ __forceinline__ void exchange(const Walker& w, TokenFragments& r, Tok
 }
 
 /// One chunk of the walk for the warp's state rows and half of K (`s`): the output's rows
-/// at the chunk's tokens of the warp's token blocks, and the state after the chunk.
-template <typename T, int K>
-__device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& st, const Work& wk,
-                                           const Walker& w, int64_t c0, int count,
-                                           HalfRowFragments<K>& s) {
-  constexpr bool kLo = Stage<T, K>::kSplitInputs;
+/// at the chunk's tokens of the warp's token blocks (kOutputs), and the state after the
+/// chunk; v taken as zero without `values` (a transition's walk).
+template <typename T, int K, bool kOutputs>
+__device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K, kOutputs>& st,
+                                           const Work& wk, const Walker& w, int64_t c0, int count,
+                                           bool values, HalfRowFragments<K>& s) {
+  constexpr bool kLo = Stage<T, K, kOutputs>::kSplitInputs;
   constexpr int kHalf = K / 2;
   const auto &q_hi = st.rows[0], &k_hi = st.rows[1], &q_lo = st.rows[2], &k_lo = st.rows[3];
   const int g = gdn::lane_id() / 4, t = gdn::lane_id() % 4, k0 = w.half * kHalf;
@@ -664,17 +746,19 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
     for (int nb = 0; nb < kChunk / 16; ++nb) {
       uint32_t kb_hi[4], kb_lo[4], qb_hi[4], qb_lo[4];
       gdn::load_b(kb_hi, k_hi, 16 * nb, k0 + 16 * ks);
-      gdn::load_b(qb_hi, q_hi, 16 * nb, k0 + 16 * ks);
+      if constexpr (kOutputs) gdn::load_b(qb_hi, q_hi, 16 * nb, k0 + 16 * ks);
       if constexpr (kLo) {
         gdn::load_b(kb_lo, k_lo, 16 * nb, k0 + 16 * ks);
-        gdn::load_b(qb_lo, q_lo, 16 * nb, k0 + 16 * ks);
+        if constexpr (kOutputs) gdn::load_b(qb_lo, q_lo, 16 * nb, k0 + 16 * ks);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         gdn::mma_split<true, kLo>(r[2 * nb + h], a_hi, a_lo, kb_hi[2 * h], kb_hi[2 * h + 1],
                                   kb_lo[2 * h], kb_lo[2 * h + 1]);
-        gdn::mma_split<true, kLo>(o[2 * nb + h], a_hi, a_lo, qb_hi[2 * h], qb_hi[2 * h + 1],
-                                  qb_lo[2 * h], qb_lo[2 * h + 1]);
+        if constexpr (kOutputs) {
+          gdn::mma_split<true, kLo>(o[2 * nb + h], a_hi, a_lo, qb_hi[2 * h], qb_hi[2 * h + 1],
+                                    qb_lo[2 * h], qb_lo[2 * h + 1]);
+        }
       }
     }
   }
@@ -684,7 +768,7 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
   // v^T's 16 x 16 blocks as A fragments, whose registers are the C fragments' pairs
   // (ldmatrix of the [token][row] tile, transposed)
   uint32_t v_bits[kChunk / 16][4] = {};
-  if (w.half == 0) {
+  if (w.half == 0 && values) {
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb)
       gdn::load_a_trans(v_bits[kb], st.values, w.local, 16 * kb);
@@ -702,14 +786,16 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
       r[nt][2 * h + 1] = v1 - coef.y * r[nt][2 * h + 1];
     }
   }
-  scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
-  exchange(w, r, o);
+  if constexpr (kOutputs) scale_tokens(o, st.scales + Workspace::kQueryCoef * kChunk);
+  exchange<kOutputs>(w, r, o);
   // d^T = R^T T'^T, all of it in both warps of the pair (both update the state with it)
   TokenFragments d = {};
   times_lower_transposed(r, st.squares[0], st.squares[1], (1u << kChunk / 16) - 1, d);
-  // O^T += d^T P^T at the warp's token blocks
-  times_lower_transposed(d, st.squares[2], st.squares[3], w.finished, o);
-  store_output<T>(p, wk, w.row0, w.finished, c0, count, o);
+  if constexpr (kOutputs) {
+    // O^T += d^T P^T at the warp's token blocks
+    times_lower_transposed(d, st.squares[2], st.squares[3], w.finished, o);
+    store_output<T>(p, wk, w.row0, w.finished, c0, count, o);
+  }
   // S = e^{G_last} S + (d^T diag(e^{G_last - G} rk)) k over the warp's half of K
   scale_tokens(d, st.scales + Workspace::kUpdateCoef * kChunk);
   const float last = st.scales[Workspace::kLast * kChunk];
@@ -737,12 +823,56 @@ __device__ __forceinline__ void walk_chunk(const Params& p, const Stage<T, K>& s
   }
 }
 
-template <typename T, typename S, int K, int kDepth>
+/// What a CTA of kernel B walks: its sequence, value head and state rows (wk), the
+/// segment (0 unless segmented), and whether its rows are a transition's (an end walk's
+/// identity rows, v taken as zero) rather than the state's.
+struct WalkTask {
+  Work wk;
+  int64_t segment = 0;
+  bool transition = false;
+};
+
+/// The task of CTA blockIdx.x. 1-D grids, a head's slices innermost, then heads, then
+/// segments, then sequences, so that the CTAs reading the same chunks run together. An
+/// output walk has p.slices slices of the state's rows, and ws.max_segments segments a
+/// sequence where segmented; an end walk (one per segment but the last) p.slices of the
+/// state's rows from zeros, then K / kBlockV of the transition's rows.
+template <int K, bool kOutputs>
+__device__ __forceinline__ WalkTask walk_task(const Params& p, const Workspace& ws) {
+  WalkTask task;
+  if (kOutputs && ws.segment_chunks == 0) {
+    task.wk = gdn_extend_impl::work_of(p);
+    return task;
+  }
+  const int slices = kOutputs ? p.slices : p.slices + K / kBlockV;
+  const int64_t segments = kOutputs ? ws.max_segments : ws.max_segments - 1;
+  const int64_t cta = blockIdx.x;
+  const int slice = static_cast<int>(cta % slices);
+  const int64_t rest = cta / slices;
+  task.wk.hv = static_cast<int>(rest % p.num_v_heads);
+  task.segment = rest / p.num_v_heads % segments;
+  task.wk.n = rest / p.num_v_heads / segments;
+  task.wk.hk = task.wk.hv / p.heads_per_key;
+  task.transition = slice >= p.slices;
+  task.wk.v0 = (task.transition ? slice - p.slices : slice) * kBlockV;
+  task.wk.counts =
+      kOutputs && task.segment == 0 && slice == 0 && task.wk.hv == 0 && threadIdx.x == 0;
+  return task;
+}
+
+/// Kernel B. An output walk (kOutputs) walks its chunks from its start state, writing
+/// the output, and writes the pool at the sequence's end. An end walk (segmented calls,
+/// every segment but a sequence's last) walks its segment from zeros or, for the
+/// transition's rows, from the identity with v taken as zero, and writes the rows it ends
+/// with to the segment blocks: the combine's inputs.
+template <typename T, typename S, int K, int kDepth, bool kOutputs>
 __global__ void __launch_bounds__(kWalkThreads, 1)
     split_walk(const Params p, const Workspace ws, int head_v_dim) {
+  using St = Stage<T, K, kOutputs>;
   extern __shared__ __align__(16) char shared_bytes[];
-  const Work wk = gdn_extend_impl::work_of(p);
-  const Sequence seq = sequence_of(p, wk.n);
+  const WalkTask task = walk_task<K, kOutputs>(p, ws);
+  const Work& wk = task.wk;
+  const Sequence seq = sequence_of(p, wk.n, ws.segment_chunks);
   const int64_t index = gdn::load_index(p.indices, p.indices_int64, p.indices_stride, wk.n);
   const gdn::Slot slot = gdn::classify_slot(index, p.pool_size);
   if (wk.counts && p.errors != nullptr) {
@@ -750,10 +880,12 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
     if (!seq.in_range) atomicAdd(p.errors + 1, 1);
   }
   if (!seq.in_range || seq.bos == seq.eos) return;  // the whole CTA: no barrier is left waiting
+  // a CTA of a segment past the sequence's (of the grid's most)
+  if (task.segment + (kOutputs ? 0 : 1) >= seq.segments) return;
 
   // warps 2 i and 2 i + 1: state rows 16 i .. 16 i + 15 of the slice, K halves 0 and 1
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  float4* exchange_slots = reinterpret_cast<float4*>(shared_bytes + kDepth * Stage<T, K>::kBytes);
+  float4* exchange_slots = reinterpret_cast<float4*>(shared_bytes + kDepth * St::kBytes);
   Walker w;
   w.local = 16 * (warp / 2);
   w.row0 = wk.v0 + w.local;
@@ -763,41 +895,164 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
   w.mine = exchange_slots + warp * kExchangeSlots * kWarpSize;
   w.other = exchange_slots + (warp ^ 1) * kExchangeSlots * kWarpSize;
 
+  // the warp's rows in [rows][K] arrays (the pool's head, a segment block's state or
+  // transition) start row0 rows and its half of K in
+  const int64_t at = static_cast<int64_t>(w.row0) * K + w.half * (K / 2);
+  const bool segmented = ws.segment_chunks > 0;
+  const int64_t block = seq.first_segment + task.segment;
   const bool held = slot == gdn::Slot::kState;
-  S* rows =
-      static_cast<S*>(p.state) + (held ? index * p.state_stride_slot + wk.hv * p.state_stride_head +
-                                             static_cast<int64_t>(w.row0) * K + w.half * (K / 2)
-                                       : 0);
+  S* pool_rows = static_cast<S*>(p.state) +
+                 (held ? index * p.state_stride_slot + wk.hv * p.state_stride_head + at : 0);
   HalfRowFragments<K> s;
-  load_rows<S, K>(rows, held, gdn::missing_state(slot), s);
+  if (!kOutputs && task.transition) {
+    identity_rows<K>(w.row0, w.half * (K / 2), s);
+  } else if (!kOutputs) {
+    load_rows<fp32_t, K>(nullptr, false, 0.0f, s);
+  } else if (segmented) {
+    load_rows<fp32_t, K>(ws.segment_state(block, wk.hv) + at, true, 0.0f, s);
+  } else {
+    load_rows<S, K>(pool_rows, held, gdn::missing_state(slot), s);
+  }
 
   // stage i at shared_bytes + i * Stage::kBytes (a pointer, not an array of views, which
   // a runtime index would put in local memory)
   auto stage = [&](int64_t c) {
-    return Stage<T, K>(shared_bytes + static_cast<int>(c % kDepth) * Stage<T, K>::kBytes);
+    return St(shared_bytes + static_cast<int>(c % kDepth) * St::kBytes);
   };
-  const int64_t chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
-  issue_stage<T, K>(ws, stage(0), seq.first_block, wk, head_v_dim);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const Stage<T, K> st = stage(c);
+  const int64_t first = segmented ? task.segment * ws.segment_chunks : 0;
+  const int64_t end = segmented ? std::min(first + ws.segment_chunks, seq.chunks) : seq.chunks;
+  const bool values = !task.transition;
+  issue_stage<T, K, kOutputs>(ws, stage(first), seq.first_block + first, wk, head_v_dim, values);
+  for (int64_t c = first; c < end; ++c) {
+    const St st = stage(c);
     cp_async_wait<0>();
     // every thread's copies landed, and every thread done with the chunk before (its
     // stage, refilled next with two stages, and the exchange slots)
     __syncthreads();
     if constexpr (kDepth == 2) {
-      if (c + 1 < chunks) {
-        issue_stage<T, K>(ws, stage(c + 1), seq.first_block + c + 1, wk, head_v_dim);
+      if (c + 1 < end) {
+        issue_stage<T, K, kOutputs>(ws, stage(c + 1), seq.first_block + c + 1, wk, head_v_dim,
+                                    values);
       }
     }
     const int64_t c0 = seq.bos + kChunk * c;
     const int count = static_cast<int>(std::min<int64_t>(kChunk, seq.eos - c0));
-    walk_chunk<T, K>(p, st, wk, w, c0, count, s);
+    walk_chunk<T, K, kOutputs>(p, st, wk, w, c0, count, values, s);
     if constexpr (kDepth == 1) {
       __syncthreads();  // the stage read before it is refilled
-      if (c + 1 < chunks) issue_stage<T, K>(ws, st, seq.first_block + c + 1, wk, head_v_dim);
+      if (c + 1 < end) {
+        issue_stage<T, K, kOutputs>(ws, st, seq.first_block + c + 1, wk, head_v_dim, values);
+      }
     }
   }
-  if (held) store_rows<S, K>(rows, s);
+  if constexpr (kOutputs) {
+    if (held && task.segment + 1 == seq.segments) store_rows<S, K>(pool_rows, s);
+  } else {
+    // the transition of this segment, or the next segment's state from this one's zeros
+    float* rows =
+        task.transition ? ws.segment_transition(block, wk.hv) : ws.segment_state(block + 1, wk.hv);
+    store_rows<fp32_t, K>(rows + at, s);
+  }
+}
+
+/// The combine of a segmented walk's end walks, a CTA per (sequence, value head,
+/// kCombineRows state rows), a column of K a thread: the pool's state (or the missing
+/// state's fill) is segment 0's start; segment i's start is segment i - 1's times its
+/// transition plus its end from zeros (which the end walk left in segment i's state
+/// block, where the start replaces it). In order of the segments, in fp32 on CUDA cores:
+/// a few products of kCombineRows x K by K x K a sequence.
+inline constexpr int kCombineRows = 16, kCombineBatch = 32;
+
+template <typename S, int K>
+__global__ void __launch_bounds__(K)
+    split_combine(const Params p, const Workspace ws, int head_v_dim) {
+  __shared__ __align__(16) float start[kCombineRows][K];
+  const int row_blocks = head_v_dim / kCombineRows;
+  const int64_t cta = blockIdx.x;
+  const int row0 = static_cast<int>(cta % row_blocks) * kCombineRows;
+  const int64_t seq_head = cta / row_blocks;
+  const int64_t n = seq_head / p.num_v_heads;
+  const int hv = static_cast<int>(seq_head - n * p.num_v_heads);
+  const Sequence seq = sequence_of(p, n, ws.segment_chunks);
+  if (!seq.in_range || seq.bos == seq.eos) return;
+  const int64_t index = gdn::load_index(p.indices, p.indices_int64, p.indices_stride, n);
+  const gdn::Slot slot = gdn::classify_slot(index, p.pool_size);
+  const int col = static_cast<int>(threadIdx.x);
+
+  float* first = ws.segment_state(seq.first_segment, hv) + row0 * K + col;
+  const S* pool = static_cast<const S*>(p.state) + index * p.state_stride_slot +
+                  hv * p.state_stride_head + row0 * K + col;
+#pragma unroll
+  for (int r = 0; r < kCombineRows; ++r) {
+    const float x = slot == gdn::Slot::kState ? to_float(pool[r * K]) : gdn::missing_state(slot);
+    start[r][col] = x;
+    first[r * K] = x;
+  }
+  for (int64_t i = 1; i < seq.segments; ++i) {
+    __syncthreads();  // the start before written
+    const float* transition = ws.segment_transition(seq.first_segment + i - 1, hv) + col;
+    float* state = ws.segment_state(seq.first_segment + i, hv) + row0 * K + col;
+    float acc[kCombineRows];
+#pragma unroll
+    for (int r = 0; r < kCombineRows; ++r) acc[r] = state[r * K];
+    // the thread's column of the transition kCombineBatch rows at a time, all loads
+    // issued before the products (a few loads at a time, each waited for, was 10 us a
+    // segment at K = 128)
+#pragma unroll 1
+    for (int j0 = 0; j0 < K; j0 += kCombineBatch) {
+      float column[kCombineBatch];
+#pragma unroll
+      for (int e = 0; e < kCombineBatch; ++e) column[e] = transition[(j0 + e) * K];
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; j += 4) {
+#pragma unroll
+        for (int r = 0; r < kCombineRows; ++r) {
+          const float4 x = *reinterpret_cast<const float4*>(&start[r][j0 + j]);
+          acc[r] = fmaf(x.x, column[j], acc[r]);
+          acc[r] = fmaf(x.y, column[j + 1], acc[r]);
+          acc[r] = fmaf(x.z, column[j + 2], acc[r]);
+          acc[r] = fmaf(x.w, column[j + 3], acc[r]);
+        }
+      }
+    }
+    __syncthreads();  // the start before read by every thread
+#pragma unroll
+    for (int r = 0; r < kCombineRows; ++r) {
+      start[r][col] = acc[r];
+      state[r * K] = acc[r];
+    }
+  }
+}
+
+/// Launches kernel B with two stages where they fit in `allowed` bytes, else one; for a
+/// segmented call's walks, with one where that takes fewer waves of CTAs (more CTAs an SM
+/// fit; the segments are as many as fill the GPU about once at two an SM, and a walk is
+/// latency-bound, so a second CTA an SM costs it little where a second wave doubles it).
+template <typename T, typename S, int K, bool kOutputs>
+void launch_walk(const Params& p, const Workspace& ws, int64_t ctas, int head_v_dim,
+                 DLDevice device, std::size_t allowed) {
+  constexpr int kOneStage = walk_bytes<T, K, kOutputs>(1);
+  constexpr int kTwoStages = walk_bytes<T, K, kOutputs>(2);
+  const auto one_stage = split_walk<T, S, K, 1, kOutputs>;
+  if constexpr (kTwoStages <= kMostSharedBytes) {
+    const auto two_stages = split_walk<T, S, K, 2, kOutputs>;
+    bool deep = static_cast<std::size_t>(kTwoStages) <= allowed;
+    if (deep && ws.segment_chunks > 0) {
+      const int64_t sms = num_sms(device);
+      auto waves = [&](int per_sm) {
+        return per_sm > 0 ? (ctas + per_sm * sms - 1) / (per_sm * sms) : ctas;
+      };
+      deep = waves(max_active_blocks_per_sm(two_stages, kWalkThreads, kTwoStages, device)) <=
+             waves(max_active_blocks_per_sm(one_stage, kWalkThreads, kOneStage, device));
+    }
+    if (deep) {
+      KernelLauncher(dim3(static_cast<unsigned>(ctas)), dim3(kWalkThreads), device, kTwoStages)(
+          two_stages, p, ws, head_v_dim);
+      return;
+    }
+  }
+  KernelLauncher(dim3(static_cast<unsigned>(ctas)), dim3(kWalkThreads), device, kOneStage)(
+      one_stage, p, ws, head_v_dim);
 }
 
 template <typename T, typename S, int K>
@@ -805,16 +1060,20 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
                   DLDevice device) {
   const std::size_t allowed = max_shared_memory_per_block(device);
   constexpr int kFactorBytes = FactorLayout<T, K>::kBytes;
-  constexpr int kOneStage = walk_bytes<T, K>(1), kTwoStages = walk_bytes<T, K>(2);
+  constexpr int kOneStage = walk_bytes<T, K>(1);
   RuntimeCheck(static_cast<std::size_t>(kOneStage) <= allowed,
                "gdn_extend (split path): ", "head_k_dim ", K, " with ",
                std::is_same_v<T, fp16_t> ? "float16" : "bfloat16", " inputs needs ", kOneStage,
                " bytes of shared memory per block; this GPU allows ", allowed,
                (std::is_same_v<T, fp16_t> ? " (bfloat16 inputs need less)" : ""));
   const int64_t heads = sequences * p.num_v_heads;
-  const int64_t walks = heads * p.slices;
-  RuntimeCheck(walks < (int64_t{1} << 31), "gdn_extend: at most 2^31 - 1 CTAs (sequences x ",
-               "num_v_heads x head_v_dim / ", kBlockV, "), got ", walks, "; split the batch");
+  const int64_t segments = ws.max_segments;
+  const int64_t walks = heads * segments * p.slices;
+  const int64_t end_walks = heads * (segments - 1) * (p.slices + K / kBlockV);
+  RuntimeCheck(std::max(walks, end_walks) < (int64_t{1} << 31),
+               "gdn_extend: at most 2^31 - 1 CTAs (sequences x num_v_heads x head_v_dim / ",
+               kBlockV, ", by segments where the walk is cut in them), got ",
+               std::max(walks, end_walks), "; split the batch");
   if (walks == 0) return;
   // Kernel A: about 30 CTAs an SM in all (whole waves where 3, 5 or 6 run at once, as
   // its shared memory allows for the inputs and K), each taking every chunk_stride-th
@@ -829,15 +1088,13 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
   KernelLauncher(dim3(static_cast<unsigned>(heads * chunk_stride)), dim3(gdn_extend_impl::kThreads),
                  device, kFactorBytes)(split_factors<T, K>, p, ws, head_v_dim,
                                        static_cast<int>(chunk_stride));
-  if constexpr (kTwoStages <= kMostSharedBytes) {
-    if (static_cast<std::size_t>(kTwoStages) <= allowed) {
-      KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kTwoStages)(
-          split_walk<T, S, K, 2>, p, ws, head_v_dim);
-      return;
-    }
+  if (ws.segment_chunks > 0) {
+    if (end_walks > 0)
+      launch_walk<T, fp32_t, K, false>(p, ws, end_walks, head_v_dim, device, allowed);
+    KernelLauncher(dim3(static_cast<unsigned>(heads * (head_v_dim / kCombineRows))), dim3(K),
+                   device)(split_combine<S, K>, p, ws, head_v_dim);
   }
-  KernelLauncher(dim3(static_cast<unsigned>(walks)), dim3(kWalkThreads), device, kOneStage)(
-      split_walk<T, S, K, 1>, p, ws, head_v_dim);
+  launch_walk<T, S, K, true>(p, ws, walks, head_v_dim, device, allowed);
 }
 
 }  // namespace gdn_split_impl
@@ -847,10 +1104,11 @@ void launch_split(const Params& p, const Workspace& ws, int64_t sequences, int h
 inline int64_t gdn_extend_workspace_bytes(int64_t total_tokens, int64_t num_sequences,
                                           int64_t num_k_heads, int64_t num_v_heads,
                                           int64_t head_k_dim, int64_t head_v_dim,
-                                          bool float16_inputs) {
+                                          bool float16_inputs, int64_t segment_chunks) {
+  ValueCheck(segment_chunks >= 0, "argument 'segment_chunks': expected >= 0, got ", segment_chunks);
   int64_t bytes = 0;
   gdn_split_impl::Workspace::sized(num_sequences, total_tokens, num_k_heads, num_v_heads,
-                                   head_k_dim, head_v_dim, float16_inputs, bytes);
+                                   head_k_dim, head_v_dim, float16_inputs, segment_chunks, bytes);
   return bytes;
 }
 
@@ -870,8 +1128,10 @@ inline bool gdn_extend_split_fits(int64_t device_index, int64_t head_k_dim, bool
 }
 
 /// gdn_extend on the split path (long sequences): the same arguments and results, plus
-/// `workspace`, uint8 of at least gdn_extend_workspace_bytes on the call's device
-/// (scratch: its contents before and after mean nothing).
+/// `workspace`, uint8 of at least gdn_extend_workspace_bytes (of the same
+/// segment_chunks) on the call's device (scratch: its contents before and after mean
+/// nothing), and `segment_chunks`: 0 walks each sequence in one run; n > 0 cuts each into
+/// segments of n chunks, walked at once (the segmented walk of the design note).
 inline void gdn_extend_split(TensorView out, TensorView q, TensorView k, TensorView v,
                              tvm::ffi::Optional<TensorView> a, tvm::ffi::Optional<TensorView> b,
                              tvm::ffi::Optional<TensorView> A_log,
@@ -879,16 +1139,18 @@ inline void gdn_extend_split(TensorView out, TensorView q, TensorView k, TensorV
                              tvm::ffi::Optional<TensorView> g, tvm::ffi::Optional<TensorView> beta,
                              TensorView state_pool, TensorView cache_indices, TensorView cu_seqlens,
                              tvm::ffi::Optional<double> scale, bool use_qk_l2norm,
-                             tvm::ffi::Optional<TensorView> errors, TensorView workspace) {
+                             tvm::ffi::Optional<TensorView> errors, TensorView workspace,
+                             int64_t segment_chunks) {
   using namespace gdn_split_impl;
   const gdn_extend_impl::Call call =
       gdn_extend_impl::check_call(out, q, k, v, a, b, A_log, dt_bias, g, beta, state_pool,
                                   cache_indices, cu_seqlens, scale, use_qk_l2norm, errors);
   const bool fp16 = is_dtype<fp16_t>(call.dtype);
+  ValueCheck(segment_chunks >= 0, "argument 'segment_chunks': expected >= 0, got ", segment_chunks);
   int64_t bytes = 0;
   Workspace ws =
       Workspace::sized(call.sequences, call.p.total_tokens, call.num_k_heads, call.p.num_v_heads,
-                       call.head_k_dim, call.head_v_dim, fp16, bytes);
+                       call.head_k_dim, call.head_v_dim, fp16, segment_chunks, bytes);
   SymbolicDevice device;
   device.bind(call.device, "q");
   TensorMatcher({kAnySize})

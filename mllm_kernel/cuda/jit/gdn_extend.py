@@ -8,8 +8,10 @@ over packed variable-length sequences, a chunk of 64 tokens at a time on tensor 
 Two paths give the same results: the fused kernel (gdn_extend.cu), where one CTA walks a
 sequence's chunks doing all of each chunk's work, and the split path
 (gdn_extend_split.cu) for long sequences, where the state-free work of every chunk runs
-in parallel first and the walk does only the products with the state.
-:func:`use_split_path` chooses.
+in parallel first and the walk does only the products with the state. With few sequences
+and heads the split path also cuts each walk into segments walked at once (the segmented
+walk: gdn_extend_split.cu's design note). :func:`use_split_path` and
+:func:`segment_chunks` choose.
 
 The original mllm-kernel's module path and name, ``gdn_extend_chunkwise``, are
 :mod:`mllm_kernel.cuda.jit.gdn_extend_chunkwise`.
@@ -39,9 +41,11 @@ _GDN_EXTEND = KernelModule(
     archs=AMPERE_OR_NEWER,
 )
 
-# "fused" or "split" makes every call take that path (the tests run each on both); None:
-# use_split_path decides. Internal, not an argument of the op.
+# "fused" or "split" makes every call take that path, "segments" the split path with
+# segments of _FORCED_SEGMENT_CHUNKS chunks (the tests run each); None: use_split_path
+# and segment_chunks decide. Internal, not an argument of the op.
 _force_path: str | None = None
+_FORCED_SEGMENT_CHUNKS = 2
 
 # The split path's thresholds, first estimates from the per-chunk costs (the fused walk
 # ~16 us a chunk, its CTAs 3 an SM; the split walk a few us a chunk, a CTA an SM, after
@@ -73,6 +77,54 @@ def use_split_path(
     long_sequences = total_tokens >= _SPLIT_MIN_CHUNKS * 64 * max(num_sequences, 1)
     few_ctas = fused_ctas <= _SPLIT_MAX_CTAS_PER_SM * sm_count
     return long_sequences and few_ctas and head_k_dim <= 128
+
+
+# The segmented walk's rule (benchmarks/bench_gdn.py --extend --segments times forced
+# segment lengths; H200, TP8 slice: 4 segments beat 2, 5 and 8 at 8192 and 65536
+# tokens): segments only where the walks are fewer than _SEGMENT_BELOW_CTAS_PER_SM an
+# SM; as many as keep the output walks in one wave of _SEGMENT_OUTPUT_CTAS_PER_SM an SM
+# (their two-stage CTAs fit one an SM) and the end walks in one wave of
+# _SEGMENT_END_CTAS_PER_SM (theirs, without q's rows, fit two): a second wave doubles a
+# walk's time; and none shorter than _SEGMENT_MIN_CHUNKS (each adds a step to the
+# combine and an end walk's fixed cost).
+_SEGMENT_BELOW_CTAS_PER_SM = 0.5
+_SEGMENT_OUTPUT_CTAS_PER_SM = 1
+_SEGMENT_END_CTAS_PER_SM = 2
+_SEGMENT_MIN_CHUNKS = 8
+
+
+def segment_chunks(
+    total_tokens: int,
+    num_sequences: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    sm_count: int,
+) -> int:
+    """The segment length, in chunks of 64 tokens, of the split path's walks for a call
+    of these sizes; 0 for walks in one run. A walk is one CTA per 32 state rows of a
+    sequence's head, walking its chunks in order: where there are fewer such CTAs than
+    half the SMs, each sequence is cut into as many segments as keep both launches of
+    the segmented walk within one wave (the output walks: a CTA per segment and 32 state
+    rows, one an SM; the end walks, for every segment but the last: a CTA per 32 rows of
+    the state and of the K x K transition, two an SM), of at least
+    ``_SEGMENT_MIN_CHUNKS`` chunks.
+
+    >>> segment_chunks(65536, 1, 8, 128, 128, 132), segment_chunks(65536, 1, 32, 128, 128, 132)
+    (256, 0)
+    """
+    sequences = max(num_sequences, 1)
+    walks = sequences * num_v_heads * (head_v_dim // 32)
+    if walks >= _SEGMENT_BELOW_CTAS_PER_SM * sm_count:
+        return 0
+    end_walks = sequences * num_v_heads * ((head_v_dim + head_k_dim) // 32)
+    segments = min(
+        _SEGMENT_OUTPUT_CTAS_PER_SM * sm_count // walks,
+        1 + _SEGMENT_END_CTAS_PER_SM * sm_count // end_walks,
+    )
+    chunks = -(-total_tokens // 64)
+    length = max(_SEGMENT_MIN_CHUNKS, -(-chunks // (sequences * segments)))
+    return 0 if segments < 2 or length >= chunks else length
 
 
 def _workspace(num_bytes: int, device: torch.device) -> torch.Tensor:
@@ -123,7 +175,7 @@ def gdn_extend(
     tokens, sequences = q.shape[0], cu_seqlens.shape[0] - 1
     fp16 = q.dtype == torch.float16
     if _force_path is not None:
-        split = _force_path == "split"
+        split = _force_path in ("split", "segments")
     else:
         split = use_split_path(
             tokens, sequences, v.shape[1], q.shape[2], v.shape[2], device_facts(index).sm_count
@@ -132,10 +184,16 @@ def gdn_extend(
         # fused kernel runs instead: slower for long sequences, never refused.
         split = split and module.gdn_extend_split_fits(index, q.shape[2], fp16)
     if split:
+        if _force_path is not None:
+            segments = _FORCED_SEGMENT_CHUNKS if _force_path == "segments" else 0
+        else:
+            sms = device_facts(index).sm_count
+            segments = segment_chunks(tokens, sequences, v.shape[1], q.shape[2], v.shape[2], sms)
         size = module.gdn_extend_workspace_bytes(
-            tokens, sequences, q.shape[1], v.shape[1], q.shape[2], v.shape[2], fp16
+            tokens, sequences, q.shape[1], v.shape[1], q.shape[2], v.shape[2], fp16, segments
         )  # fmt: skip
-        module.gdn_extend_split(*args, scale, use_qk_l2norm, errors, _workspace(size, q.device))
+        workspace = _workspace(size, q.device)
+        module.gdn_extend_split(*args, scale, use_qk_l2norm, errors, workspace, segments)
     else:
         module.gdn_extend(*args, scale, use_qk_l2norm, errors)
     if errors is not None:
