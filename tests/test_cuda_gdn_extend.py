@@ -310,10 +310,11 @@ def test_segments_combine_to_the_recurrence_in_float64():
         (65536, 1, 32, 128, 128, 0),  # full heads: 128 walks on 132 SMs
         (65536, 2, 8, 128, 128, 256),  # 64 walks, 2 segments a sequence
         (65536, 3, 8, 128, 128, 0),  # 96 walks: more than half the SMs
-        (2048, 1, 8, 128, 64, 8),  # 16 walks; 6 segments (end walks 48 each), 8 chunks long
+        (2048, 1, 8, 128, 64, 8),  # 16 walks; 6 segments wanted, 8 chunks the least: 4
         (65536, 1, 2, 64, 128, 64),  # 8 walks, 16 segments (end walks: 12 each)
         (512, 1, 8, 128, 128, 0),  # 8 chunks: one shortest segment holds them all
         (0, 0, 8, 128, 128, 0),
+        (65536, 1, 0, 128, 128, 0),  # no value heads: nothing to walk
     ],
 )
 def test_segments_are_for_walks_that_leave_most_sms_idle(

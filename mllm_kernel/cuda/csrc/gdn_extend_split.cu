@@ -980,11 +980,13 @@ __global__ void __launch_bounds__(K)
   const int col = static_cast<int>(threadIdx.x);
 
   float* first = ws.segment_state(seq.first_segment, hv) + row0 * K + col;
-  const S* pool = static_cast<const S*>(p.state) + index * p.state_stride_slot +
-                  hv * p.state_stride_head + row0 * K + col;
+  const bool held = slot == gdn::Slot::kState;
+  const S* pool =
+      static_cast<const S*>(p.state) +
+      (held ? index * p.state_stride_slot + hv * p.state_stride_head + row0 * K + col : 0);
 #pragma unroll
   for (int r = 0; r < kCombineRows; ++r) {
-    const float x = slot == gdn::Slot::kState ? to_float(pool[r * K]) : gdn::missing_state(slot);
+    const float x = held ? to_float(pool[r * K]) : gdn::missing_state(slot);
     start[r][col] = x;
     first[r * K] = x;
   }
@@ -1038,12 +1040,18 @@ void launch_walk(const Params& p, const Workspace& ws, int64_t ctas, int head_v_
     const auto two_stages = split_walk<T, S, K, 2, kOutputs>;
     bool deep = static_cast<std::size_t>(kTwoStages) <= allowed;
     if (deep && ws.segment_chunks > 0) {
+      // CTAs an SM of each build, asked once per device (0: not yet)
+      static int per_sm[64][2] = {};
+      int* known = per_sm[device.device_id % 64];
+      if (known[0] == 0 || known[1] == 0) {
+        known[0] =
+            std::max(1, max_active_blocks_per_sm(one_stage, kWalkThreads, kOneStage, device));
+        known[1] =
+            std::max(1, max_active_blocks_per_sm(two_stages, kWalkThreads, kTwoStages, device));
+      }
       const int64_t sms = num_sms(device);
-      auto waves = [&](int per_sm) {
-        return per_sm > 0 ? (ctas + per_sm * sms - 1) / (per_sm * sms) : ctas;
-      };
-      deep = waves(max_active_blocks_per_sm(two_stages, kWalkThreads, kTwoStages, device)) <=
-             waves(max_active_blocks_per_sm(one_stage, kWalkThreads, kOneStage, device));
+      auto waves = [&](int64_t at_once) { return (ctas + at_once * sms - 1) / (at_once * sms); };
+      deep = waves(known[1]) <= waves(known[0]);
     }
     if (deep) {
       KernelLauncher(dim3(static_cast<unsigned>(ctas)), dim3(kWalkThreads), device, kTwoStages)(

@@ -115,7 +115,7 @@ def segment_chunks(
     """
     sequences = max(num_sequences, 1)
     walks = sequences * num_v_heads * (head_v_dim // 32)
-    if walks >= _SEGMENT_BELOW_CTAS_PER_SM * sm_count:
+    if walks == 0 or walks >= _SEGMENT_BELOW_CTAS_PER_SM * sm_count:
         return 0
     end_walks = sequences * num_v_heads * ((head_v_dim + head_k_dim) // 32)
     segments = min(
