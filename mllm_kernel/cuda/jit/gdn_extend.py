@@ -80,8 +80,9 @@ def use_split_path(
 
 
 # The segmented walk's rule (benchmarks/bench_gdn.py --extend --segments times forced
-# segment lengths; H200, TP8 slice: 4 segments beat 2, 5 and 8 at 8192 and 65536
-# tokens): segments only where the walks are fewer than _SEGMENT_BELOW_CTAS_PER_SM an
+# segment lengths; on an H200's TP8 slice 4 segments were the fastest of 2, 4, 5, 8 and
+# 16 at 8192 tokens and of 4, 5, 8, 16 and 32 at 65536: benchmarks/RESULTS.md): segments
+# only where the walks are fewer than _SEGMENT_BELOW_CTAS_PER_SM an
 # SM; as many as keep the output walks in one wave of _SEGMENT_OUTPUT_CTAS_PER_SM an SM
 # (their two-stage CTAs fit one an SM) and the end walks in one wave of
 # _SEGMENT_END_CTAS_PER_SM (theirs, without q's rows, fit two): a second wave doubles a
