@@ -221,6 +221,19 @@ inline cudaError_t raise_func_attribute(const void* kernel, int device, cudaFunc
   if (status == cudaSuccess) current = value;
   return status;
 }
+
+/// For an occupancy query: opts `kernel` in to `shared_bytes` of dynamic shared memory
+/// as a launch does (KernelLauncher says why); false, the error cleared (it is not
+/// sticky), where the device refuses.
+inline bool opt_in_for_query(const void* kernel, int device, std::size_t shared_bytes) {
+  if (shared_bytes == 0 ||
+      raise_func_attribute(kernel, device, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared_bytes)) == cudaSuccess) {
+    return true;
+  }
+  cudaGetLastError();
+  return false;
+}
 }  // namespace detail
 
 /// The stream torch (or whichever framework) has current for `device`.
@@ -335,13 +348,7 @@ int max_active_clusters(void (*kernel)(KernelArgs...), int cluster, int threads,
                         std::size_t shared_bytes, DLDevice device) {
   ::tvm::ffi::CUDADeviceGuard guard(device.device_id);
   const auto* address = reinterpret_cast<const void*>(kernel);
-  if (shared_bytes > 0 &&  // opted in as a launch does (KernelLauncher says why)
-      detail::raise_func_attribute(address, device.device_id,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(shared_bytes)) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it
-    return 0;
-  }
+  if (!detail::opt_in_for_query(address, device.device_id, shared_bytes)) return 0;
   if (cluster > 8 && detail::raise_func_attribute(address, device.device_id,
                                                   cudaFuncAttributeNonPortableClusterSizeAllowed,
                                                   1) != cudaSuccess) {
@@ -366,12 +373,8 @@ template <typename... KernelArgs>
 int max_active_blocks_per_sm(void (*kernel)(KernelArgs...), int threads, std::size_t shared_bytes,
                              DLDevice device) {
   ::tvm::ffi::CUDADeviceGuard guard(device.device_id);
-  const auto* address = reinterpret_cast<const void*>(kernel);
-  if (shared_bytes > 0 &&  // opted in as a launch does (KernelLauncher says why)
-      detail::raise_func_attribute(address, device.device_id,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(shared_bytes)) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it
+  if (!detail::opt_in_for_query(reinterpret_cast<const void*>(kernel), device.device_id,
+                                shared_bytes)) {
     return 0;
   }
   int count = 0;
