@@ -460,14 +460,17 @@ struct Stage {
 /// What a pair of warps exchanges once a chunk: each warp's part of R^T (8 C fragments of
 /// its 16 rows by the chunk's tokens) and its part of O^T at the two token blocks whose
 /// output the other warp finishes (4 fragments), as float4 slots [12][32 lanes].
-inline constexpr int kExchangeSlots = kChunk / 8 + kChunk / 16;
-inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots * kWarpSize * 16;
+/// (An end walk exchanges only R^T: 8 slots.)
+template <bool kOutputs>
+inline constexpr int kExchangeSlots = kOutputs ? kChunk / 8 + kChunk / 16 : kChunk / 8;
+template <bool kOutputs>
+inline constexpr int kExchangeBytes = kWalkWarps * kExchangeSlots<kOutputs> * kWarpSize * 16;
 
 /// Kernel B's shared memory with `depth` stages: two where the GPU has room for them (the
 /// next chunk's copies overlap a chunk's products), else one.
 template <typename T, int K, bool kOutputs = true>
 inline constexpr int walk_bytes(int depth) {
-  return depth * Stage<T, K, kOutputs>::kBytes + kExchangeBytes;
+  return depth * Stage<T, K, kOutputs>::kBytes + kExchangeBytes<kOutputs>;
 }
 /// The most shared memory a block may have on any GPU (Hopper's 227 KiB): no two-stage
 /// kernel is built where it would need more.
@@ -865,8 +868,10 @@ __device__ __forceinline__ WalkTask walk_task(const Params& p, const Workspace& 
 /// every segment but a sequence's last) walks its segment from zeros or, for the
 /// transition's rows, from the identity with v taken as zero, and writes the rows it ends
 /// with to the segment blocks: the combine's inputs.
+// End walks at three CTAs an SM (at most 168 registers a thread; 186 unbounded), so that
+// more segments fit one wave.
 template <typename T, typename S, int K, int kDepth, bool kOutputs>
-__global__ void __launch_bounds__(kWalkThreads, 1)
+__global__ void __launch_bounds__(kWalkThreads, kOutputs ? 1 : 3)
     split_walk(const Params p, const Workspace ws, int head_v_dim) {
   using St = Stage<T, K, kOutputs>;
   extern __shared__ __align__(16) char shared_bytes[];
@@ -892,8 +897,8 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
   w.half = warp % 2;
   w.finished = finished_blocks(w.half);
   w.barrier = 1 + warp / 2;  // barrier 0 is __syncthreads'
-  w.mine = exchange_slots + warp * kExchangeSlots * kWarpSize;
-  w.other = exchange_slots + (warp ^ 1) * kExchangeSlots * kWarpSize;
+  w.mine = exchange_slots + warp * kExchangeSlots<kOutputs> * kWarpSize;
+  w.other = exchange_slots + (warp ^ 1) * kExchangeSlots<kOutputs> * kWarpSize;
 
   // the warp's rows in [rows][K] arrays (the pool's head, a segment block's state or
   // transition) start row0 rows and its half of K in
