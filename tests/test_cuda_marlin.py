@@ -260,20 +260,70 @@ def test_fused_gemm_types_groups_and_tiles(fused_tokens, dtype, type_name, group
 
 @pytest.mark.parametrize("type_name", ["uint4b8", "uint4"])
 @pytest.mark.parametrize("group_size", [-1, 32, 64])
-def test_fused_gemm_splits_k_over_a_cluster(fused_tokens, type_name, group_size):
-    """Two column tiles and 65 k-blocks: K splits as far as the tile allows, unevenly,
-    and the partial sums add up in a fixed order."""
+def test_fused_gemm_splits_k_over_slices(fused_tokens, type_name, group_size):
+    """Two column tiles and 65 k-blocks: K splits as far as the tile allows, unevenly
+    (in 4 for 32 and 64 tokens: through global memory; in 2 for the others: in a
+    cluster); the partial sums add up in a fixed order whichever slice ends last, and
+    the tiles' counters are left at zero."""
     n, k, m = 256, 4160, 70
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     how = gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True)
     most = gptq_marlin_module._FUSED_MAX_SPLIT[fused_tokens]
     assert how.fused_split == 1 << (most.bit_length() - 1)  # splits double
+    assert how.fused_sums_in_memory == (how.fused_split > 2)
     torch.manual_seed(group_size)
     w = Weights(k, n, torch.bfloat16, type_name, group_size)
     a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    out = _run(w, a)
+    workspace = marlin_make_workspace("cuda")
+    out = _run(w, a, workspace=workspace)
     _check(out, a, w)
-    assert torch.equal(_run(w, a), out), "the partial sums must add in a fixed order"
+    assert not workspace.any(), "split-K counters must be left zeroed"
+    for _ in range(5):
+        assert torch.equal(_run(w, a, workspace=workspace), out), "sums in a fixed order"
+
+
+def _fused_split_call(m, n, k):
+    """The fused module of the planned token tile for an ``m x n x k`` product, the
+    arguments of a launch before its split, its tiles and token tile, and its (a,
+    Weights, c); bf16 uint4b8 group 128."""
+    index = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    tokens = gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True).fused_tokens
+    w = Weights(k, n, torch.bfloat16, "uint4b8", 128)
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    zero = gptq_marlin_module._ZERO_MODE["bias"]
+    module = gptq_marlin_module._FUSED[index, torch.bfloat16, tokens, zero]
+    tiles = -(-m // tokens) * -(-n // gptq_marlin_module._FUSED_COLS)
+    bias = scalar_types.uint4b8.bias
+    args = (a, w.b_q_weight, w.b_scales, None, marlin_make_workspace("cuda"), c, m, n, k, bias)
+    return module, args, tiles, tokens, (a, w, c)
+
+
+def test_fused_gemm_split_partials_poisoned_and_refused_when_short():
+    """A split launch whose sums meet in global memory writes every partial it reads (a
+    NaN-filled buffer gives the right product) and leaves its counters at zero, and it
+    refuses partials or counters too few for its tiles."""
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    torch.manual_seed(3)
+    m, n, k, split = 40, 512, 2048, 4
+    module, args, tiles, tokens, (a, w, c) = _fused_split_call(m, n, k)
+    floats = tiles * split * gptq_marlin_module._FUSED_PARTIAL_FLOATS[tokens]
+    partials = torch.full((floats,), float("nan"), device="cuda")
+    module.fused(*args, split, 0, tiles, False, partials)
+    _check(c, a, w)
+    assert not args[4].any(), "split-K counters must be left zeroed"
+    with pytest.raises(RuntimeError, match=r"partials of \d+ floats, a split launch needs"):
+        module.fused(*args, split, 0, tiles, False, partials[:-1])
+    # More tiles than the workspace has counters (one per SM): no plan splits those.
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    wide = 128 * (sms + 1)
+    module, args, tiles, tokens, _ = _fused_split_call(m, wide, 1024)
+    floats = tiles * split * gptq_marlin_module._FUSED_PARTIAL_FLOATS[tokens]
+    partials = torch.empty(floats, device="cuda")
+    with pytest.raises(RuntimeError, match=f"{tiles} tiles needs as many counters"):
+        module.fused(*args, split, 0, tiles, False, partials)
 
 
 @pytest.fixture

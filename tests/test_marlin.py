@@ -183,6 +183,22 @@ def test_fused_tiling_splits_a_mostly_empty_last_wave():
     assert plan(1024, 14336, 4096, 132, True, 132, fusable=True).fused_tail == 52
 
 
+def test_fused_splits_sum_in_memory_where_their_ctas_fit_one_an_sm():
+    """Splits of 4 whose CTAs fit one an SM sum through global memory (clusters of 4
+    would pair CTAs on some SMs); splits of 2, and splits at two CTAs an SM, in a
+    cluster."""
+
+    def fused(m, n, k):
+        how = plan(m, n, k, 132, True, 132, clusters=True, fusable=True)
+        return how.fused_split, how.fused_sums_in_memory
+
+    assert fused(17, 4096, 14336) == (4, True)  # 32 tiles x 4
+    assert fused(64, 4096, 4096) == (4, True)
+    assert fused(128, 4096, 4096) == (2, False)  # 64 tiles x 2
+    assert fused(24, 6144, 4096) == (4, False)  # 48 tiles x 4: two CTAs an SM
+    assert fused(100, 28672, 8192) == (1, False)
+
+
 def test_fused_kernel_is_registered_with_its_variants():
     from mllm_kernel.jit_utils import registry
 

@@ -84,7 +84,8 @@ def _program() -> str:
             for zero in (0, 1):
                 config = f"marlin_wgmma::FusedConfig<{cpp}, {tokens}, {zero}>"
                 facts = (
-                    f"{config}::{fact}" for fact in ("kCols", "kTileK", "kMaxSplit", "kCtasPerSm")
+                    f"static_cast<int>({config}::{fact})"
+                    for fact in ("kCols", "kTileK", "kMaxSplit", "kCtasPerSm", "kPartialBytes")
                 )
                 lines.append(show(f"fused_{dtype}_{tokens}_{zero}", *facts))
     lines += series("grouped_scale_position", "marlin::grouped_scale_position", 64)
@@ -175,12 +176,14 @@ def test_the_builds_that_defer_scales_are_the_kernels(kernel_facts, dtype, bits,
 @pytest.mark.parametrize("zero", [0, 1])
 def test_the_fused_tiling_uses_the_kernels_shapes(kernel_facts, dtype, tokens, zero):
     """fused_tiling counts CTAs of the kernel's columns and k-blocks of its k, and splits
-    K at most as far as a build's ring holds its partners' sums, on as many CTAs an SM as
-    the build holds."""
-    cols, k_block, max_split, ctas_per_sm = kernel_facts[f"fused_{dtype}_{tokens}_{zero}"]
+    K at most as far as a build's ring holds the other slices' sums, on as many CTAs an SM as
+    the build holds, and sizes the partial sums a CTA stores in global memory."""
+    facts = kernel_facts[f"fused_{dtype}_{tokens}_{zero}"]
+    cols, k_block, max_split, ctas_per_sm, partial_bytes = facts
     assert (cols, k_block) == (gptq_marlin._FUSED_COLS, gptq_marlin._FUSED_K_BLOCK)
     assert max_split == gptq_marlin._FUSED_MAX_SPLIT[tokens]
     assert ctas_per_sm == gptq_marlin._FUSED_CTAS_PER_SM[tokens]
+    assert partial_bytes == 4 * gptq_marlin._FUSED_PARTIAL_FLOATS[tokens]
 
 
 def test_scale_permutations_are_where_the_kernels_read(kernel_facts):

@@ -79,14 +79,18 @@ struct FusedConfig {
   static constexpr int kConsumerRegisters = kCtasPerSm == 2 ? 104 : 232;
   static constexpr std::size_t kRingBytes = std::size_t{kStages} * kStageBytes;
   static constexpr std::size_t kSharedBytes = 1024 + kRingBytes + 2 * kStages * sizeof(MBarrier);
-  // Split-K: a partner CTA's sums (every consumer thread's accumulators), written into
-  // the first CTA's ring once every CTA of the cluster is done with its own.
+  // Split-K: a CTA's sums (every consumer thread's accumulators). A cluster's partners
+  // write them into the first CTA's ring; summed through global memory instead, each
+  // CTA stores them there and the last of a tile's to finish stages the others' in its
+  // ring, after a 16-byte flag.
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
   static constexpr std::size_t kPartialBytes = std::size_t{kConsumerThreads} * kAccumulators * 4;
   static constexpr int kRingSplit = static_cast<int>(kRingBytes / kPartialBytes) + 1;
-  /// The most K slices (CTAs of a cluster) a launch takes: the first CTA's own sums and
-  /// the partners' that its ring holds, in a portable cluster (at most 8 CTAs).
+  /// The most K slices (CTAs sharing a tile) a launch takes: the summing CTA's own sums
+  /// and the others' that its ring holds, at most 8.
   static constexpr int kMaxSplit = kRingSplit < 8 ? kRingSplit : 8;
+  static_assert((kMaxSplit - 1) * kPartialBytes + 16 <= kRingBytes || kMaxSplit == 1,
+                "the ring holds a flag and the other slices' sums");
   // The epilogue's boxes, one per consumer, in the ring once the main loop is done.
   static constexpr int kOutBoxBytes = kTokens * kSwizzle128Bytes;
   static_assert(kConsumers * kOutBoxBytes <= kRingBytes, "the output boxes fit in the ring");

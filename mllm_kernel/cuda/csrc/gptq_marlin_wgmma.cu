@@ -25,8 +25,12 @@
 //
 // Grid: (K slices, output tiles), tiles numbered token tile first, so the CTAs running
 // at once share the weight columns they read and the activations stay in L2. When the
-// output tiles alone leave SMs idle, K is split over a cluster of CTAs, whose sums meet
-// in the first CTA's shared memory (distributed shared memory). A launch may run a
+// output tiles alone leave SMs idle, K is split over `split` CTAs, whose sums meet in a
+// cluster (the partners' written into the first CTA's shared memory) or, where the
+// caller passes partials, through global memory (split_k.cuh), the last of a tile's
+// CTAs to finish adding them: a cluster must fit one GPC, so clusters of 4 CTAs at
+// about one an SM paired CTAs on some SMs while others idled (the plan's rule says
+// where each wins). A launch may run a
 // range of the tiles: the caller runs a last, mostly empty wave of tiles apart, split,
 // in a launch that starts on the SMs the first one's last CTAs leave. The epilogue
 // transposes the accumulators into c's rows in shared memory (stmatrix) and writes
@@ -35,7 +39,7 @@
 // The kernel reads as its steps: fused_work (the CTA's output tile and k-blocks),
 // StageRing (the stages and their barriers), the producer (produce_k_blocks,
 // run_producer), the consumers' main loop (consume_k_blocks over run_k_block and
-// dequant_k_block), the cluster's split-K sum (sum_over_cluster) and the epilogue
+// dequant_k_block), the split-K sums (sum_over_cluster, sum_over_slices) and the epilogue
 // (store_output_tile, over epilogue.cuh's stage_transposed_box).
 #include <tvm/ffi/optional.h>
 
@@ -45,6 +49,7 @@
 #include "mllm_kernel/cuda/marlin_config.cuh"
 #include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/cuda/mbarrier.cuh"
+#include "mllm_kernel/cuda/split_k.cuh"
 #include "mllm_kernel/cuda/tma.cuh"
 #include "mllm_kernel/cuda/wgmma.cuh"
 #include "mllm_kernel/tensor.hpp"
@@ -64,6 +69,9 @@ using marlin::kIntZero;
 
 /// The hardware barrier both consumer warpgroups meet at (1 and 2 are their own).
 inline constexpr int kConsumersBarrier = 3;
+
+/// sum_over_slices' staged partials start this far into the ring, past its flag.
+inline constexpr int kSplitStagingOffset = 16;
 
 /// Group rows one k-block's scale box covers: two for groups of 32, else one.
 __host__ __device__ inline int group_rows_per_block(int group_shift) {
@@ -155,21 +163,21 @@ struct StageRing {
 /// What a CTA computes: its output tile (tokens from token0, weight columns from col0)
 /// over its share [kb_begin, kb_end) of the k-blocks.
 struct FusedWork {
-  int split, rank;  // the cluster of CTAs sharing the tile, and this CTA's place in it
+  int split, rank;  // the CTAs sharing the tile (K slices), and this CTA's slice
   int token0, col0;
   int kb_begin, kb_end;
   bool grouped;        // grouped scales (else per-channel ones, applied in the epilogue)
   int rows_per_block;  // group rows a k-block's scale box covers
 };
 
-/// This CTA's FusedWork. A cluster of `split` CTAs along x shares one output tile, each
-/// summing its share of the k-blocks; output tiles are numbered token tile first, and
-/// this launch runs first_tile + y.
-template <class Config>
+/// This CTA's FusedWork. The `split` CTAs along x (a cluster, unless their sums meet in
+/// memory) share one output tile, each summing its share of the k-blocks; output tiles
+/// are numbered token tile first, and this launch runs first_tile + y.
+template <class Config, bool kSumsInMemory>
 __device__ __forceinline__ FusedWork fused_work(const marlin::Params& p, int first_tile) {
   FusedWork work;
-  work.split = static_cast<int>(cluster_size());
-  work.rank = static_cast<int>(cluster_rank());
+  work.split = static_cast<int>(kSumsInMemory ? gridDim.x : cluster_size());
+  work.rank = static_cast<int>(kSumsInMemory ? blockIdx.x : cluster_rank());
   const int token_tiles = (p.m + Config::kTokens - 1) / Config::kTokens;
   const int tile = first_tile + static_cast<int>(blockIdx.y);
   work.token0 = tile % token_tiles * Config::kTokens;
@@ -216,16 +224,16 @@ __device__ __forceinline__ void produce_k_blocks(const StageRing<Config>& ring,
 }
 
 /// The producer warpgroup: gives its registers to the consumers, streams the k-blocks
-/// (one thread), and meets the consumers' cluster barriers (split-K), which every
-/// thread of the cluster must.
-template <class Config>
+/// (one thread), and meets the consumers' cluster barriers (a split in a cluster), which
+/// every thread of the cluster must.
+template <class Config, bool kSumsInMemory>
 __device__ __forceinline__ void run_producer(const StageRing<Config>& ring, const FusedWork& work,
                                              const marlin::Params& p, const CUtensorMap& map_a,
                                              const CUtensorMap& map_w, const CUtensorMap& map_s,
                                              const CUtensorMap& map_z) {
   warpgroup_release_registers<Config::kProducerRegisters>();
   if (threadIdx.x == 0) produce_k_blocks(ring, work, p, map_a, map_w, map_s, map_z);
-  if (work.split > 1) {  // the consumers' two reduction barriers
+  if (!kSumsInMemory && work.split > 1) {  // the consumers' two reduction barriers
     cluster_sync();
     cluster_sync();
   }
@@ -364,9 +372,9 @@ __device__ __forceinline__ void consume_k_blocks(float (&acc)[Config::kAccumulat
   if (work.kb_begin < work.kb_end && id.lane == 0) release_previous_stage(ring, state);
 }
 
-/// Split-K over the cluster: every CTA is done with its ring, so the partners write
-/// their sums into the first CTA's, which adds them in rank order (run-to-run
-/// identical). Returns whether this CTA holds the sum (rank 0) and goes on to store it.
+/// Split-K over a cluster: every CTA is done with its ring, so the partners write their
+/// sums into the first CTA's, which adds them in rank order (run-to-run identical).
+/// Returns whether this CTA holds the sum (rank 0) and goes on to store it.
 template <class Config>
 __device__ __forceinline__ bool sum_over_cluster(float (&acc)[Config::kAccumulators],
                                                  const StageRing<Config>& ring,
@@ -382,6 +390,35 @@ __device__ __forceinline__ bool sum_over_cluster(float (&acc)[Config::kAccumulat
   add_cluster_partials(acc, partials, work.split - 1, thread, Config::kConsumerThreads);
   // Both consumers have read the partials before the epilogue writes over them.
   named_barrier(kConsumersBarrier, Config::kConsumerThreads);
+  return true;
+}
+
+/// Split-K through global memory (split_k.cuh): every CTA stores its sums in its slot of
+/// the tile's partials, and the last of the tile's CTAs to finish adds them all in
+/// slice order (run-to-run identical; the same sums as sum_over_cluster's), staging the
+/// others' in its ring, which both consumers are done with by then (the ring's first
+/// bytes hold the flag that says which CTA is last). Returns whether this CTA holds the
+/// sum and goes on to store it; it leaves the tile's counter at 0.
+template <class Config>
+__device__ __forceinline__ bool sum_over_slices(float (&acc)[Config::kAccumulators],
+                                                const StageRing<Config>& ring,
+                                                const FusedWork& work, const marlin::Params& p) {
+  constexpr int kThreads = Config::kConsumerThreads;
+  const int thread = static_cast<int>(threadIdx.x) - kWarpgroupThreads;
+  float4* partials =
+      reinterpret_cast<float4*>(p.partials) +
+      static_cast<int64_t>(blockIdx.y) * work.split * (Config::kAccumulators / 4) * kThreads;
+  store_split_partial(acc, partials, work.rank, thread, kThreads);
+  int& last = *reinterpret_cast<int*>(ring.shared);
+  named_barrier(kConsumersBarrier, kThreads);  // every partial stored, both consumers done
+  if (thread == 0) last = last_to_arrive(p.counters + blockIdx.y, work.split);
+  named_barrier(kConsumersBarrier, kThreads);
+  if (!last) return false;
+  add_partials_in_rank_order(acc, partials, work.rank, work.split, thread, kThreads,
+                             reinterpret_cast<float4*>(ring.shared + kSplitStagingOffset));
+  if (thread == 0) p.counters[blockIdx.y] = 0;
+  // Both consumers have read their staged partials before the epilogue writes over them.
+  named_barrier(kConsumersBarrier, kThreads);
   return true;
 }
 
@@ -433,8 +470,10 @@ __device__ __forceinline__ void store_output_tile(const float (&acc)[Config::kAc
 }
 
 /// The fused kernel (see the file comment): warpgroup 0 produces, warpgroups 1 and 2
-/// consume the ring, sum over the cluster when K is split, and store their columns.
-template <typename T, typename Config>
+/// consume the ring, sum over the K slices when K is split (in a cluster, or through
+/// global memory: kSumsInMemory, a kernel of its own so that the cluster's code is
+/// as it was), and store their columns.
+template <typename T, typename Config, bool kSumsInMemory>
 __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     marlin_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_w,
@@ -445,7 +484,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t shared_raw[];
   const StageRing<Config> ring(shared_raw);
-  const FusedWork work = fused_work<Config>(p, first_tile);
+  const FusedWork work = fused_work<Config, kSumsInMemory>(p, first_tile);
   if (threadIdx.x == 0) {
     // The tensor maps' first fetches overlap the set-up instead of each one's first
     // copy (the epilogue's store map too).
@@ -463,13 +502,19 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   if (warpgroup == 0) {
-    run_producer(ring, work, p, map_a, map_w, map_s, map_z);
+    run_producer<Config, kSumsInMemory>(ring, work, p, map_a, map_w, map_s, map_z);
   } else {
     warpgroup_claim_registers<Config::kConsumerRegisters>();
     const ConsumerThread id(warpgroup);
     float acc[Config::kAccumulators];
     consume_k_blocks<T>(acc, ring, work, p, id);
-    if (work.split > 1 && !sum_over_cluster(acc, ring, work)) return;
+    if (work.split > 1) {
+      if constexpr (kSumsInMemory) {
+        if (!sum_over_slices(acc, ring, work, p)) return;
+      } else {
+        if (!sum_over_cluster(acc, ring, work)) return;
+      }
+    }
     store_output_tile<T>(acc, ring, work, id, p, map_c);
   }
 #endif
@@ -491,17 +536,19 @@ inline CUtensorMap plain_map(const void* data, int64_t rows, int64_t cols, uint3
 /// `ZeroMode`), no act-order, on sm_90a; see the file comment. The operands are
 /// gptq_marlin_gemm's, checked by check_operands (`a`'s rows on 16-byte boundaries, c
 /// [M, N] contiguous). Group size 0: per-channel scales. Runs output tiles [first_tile,
-/// first_tile + tiles) (numbered token tile first), K split over the `split` CTAs of a
-/// cluster (at most the build's kMaxSplit). c must start on a 16-byte boundary (TMA
-/// stores: the caller passes an aligned buffer). With `overlap_previous` the launch may
-/// start while the previous kernel on the stream still runs, which must be this kernel
-/// on other tiles of the same product (a tail launch).
+/// first_tile + tiles) (numbered token tile first), K split over `split` CTAs (at most the
+/// build's kMaxSplit), whose sums meet in a cluster, or with `partials` (fp32, at least
+/// tiles x split x kPartialBytes / 4 floats) there and in the first `tiles` counters of
+/// `workspace` (zero before and after). c must start on a 16-byte
+/// boundary (TMA stores: the caller passes an aligned buffer). With `overlap_previous` the launch
+/// may start while the previous kernel on the stream still runs, which must be this kernel on other
+/// tiles of the same product (a tail launch).
 template <typename T, int kTokens, int ZeroMode>
 void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_scales,
                             tvm::ffi::Optional<TensorView> b_zeros, TensorView workspace,
                             TensorView c, int64_t size_m, int64_t size_n, int64_t size_k,
                             int64_t bias, int64_t split, int64_t first_tile, int64_t tiles,
-                            bool overlap_previous) {
+                            bool overlap_previous, tvm::ffi::Optional<TensorView> partials) {
   using namespace marlin;
   using Config = marlin_wgmma::FusedConfig<T, kTokens, ZeroMode>;
   SymbolicDevice device;
@@ -547,12 +594,27 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
   RuntimeCheck(first_tile >= 0 && tiles >= 0 && first_tile + tiles <= all_tiles && tiles <= 65535,
                "gptq_marlin_gemm: tiles [", first_tile, ", ", first_tile + tiles,
                ") are not within the ", all_tiles, " output tiles (or more than 65535)");
+  const bool in_cluster = split > 1 && !partials.has_value();
+  if (partials.has_value()) {
+    RuntimeCheck(workspace.size(0) >= tiles, "gptq_marlin_gemm: a split launch of ", tiles,
+                 " tiles needs as many counters, the workspace has ", workspace.size(0));
+    TensorMatcher({kAnySize})
+        .dtype<fp32_t>()
+        .device(kDLCUDA, device)
+        .contiguous()
+        .verify(*partials, "partials");
+    const int64_t floats = tiles * split * static_cast<int64_t>(Config::kPartialBytes / 4);
+    RuntimeCheck((*partials).size(0) >= floats, "gptq_marlin_gemm: partials of ",
+                 (*partials).size(0), " floats, a split launch needs ", floats);
+    p.partials = data_ptr<float>(*partials);
+  }
   if (tiles == 0) return;
   const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(tiles));
+  auto* kernel = partials.has_value() ? marlin_wgmma::marlin_wgmma_kernel<T, Config, true>
+                                      : marlin_wgmma::marlin_wgmma_kernel<T, Config, false>;
   KernelLauncher(grid, dim3(Config::kThreads), device.value(), Config::kSharedBytes)
-      .cluster(static_cast<unsigned>(split))
-      .overlap_previous(overlap_previous)(marlin_wgmma::marlin_wgmma_kernel<T, Config>, map_a,
-                                          map_w, map_s, map_z, map_c, p,
+      .cluster(in_cluster ? static_cast<unsigned>(split) : 1u)
+      .overlap_previous(overlap_previous)(kernel, map_a, map_w, map_s, map_z, map_c, p,
                                           static_cast<int>(first_tile));
 }
 

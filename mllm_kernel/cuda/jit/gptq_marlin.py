@@ -94,11 +94,22 @@ FUSED_MIN_M = 17
 FUSED_MAX_M = 4096
 _FUSED_TOKENS = (32, 64, 128, 256)
 # The fused kernel's shapes (marlin_config.cuh's FusedConfig): weight columns per CTA
-# (kCols), k per k-block (kTileK), and per token tile the most K slices of a cluster
-# (kMaxSplit: the partners' sums must fit in the first CTA's ring of stages).
+# (kCols), k per k-block (kTileK), per token tile the most K slices a launch takes
+# (kMaxSplit: the summing CTA of a tile stages the others' sums in its ring of stages)
+# and the floats a CTA stores its sums in where they meet in global memory
+# (kPartialBytes / 4: every consumer thread's accumulators).
 _FUSED_COLS = 128
 _FUSED_K_BLOCK = 64
 _FUSED_MAX_SPLIT = {32: 5, 64: 4, 128: 3, 256: 2}
+_FUSED_PARTIAL_FLOATS = {tokens: 256 * tokens // 2 for tokens in _FUSED_TOKENS}
+# The most slices that sum in a cluster wherever the CTAs fit one an SM; more sum through
+# global memory there (clusters elsewhere). A cluster must fit one GPC: 32 tiles split in
+# 4 in clusters of 4 paired CTAs on some SMs while others idled. Measured on an H200
+# (bf16, uint4b8, RESULTS.md, session 25; clusters / global memory, us): M = 17-32,
+# 4096 x 14336, 32 tiles x 4: 29.5-29.9 / 20.2-21.1; 4096^2 12.0-12.1 / 10.0-10.4; 64
+# tiles x 2 (M = 128, 4096^2) 14.5 / 15.6; 48 tiles x 4 at two CTAs an SM (M = 17,
+# 6144 x 4096) 12.2-12.3 / 13.9.
+_FUSED_CLUSTER_SPLIT = 2
 # CTAs an SM holds at once, per token tile (kCtasPerSm).
 _FUSED_CTAS_PER_SM = {32: 2, 64: 2, 128: 1, 256: 1}
 _FUSED_MIN_SLICE_BLOCKS = 8  # k-blocks per slice
@@ -212,8 +223,9 @@ _DEQUANTIZE = KernelModule(
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: the fused kernel with ``fused_tokens`` tokens per CTA (when
-    not 0) and K split over ``fused_split`` CTAs of a cluster, its last ``fused_tail``
-    output tiles in a second launch split in two; dequantize + Hopper GEMM
+    not 0) and K split over ``fused_split`` CTAs, whose sums meet in a cluster or
+    (``fused_sums_in_memory``) through global memory, its last ``fused_tail`` output
+    tiles in a second launch split in two (in a cluster); dequantize + Hopper GEMM
     (``dequant_gemm``); or the streaming kernel with
     ``rows`` tokens per CTA and K split over ``split`` CTAs of
     ``k_tiles_per_split`` k16 tiles (summed in a cluster's shared memory when
@@ -227,6 +239,7 @@ class Plan:
     fused_tokens: int = 0
     fused_split: int = 1
     fused_tail: int = 0
+    fused_sums_in_memory: bool = False
 
 
 def plan(
@@ -237,7 +250,8 @@ def plan(
 
     - ``hopper``, ``fusable`` weights (4-bit, no act-order, no float zero points) and
       ``FUSED_MIN_M <= m < FUSED_MAX_M``: the fused kernel, tiled by
-      :func:`fused_tiling`.
+      :func:`fused_tiling`, a split's sums meeting through global memory where it has
+      more than ``_FUSED_CLUSTER_SPLIT`` slices and its CTAs fit one an SM.
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 8 (m <= 8, when ``eight_rows``: the build has
       8-token CTAs), 16 (m <= 16) or 64 tokens per CTA and ``ceil(n / 256)`` column
@@ -253,7 +267,10 @@ def plan(
     """
     if hopper and fusable and FUSED_MIN_M <= m < FUSED_MAX_M:
         tokens, split, tail = fused_tiling(m, n, k, sms)
-        return Plan(dequant_gemm=False, fused_tokens=tokens, fused_split=split, fused_tail=tail)
+        ctas = -(-m // tokens) * -(-n // _FUSED_COLS) * split
+        in_memory = split > _FUSED_CLUSTER_SPLIT and ctas <= sms
+        return Plan(False, fused_tokens=tokens, fused_split=split, fused_tail=tail,
+                    fused_sums_in_memory=in_memory)  # fmt: skip
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
     rows = 8 if m <= 8 and eight_rows else 16 if m <= 16 else 64
@@ -290,8 +307,8 @@ def fused_tiling(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
     product on ``sms`` SMs.
 
     - The widest token tile (fewest weight re-reads, widest wgmma), none wider than the
-      narrowest that holds all ``m`` tokens, whose CTAs, with K split over a cluster
-      (slices of at least 8 k-blocks of 64), fill 90% of the SMs; failing that, the
+      narrowest that holds all ``m`` tokens, whose CTAs, with K split (slices of at
+      least 8 k-blocks of 64), fill 90% of the SMs; failing that, the
       narrowest tile, split as far as it goes. K is split while the CTAs stay within
       one per SM, and once more where they fill less than 90% of the SMs and a build
       of two CTAs an SM (32 and 64 tokens) holds them all at once; where that would
@@ -497,10 +514,16 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
         # The kernel stores whole rows of tiles with TMA, which needs a 16-byte-aligned c.
         out = c if c.data_ptr() % 16 == 0 else torch.empty_like(c)
         args = (a, b_q_weight, b_scales, b_zeros, workspace, out, size_m, size_n, size_k, bias)
-        module.fused(*args, how.fused_split, 0, body, False)
+        split = how.fused_split
+        partials = None  # where the slices' sums meet, if not in a cluster
+        if how.fused_sums_in_memory:
+            floats = body * split * _FUSED_PARTIAL_FLOATS[how.fused_tokens]
+            partials = a.new_empty(size=(floats,), dtype=torch.float32)
+        module.fused(*args, split, 0, body, False, partials)
         if how.fused_tail:
-            # The tail's CTAs start on the SMs the body's last CTAs leave.
-            module.fused(*args, 2, body, how.fused_tail, True)
+            # The tail's CTAs, split in a cluster of two, start on the SMs the body's
+            # last CTAs leave.
+            module.fused(*args, 2, body, how.fused_tail, True, None)
         if out is not c:
             c.copy_(out)
         return c
