@@ -174,6 +174,24 @@ def test_gemm_uint4b8_group128(dtype, m, n, k):
     _check(_run(w, a), a, w)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [9, 12, 16])
+def test_narrow_layers_take_the_fused_kernel_from_9_tokens(dtype, m):
+    """On Hopper, 9-16 tokens on a layer whose K the fused kernel splits in 4 (its sums
+    meeting in memory) run the fused kernel's 32-token build, rows past M empty."""
+    if not _hopper():
+        pytest.skip("the fused kernel needs sm_90 with sm_90a code")
+    n, k = 2048, 4096
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    how = gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True)
+    assert (how.fused_tokens, how.fused_sums_in_memory) == (32, True)
+    torch.manual_seed(m)
+    w = Weights(k, n, dtype, group_size=128)
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    _check(_run(w, a, c=c), a, w)
+
+
 # The weights the deferred-scale kernels (8 and 16 tokens) take, with the output's unit
 # roundoff.
 DEFERRED_WEIGHTS = [
@@ -184,9 +202,17 @@ DEFERRED_WEIGHTS = [
 ]
 
 
+@pytest.fixture
+def streaming(monkeypatch):
+    """Runs a test's calls of up to 16 tokens on the streaming kernel, which Hopper
+    otherwise gives the fused kernel on layers whose K it splits in 4 or more."""
+    monkeypatch.setattr(gptq_marlin_module, "FUSED_SPLIT_MIN_M", gptq_marlin_module.FUSED_MIN_M)
+    monkeypatch.setattr(gptq_marlin_module, "_calls", {})  # planned so
+
+
 @pytest.mark.parametrize(("dtype", "unit_roundoff", "type_name"), DEFERRED_WEIGHTS)
 @pytest.mark.parametrize("m", [1, 5, 8, 13, 16])
-def test_gemm_activations_with_a_large_common_mean(dtype, unit_roundoff, type_name, m):
+def test_gemm_activations_with_a_large_common_mean(streaming, dtype, unit_roundoff, type_name, m):
     """Up to 16 tokens the kernel sums magic + step q and removes the magic per group:
     activations of mean 4 and spread 1 make those sums several times the result. The
     output must still be within its own rounding of the float64 product (plus 1/4 of a
@@ -427,6 +453,8 @@ def split_sums(request, monkeypatch):
     monkeypatch.setitem(
         gptq_marlin_module._devices, index, (sms, hopper, request.param == "cluster")
     )
+    # the streaming kernel's sums: up to 16 tokens, not the fused kernel's
+    monkeypatch.setattr(gptq_marlin_module, "FUSED_SPLIT_MIN_M", gptq_marlin_module.FUSED_MIN_M)
     monkeypatch.setattr(gptq_marlin_module, "_calls", {})  # planned for these sums
     return request.param
 

@@ -19,7 +19,13 @@ from mllm_kernel.cuda.jit import (
     marlin_zero_points,
 )
 from mllm_kernel.cuda.jit import gptq_marlin as gptq_marlin_module
-from mllm_kernel.cuda.jit.gptq_marlin import FUSED_MAX_M, FUSED_MIN_M, fused_tiling, plan
+from mllm_kernel.cuda.jit.gptq_marlin import (
+    FUSED_MAX_M,
+    FUSED_MIN_M,
+    FUSED_SPLIT_MIN_M,
+    fused_tiling,
+    plan,
+)
 from mllm_kernel.cuda.jit.marlin_format import (
     fp8_fused_exponent_bias_into_scales,
     nvfp4_marlin_process_global_scale,
@@ -150,8 +156,14 @@ def test_plan_takes_the_fused_kernel_for_fusable_weights_on_hopper():
     # 8-bit, act-order or float zero points (not fusable), or not Hopper: as before
     assert plan(1024, 4096, 4096, 132, True, 132).dequant_gemm
     assert plan(1024, 4096, 4096, 132, False, 132, fusable=True).fused_tokens == 0
-    below = plan(FUSED_MIN_M - 1, 4096, 4096, 132, True, 132, fusable=True)
+    below = plan(FUSED_MIN_M - 1, 28672, 8192, 132, True, 132, fusable=True)
     assert below.fused_tokens == 0 and not below.dequant_gemm
+    # the narrow layers (K split in 4, sums in memory) from FUSED_SPLIT_MIN_M tokens
+    narrow = plan(FUSED_SPLIT_MIN_M, 4096, 14336, 132, True, 132, fusable=True)
+    assert (narrow.fused_tokens, narrow.fused_split, narrow.fused_sums_in_memory) == (32, 4, True)
+    assert plan(FUSED_SPLIT_MIN_M - 1, 4096, 4096, 132, True, 132, fusable=True).fused_tokens == 0
+    assert plan(16, 6144, 4096, 132, True, 132, fusable=True).fused_tokens == 0  # 192 CTAs
+    assert plan(16, 4096, 4096, 132, True, 132).fused_tokens == 0  # not fusable
     above = plan(FUSED_MAX_M, 4096, 4096, 132, True, 132, fusable=True)
     assert above.fused_tokens == 0 and above.dequant_gemm
 

@@ -9,10 +9,11 @@ Three ways to run, chosen per call by :func:`plan` (the one place that knows):
 - the streaming kernel (``csrc/gptq_marlin.cu``, mma.sync, sm_80 and newer) for small
   M, where reading the weights bounds the time: each weight byte is read once;
 - on Hopper (sm_90 with sm_90a code), for M from :data:`FUSED_MIN_M` up to
-  :data:`FUSED_MAX_M` and 4-bit weights without act-order or float zero points: the
-  fused kernel (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in
-  registers as wgmma's A operand, since there the tensor cores bound the time and
-  wgmma is several times faster than mma.sync;
+  :data:`FUSED_MAX_M` (from :data:`FUSED_SPLIT_MIN_M` where its split sums meet in
+  memory) and 4-bit weights without act-order or float zero points: the fused kernel
+  (``csrc/gptq_marlin_wgmma.cu``), which dequantizes the weights in registers as
+  wgmma's A operand, since there the tensor cores bound the time and wgmma is several
+  times faster than mma.sync;
 - on Hopper for the other weights (fp8 and NVFP4 among them) from M =
   :data:`DEQUANT_GEMM_MIN_M`, and for all
   from :data:`FUSED_MAX_M`: the weights are dequantized into a bf16/fp16 ``[N, K]``
@@ -91,6 +92,12 @@ DEQUANT_GEMM_MIN_M = 256
 #   the bf16 GEMM (wgmma from shared memory, persistent, multicast) runs faster per
 #   flop than wgmma with A from registers.
 FUSED_MIN_M = 17
+# From this M the fused kernel also runs where its split's sums meet in global memory
+# (the narrow layers). Fused / streaming, H200 (bf16, uint4b8, RESULTS.md, session 25),
+# 4096^2: M = 8 9.9 / 9.2 us, M = 9 9.9 / 10.3, M = 16 10.0 / 11.2; 4096 x 14336: M = 9
+# 20.0 / 20.9, M = 16 20.0 / 21.7; the wide layers stay streaming (28672 x 8192, M = 16:
+# 59.4 / 53.4).
+FUSED_SPLIT_MIN_M = 9
 FUSED_MAX_M = 4096
 _FUSED_TOKENS = (32, 64, 128, 256)
 # The fused kernel's shapes (marlin_config.cuh's FusedConfig): weight columns per CTA
@@ -251,7 +258,8 @@ def plan(
     - ``hopper``, ``fusable`` weights (4-bit, no act-order, no float zero points) and
       ``FUSED_MIN_M <= m < FUSED_MAX_M``: the fused kernel, tiled by
       :func:`fused_tiling`, a split's sums meeting through global memory where it has
-      more than ``_FUSED_CLUSTER_SPLIT`` slices and its CTAs fit one an SM.
+      more than ``_FUSED_CLUSTER_SPLIT`` slices and its CTAs fit one an SM; so split, it
+      runs from ``FUSED_SPLIT_MIN_M``.
     - ``hopper`` and ``m >= DEQUANT_GEMM_MIN_M``: dequantize + wgmma GEMM.
     - Otherwise the streaming kernel, 8 (m <= 8, when ``eight_rows``: the build has
       8-token CTAs), 16 (m <= 16) or 64 tokens per CTA and ``ceil(n / 256)`` column
@@ -265,12 +273,13 @@ def plan(
       one row block, as long as the ``counters`` entries of the workspace cover the
       column tiles.
     """
-    if hopper and fusable and FUSED_MIN_M <= m < FUSED_MAX_M:
+    if hopper and fusable and FUSED_SPLIT_MIN_M <= m < FUSED_MAX_M:
         tokens, split, tail = fused_tiling(m, n, k, sms)
         ctas = -(-m // tokens) * -(-n // _FUSED_COLS) * split
         in_memory = split > _FUSED_CLUSTER_SPLIT and ctas <= sms
-        return Plan(False, fused_tokens=tokens, fused_split=split, fused_tail=tail,
-                    fused_sums_in_memory=in_memory)  # fmt: skip
+        if m >= FUSED_MIN_M or in_memory:
+            return Plan(False, fused_tokens=tokens, fused_split=split, fused_tail=tail,
+                        fused_sums_in_memory=in_memory)  # fmt: skip
     if hopper and m >= DEQUANT_GEMM_MIN_M:
         return Plan(dequant_gemm=True)
     rows = 8 if m <= 8 and eight_rows else 16 if m <= 16 else 64
@@ -483,8 +492,9 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_scales, global_scale, b_zeros, g_idx, p
                      b_q_type_id, size_m, size_n, size_k, is_k_full, use_atomic_add,
                      use_fp32_reduce, is_zp_float):  # fmt: skip
     """needs compute capability 8.0 or newer (NotImplementedError otherwise); on Hopper
-    with sm_90a code, :data:`FUSED_MIN_M` <= M < :data:`FUSED_MAX_M` runs the fused
-    wgmma kernel for 4-bit integer weights (no act-order, no float zero points), and
+    with sm_90a code, :data:`FUSED_MIN_M` <= M < :data:`FUSED_MAX_M` (from
+    :data:`FUSED_SPLIT_MIN_M` on the layers whose K it splits in 4 or more) runs the
+    fused wgmma kernel for 4-bit integer weights (no act-order, no float zero points), and
     larger M (from :data:`DEQUANT_GEMM_MIN_M` for the other weights, fp8 and NVFP4 among
     them) dequantize + wgmma GEMM.
 
@@ -550,6 +560,7 @@ __all__ = [
     "DEQUANT_GEMM_MIN_M",
     "FUSED_MAX_M",
     "FUSED_MIN_M",
+    "FUSED_SPLIT_MIN_M",
     "Plan",
     "fused_tiling",
     "gptq_marlin_gemm",
