@@ -89,8 +89,11 @@ struct FusedConfig {
   /// The most K slices (CTAs sharing a tile) a launch takes: the summing CTA's own sums
   /// and the others' that its ring holds, at most 8.
   static constexpr int kMaxSplit = kRingSplit < 8 ? kRingSplit : 8;
-  static_assert((kMaxSplit - 1) * kPartialBytes + 16 <= kRingBytes || kMaxSplit == 1,
-                "the ring holds a flag and the other slices' sums");
+  /// Where the last CTA stages the other slices' sums in its ring: past the flag that
+  /// says it is the last.
+  static constexpr int kSplitStagingOffset = 16;
+  static_assert((kMaxSplit - 1) * kPartialBytes + kSplitStagingOffset <= kRingBytes,
+                "the ring holds the flag and the other slices' sums");
   // The epilogue's boxes, one per consumer, in the ring once the main loop is done.
   static constexpr int kOutBoxBytes = kTokens * kSwizzle128Bytes;
   static_assert(kConsumers * kOutBoxBytes <= kRingBytes, "the output boxes fit in the ring");

@@ -30,11 +30,10 @@
 // caller passes partials, through global memory (split_k.cuh), the last of a tile's
 // CTAs to finish adding them: a cluster must fit one GPC, so clusters of 4 CTAs at
 // about one an SM paired CTAs on some SMs while others idled (the plan's rule says
-// where each wins). A launch may run a
-// range of the tiles: the caller runs a last, mostly empty wave of tiles apart, split,
-// in a launch that starts on the SMs the first one's last CTAs leave. The epilogue
-// transposes the accumulators into c's rows in shared memory (stmatrix) and writes
-// them with TMA stores.
+// where each wins). A launch may run a range of the tiles: the caller runs a last,
+// mostly empty wave of tiles apart, split, in a launch that starts on the SMs the first
+// one's last CTAs leave. The epilogue transposes the accumulators into c's rows in shared
+// memory (stmatrix) and writes them with TMA stores.
 //
 // The kernel reads as its steps: fused_work (the CTA's output tile and k-blocks),
 // StageRing (the stages and their barriers), the producer (produce_k_blocks,
@@ -69,9 +68,6 @@ using marlin::kIntZero;
 
 /// The hardware barrier both consumer warpgroups meet at (1 and 2 are their own).
 inline constexpr int kConsumersBarrier = 3;
-
-/// sum_over_slices' staged partials start this far into the ring, past its flag.
-inline constexpr int kSplitStagingOffset = 16;
 
 /// Group rows one k-block's scale box covers: two for groups of 32, else one.
 __host__ __device__ inline int group_rows_per_block(int group_shift) {
@@ -415,7 +411,7 @@ __device__ __forceinline__ bool sum_over_slices(float (&acc)[Config::kAccumulato
   named_barrier(kConsumersBarrier, kThreads);
   if (!last) return false;
   add_partials_in_rank_order(acc, partials, work.rank, work.split, thread, kThreads,
-                             reinterpret_cast<float4*>(ring.shared + kSplitStagingOffset));
+                             reinterpret_cast<float4*>(ring.shared + Config::kSplitStagingOffset));
   if (thread == 0) p.counters[blockIdx.y] = 0;
   // Both consumers have read their staged partials before the epilogue writes over them.
   named_barrier(kConsumersBarrier, kThreads);
