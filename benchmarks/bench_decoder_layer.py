@@ -30,6 +30,7 @@ fraction of a device-to-device copy's bandwidth measured in the same run
 from __future__ import annotations
 
 import copy
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -368,6 +369,68 @@ def host_table(context: int, rows: list[str]) -> list[str]:
     return lines
 
 
+def gpu_steps(call: Callable[[Tick], object], replays: int = 200) -> dict[str, float]:
+    """Median GPU seconds of each step of ``call`` inside its CUDA graph: the capture
+    records an event after each step (``external`` events become record nodes of the
+    graph), and each replay's consecutive events give the steps' times. A step's time
+    includes the gap before its first kernel; ``"whole call"`` is the first event to
+    the last."""
+    events: list[tuple[str, torch.cuda.Event]] = []
+
+    def tick(step: str) -> None:
+        event = torch.cuda.Event(enable_timing=True, external=True)
+        event.record()
+        events.append((step, event))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm: compiles, plans, cuBLAS workspaces
+            call(_untimed)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tick("start")
+        call(tick)
+    found: dict[str, list[float]] = {}
+    for _ in range(replays):
+        graph.replay()
+        torch.cuda.synchronize()
+        for (_, before), (step, after) in itertools.pairwise(events):
+            found.setdefault(step, []).append(before.elapsed_time(after) * 1e-3)
+        whole = events[0][1].elapsed_time(events[-1][1])
+        found.setdefault("whole call", []).append(whole * 1e-3)
+    return {step: statistics.median(values) for step, values in found.items()}
+
+
+def steps_table(batches: list[int], context: int, rows: list[str]) -> list[str]:
+    """Where the graph's GPU time goes: each step's median time per row
+    (:func:`gpu_steps`), at each batch."""
+    makers: dict[str, Callable[[Weights], Layer]] = {
+        "torch bf16": lambda w: Layer(torch_layer(w), w, 0),
+        "ours bf16": lambda w: our_layer(w, bf16_linear),
+        "ours W4A16": lambda w: our_layer(w, w4a16_linear),
+        "ours W8A8": lambda w: our_layer(w, w8a8_linear),
+    }
+    names = [name for name in rows if name in makers]
+    lines = [
+        "",
+        "GPU time per step inside the CUDA graph (us, median of 200 replays; event record "
+        "nodes between the steps, so a step includes the gap before its first kernel):",
+        "",
+        "| batch | step | " + " | ".join(names) + " |",
+        "|---:|---|" + "---:|" * len(names),
+    ]
+    for batch in batches:
+        weights = Weights(batch, context)
+        steps = {name: gpu_steps(makers[name](weights).call) for name in names}
+        for step in steps[names[0]]:
+            cells = [f"{steps[name].get(step, float('nan')) * 1e6:.1f}" for name in names]
+            lines.append(f"| {batch} | {step} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def measure(batch: int, context: int, rows: list[str]) -> dict[str, dict[str, float]]:
     """Per row: eager and graph seconds per layer call, its weight bytes, and for ours
     the relative error of its update against the torch bf16 layer (``error``)."""
@@ -401,6 +464,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024, help="KV positions a sequence")
     parser.add_argument(
         "--host", action="store_true", help="also where the eager call's host time goes (batch 1)"
+    )
+    parser.add_argument(
+        "--steps", action="store_true", help="also each step's GPU time inside the graph"
     )
     args = parser.parse_args()
     batches = [1] if args.quick else [int(b) for b in args.batch.split(",")]
@@ -441,6 +507,8 @@ def main() -> None:
             )
     if args.host:
         lines += host_table(args.context, rows)
+    if args.steps:
+        lines += steps_table(batches, args.context, rows)
     harness.publish("\n".join(lines), args.out)
 
 
