@@ -1,7 +1,9 @@
-"""Ring depth of the swapped Hopper GEMM tiles (bf16 and int8) against the package's
-choice and cuBLAS bf16, in one interleaved run.
+"""The swapped Hopper GEMM tiles (bf16, int8) at deeper rings vs the package and cuBLAS.
+
+Every deeper build against the package's choice and cuBLAS bf16, in one interleaved run.
 
     python benchmarks/bench_gemm_stages.py [--m 16,64,128] [--dtype bf16,int8] [--jobs N]
+                                           [--quick] [--out FILE]
 
 The swapped tiles (weights on wgmma's 64-row side, the tokens on its narrow side: the
 decode and mid-M tiles of ``mllm_kernel.cuda.jit.gemm.TILES``) stream each weight byte
@@ -21,7 +23,6 @@ scaled; bf16: to the rounding of another split's fp32 sum order).
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import replace
 
@@ -165,26 +166,31 @@ def measure(problem: Problem, modules: dict[str, KernelModule], tiles: list[Tile
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.argument_parser(__doc__, "bf16 at M = 64 on 4096^2 and 14336 x 4096")
     parser.add_argument("--m", default="16,32,64,128,256", help="tokens, comma-separated")
     parser.add_argument("--dtype", default="bf16,int8", help="bf16, int8 or both")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="parallel builds")
     args = parser.parse_args()
+    ms, dtypes, shapes = (
+        [int(x) for x in args.m.split(",")],
+        args.dtype.split(","),
+        harness.LLAMA_NK,
+    )
+    if args.quick:
+        ms, dtypes, shapes = [64], ["bf16"], shapes[:2]
     tiles = deep_tiles()
     modules = sweep_modules(tiles)
-    dtypes = args.dtype.split(",")
-    names = [modules[d].name for d in dtypes]
-    report = precompile(device="cuda", kernels=names, jobs=args.jobs)
+    report = precompile(device="cuda", kernels=[modules[d].name for d in dtypes], jobs=args.jobs)
     failed = [r for r in report.results if not r.ok]
-    for result in failed:
-        print(f"build failed: {result.job.entry.name} {result.job.variant}: {result.error}")
-    built = len(report.results) - len(failed)
-    gpu = harness.gpu()
-    print(f"{gpu.name}, {gpu.sm_count} SMs, commit {harness.git_commit()}; built {built} variants")
-    for m in (int(x) for x in args.m.split(",")):
-        for n, k in harness.LLAMA_NK:
+    lines = [harness.heading("Swapped GEMM tiles at deeper rings (us a call)"), ""]
+    lines += [f"- build failed: {r.job.describe()}: {r.error}" for r in failed]
+    print("\n".join(lines), flush=True)
+    for m in ms:
+        for n, k in shapes:
             for dtype in dtypes:
-                print(measure(Problem(m, n, k, dtype), modules, tiles), flush=True)
+                lines.append("- " + measure(Problem(m, n, k, dtype), modules, tiles))
+                print(lines[-1], flush=True)
+    harness.publish("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

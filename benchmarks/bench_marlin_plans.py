@@ -1,8 +1,11 @@
-"""gptq_marlin_gemm's streaming kernel (M <= 16) under forced plans: its split of K and
-where the slices' sums meet (a cluster's shared memory, or global memory), against the
-plan's own choice and a plain read of the same bytes, in one interleaved run.
+"""The streaming W4A16 kernel (M <= 16) under forced splits and split sums vs its plan.
+
+gptq_marlin_gemm's streaming kernel with its split of K and the place where the slices'
+sums meet (a cluster's shared memory, or global memory) forced, against the plan's own
+choice and a plain read of the same bytes, in one interleaved run.
 
     python benchmarks/bench_marlin_plans.py [--m 1,4,8,16] [--shapes 4096x4096,...]
+                                            [--quick] [--out FILE]
 
 On Hopper the plan sums a split's slices in a thread-block cluster (up to 16 CTAs a
 cluster). A cluster must fit one GPC, and the fused kernel's clusters of 4 were shown
@@ -22,7 +25,6 @@ another split: the rounding of another order). The plain read is bench_quant_gem
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 
 import gemm_harness as harness
@@ -103,17 +105,19 @@ def measure(m: int, n: int, k: int, read: PlainRead) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.argument_parser(__doc__, "M = 1 on 4096^2 and 28672 x 8192")
     parser.add_argument("--m", default="1,4,8,16", help="tokens, comma-separated (<= 16)")
     parser.add_argument("--shapes", default=SHAPES, help="NxK, comma-separated")
     args = parser.parse_args()
+    ms, shapes = ("1", "4096x4096,28672x8192") if args.quick else (args.m, args.shapes)
     read = PlainRead()
-    gpu = harness.gpu()
-    print(f"{gpu.name}, {gpu.sm_count} SMs, commit {harness.git_commit()}; us (x the read)")
-    for shape in args.shapes.split(","):
+    lines = [harness.heading("Streaming W4A16 kernel, forced plans (us; x the plain read)"), ""]
+    for shape in shapes.split(","):
         n, k = (int(x) for x in shape.split("x"))
-        for m in (int(x) for x in args.m.split(",")):
-            print(measure(m, n, k, read), flush=True)
+        for m in (int(x) for x in ms.split(",")):
+            lines.append("- " + measure(m, n, k, read))
+            print(lines[-1], flush=True)
+    harness.publish("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":
