@@ -6,6 +6,8 @@
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default: gpu_results/
 #   GPU_CHECK_TESTS=0 / GPU_CHECK_BENCH=0      # skip a part
+#   GPU_CHECK_PRECOMPILE=0                     # skip building every kernel up front (a run
+#                                                of a few benchmarks builds what they call)
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
 #   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
 #   GPU_CHECK_BENCHES="bench_gemm bench_runtime"  # which benchmarks (default: all)
@@ -45,7 +47,9 @@ status=0
 # The CLI's GPU parts: GPUs, driver and arch as the tools see them.
 python3 -m mllm_kernel show-env > "$out/show-env.txt" 2>&1 || status=1
 python3 -m mllm_kernel show-clangd-recommend-config --output "$out/clangd.yaml" > /dev/null 2>&1 || status=1
-python3 -m mllm_kernel precompile --device cuda -j "$(nproc)" 2>&1 | tail -n 3 | tee -a "$out/summary.md"
+if [ "${GPU_CHECK_PRECOMPILE:-1}" = 1 ]; then
+  python3 -m mllm_kernel precompile --device cuda -j "$(nproc)" 2>&1 | tail -n 3 | tee -a "$out/summary.md"
+fi
 python3 -m mllm_kernel show-config > "$out/show-config.txt" 2>&1 || status=1
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
