@@ -176,9 +176,13 @@ def test_gemm_uint4b8_group128(dtype, m, n, k):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [9, 12, 16])
-def test_narrow_layers_take_the_fused_kernel_from_9_tokens(dtype, m):
+@pytest.mark.parametrize(
+    ("type_name", "group_size"), [("uint4b8", 128), ("uint4", 64), ("uint4b8", -1)]
+)
+def test_narrow_layers_take_the_fused_kernel_from_9_tokens(dtype, m, type_name, group_size):
     """On Hopper, 9-16 tokens on a layer whose K the fused kernel splits in 4 (its sums
-    meeting in memory) run the fused kernel's 32-token build, rows past M empty."""
+    meeting in memory) run the fused kernel's 32-token build, rows past M empty: with
+    the type's zero or zero points, grouped or channelwise scales."""
     if not _hopper():
         pytest.skip("the fused kernel needs sm_90 with sm_90a code")
     n, k = 2048, 4096
@@ -186,7 +190,7 @@ def test_narrow_layers_take_the_fused_kernel_from_9_tokens(dtype, m):
     how = gptq_marlin_module.plan(m, n, k, sms, True, sms, fusable=True)
     assert (how.fused_tokens, how.fused_sums_in_memory) == (32, True)
     torch.manual_seed(m)
-    w = Weights(k, n, dtype, group_size=128)
+    w = Weights(k, n, dtype, type_name, group_size)
     a = torch.randn(m, k, device="cuda").to(dtype)
     c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     _check(_run(w, a, c=c), a, w)
@@ -329,7 +333,8 @@ def _fused_split_call(m, n, k):
 def test_fused_gemm_split_partials_poisoned_and_refused_when_short():
     """A split launch whose sums meet in global memory writes every partial it reads (a
     NaN-filled buffer gives the right product) and leaves its counters at zero, and it
-    refuses partials or counters too few for its tiles."""
+    refuses partials or counters too few for its tiles, misaligned partials and a start
+    before the previous launch ends."""
     if not _hopper():
         pytest.skip("the fused kernel needs sm_90 with sm_90a code")
     torch.manual_seed(3)
@@ -342,6 +347,10 @@ def test_fused_gemm_split_partials_poisoned_and_refused_when_short():
     assert not args[4].any(), "split-K counters must be left zeroed"
     with pytest.raises(RuntimeError, match=r"partials of \d+ floats, a split launch needs"):
         module.fused(*args, split, 0, tiles, False, partials[:-1])
+    with pytest.raises(RuntimeError, match="partials must be 16-byte aligned"):
+        module.fused(*args, split, 0, tiles, False, torch.empty(floats + 1, device="cuda")[1:])
+    with pytest.raises(RuntimeError, match="sum in memory cannot overlap the previous one"):
+        module.fused(*args, split, 0, tiles, True, partials)
     # More tiles than the workspace has counters (one per SM): no plan splits those.
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     wide = 128 * (sms + 1)

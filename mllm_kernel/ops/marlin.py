@@ -58,7 +58,10 @@ def gptq_marlin_gemm(
       Group indices must lie in ``[0, num_groups)`` and ``perm``'s in ``[0, size_k)``
       (they are clamped, not checked). Not with zero points, fp8 nor NVFP4.
     - ``workspace``: int32, one entry per SM at least (``marlin_make_workspace``), zero
-      between calls (left zero).
+      between calls (left zero). Its entries count the CTAs of a split's slices, so
+      calls that may run at the same time (on different streams) need a workspace each,
+      as with the original's: two such calls on one workspace, or one that is not zero,
+      give wrong results.
     - ``global_scale``: NVFP4's (above), None or empty for the others. ``use_atomic_add`` and
       ``use_fp32_reduce`` are accepted for compatibility: partial sums are always
       reduced in fp32, in a fixed order (run to run identical results).

@@ -85,13 +85,14 @@ struct FusedConfig {
   // ring, after a 16-byte flag.
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
   static constexpr std::size_t kPartialBytes = std::size_t{kConsumerThreads} * kAccumulators * 4;
-  static constexpr int kRingSplit = static_cast<int>(kRingBytes / kPartialBytes) + 1;
-  /// The most K slices (CTAs sharing a tile) a launch takes: the summing CTA's own sums
-  /// and the others' that its ring holds, at most 8.
-  static constexpr int kMaxSplit = kRingSplit < 8 ? kRingSplit : 8;
   /// Where the last CTA stages the other slices' sums in its ring: past the flag that
   /// says it is the last.
   static constexpr int kSplitStagingOffset = 16;
+  static constexpr int kRingSplit =
+      static_cast<int>((kRingBytes - kSplitStagingOffset) / kPartialBytes) + 1;
+  /// The most K slices (CTAs sharing a tile) a launch takes: the summing CTA's own sums
+  /// and the others' that its ring holds past the flag, at most 8.
+  static constexpr int kMaxSplit = kRingSplit < 8 ? kRingSplit : 8;
   static_assert((kMaxSplit - 1) * kPartialBytes + kSplitStagingOffset <= kRingBytes,
                 "the ring holds the flag and the other slices' sums");
   // The epilogue's boxes, one per consumer, in the ring once the main loop is done.

@@ -603,6 +603,13 @@ void gptq_marlin_gemm_wgmma(TensorView a, TensorView b_q_weight, TensorView b_sc
     RuntimeCheck((*partials).size(0) >= floats, "gptq_marlin_gemm: partials of ",
                  (*partials).size(0), " floats, a split launch needs ", floats);
     p.partials = data_ptr<float>(*partials);
+    RuntimeCheck(reinterpret_cast<uintptr_t>(p.partials) % 16 == 0,
+                 "gptq_marlin_gemm: partials must be 16-byte aligned (float4 slots)");
+    // The counters are the launch's own until its last CTA leaves them at zero: a launch
+    // that overlaps the previous one would count into that one's.
+    RuntimeCheck(!overlap_previous,
+                 "gptq_marlin_gemm: a launch whose slices sum in memory cannot overlap the "
+                 "previous one");
   }
   if (tiles == 0) return;
   const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(tiles));

@@ -34,7 +34,8 @@ _WORD_ORDER = {4: [0, 2, 4, 6, 1, 3, 5, 7], 8: [0, 2, 1, 3]}
 def marlin_make_workspace(device: torch.device | str | int) -> torch.Tensor:
     """The zeroed int32 workspace of :func:`gptq_marlin_gemm` for ``device``: one
     entry per SM. The GEMM leaves it zeroed again, so one workspace serves every
-    call on that device's stream.
+    call on one stream; calls on other streams, which may run at the same time, each
+    need their own (the entries count a split's CTAs as they finish).
 
     >>> workspace = marlin_make_workspace("cuda")  # doctest: +SKIP
     """
