@@ -459,6 +459,10 @@ def split_sums(request, monkeypatch):
     sms, hopper, clusters = gptq_marlin_module._device_facts(index)
     if request.param == "cluster" and not clusters:
         pytest.skip("this GPU's code has no thread-block clusters")
+    if request.param == "cluster":  # every split sums in a cluster
+        monkeypatch.setattr(
+            gptq_marlin_module, "_STREAM_CLUSTER_SPLIT", gptq_marlin_module._MAX_CLUSTER_SPLIT
+        )
     monkeypatch.setitem(
         gptq_marlin_module._devices, index, (sms, hopper, request.param == "cluster")
     )

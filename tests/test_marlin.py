@@ -243,6 +243,10 @@ def test_plan_splits_k_only_while_column_tiles_leave_sms_idle():
     # With clusters: at most 8 slices, summed in the cluster; the workspace is not used.
     clustered = plan(1, 4096, 4096, 132, True, 0, clusters=True)
     assert (clustered.split, clustered.k_tiles_per_split, clustered.cluster) == (16, 16, True)
+    # More than _STREAM_CLUSTER_SPLIT slices sum through global memory where it can.
+    in_memory = plan(1, 4096, 4096, 132, True, 132, clusters=True)
+    assert (in_memory.split, in_memory.k_tiles_per_split, in_memory.cluster) == (16, 16, False)
+    assert plan(1, 28672, 8192, 132, True, 132, clusters=True).cluster is False  # split 4
     assert plan(64, 4096, 4096, 132, True, 0, clusters=True).split == 8
     # several row blocks split too when the slices sum in a cluster
     assert plan(256, 4096, 4096, 132, False, 132, clusters=True).split == 7

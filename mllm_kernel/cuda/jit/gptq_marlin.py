@@ -64,6 +64,12 @@ _MAX_CLUSTER_SPLIT = 16
 _MAX_CLUSTER_SPLIT_64 = 8
 _MIN_SLICE_TILES = 16
 _CTAS_PER_SM = 3
+# The most slices of a split that sum in a cluster (sm_90); more sum through global
+# memory wherever it can take them (one row block, a counter per column tile). The
+# fused kernel's clusters of 4 paired CTAs on some SMs while others idled (RESULTS.md,
+# session 25); whether the streaming kernel's clusters of up to 16 do the same is what
+# benchmarks/bench_marlin_plans.py measures (not yet run: session 26's hypothesis).
+_STREAM_CLUSTER_SPLIT = 2
 
 # M from which Hopper runs dequantize + wgmma GEMM instead of the streaming kernel.
 # Measured on an H100 (bf16, uint4b8, group 128; benchmarks/RESULTS.md, session 7):
@@ -269,9 +275,10 @@ def plan(
       16 k16 tiles: more slices cost more in partial sums than they gain).
       With ``clusters`` (sm_90 and newer) a column tile's slices form a thread-block
       cluster and sum in its shared memory (up to 16 slices, 8 with 64 rows per CTA),
-      for any number of row blocks; otherwise they sum through global memory, for
-      one row block, as long as the ``counters`` entries of the workspace cover the
-      column tiles.
+      for any number of row blocks, unless there are more than
+      ``_STREAM_CLUSTER_SPLIT`` and global memory can take them; otherwise they sum
+      through global memory, for one row block, as long as the ``counters`` entries of
+      the workspace cover the column tiles.
     """
     if hopper and fusable and FUSED_SPLIT_MIN_M <= m < FUSED_MAX_M:
         tokens, split, tail = fused_tiling(m, n, k, sms)
@@ -286,8 +293,9 @@ def plan(
     k_tiles = k // 16
     column_tiles = -(-n // _TILE_N)
     row_blocks = max(1, -(-m // rows))  # an empty a: the kernel checks it and returns
+    in_memory = row_blocks == 1 and column_tiles <= counters
     split = 1
-    if clusters or (row_blocks == 1 and column_tiles <= counters):
+    if clusters or in_memory:
         wanted = -(-_CTAS_PER_SM * sms // (column_tiles * row_blocks))
         if clusters:
             most = _MAX_CLUSTER_SPLIT if rows <= 16 else _MAX_CLUSTER_SPLIT_64
@@ -297,7 +305,8 @@ def plan(
     per_split = -(-k_tiles // split)
     per_split = -(-per_split // _SLICE_ALIGN) * _SLICE_ALIGN
     split = -(-k_tiles // per_split)
-    return Plan(False, rows, split, per_split, clusters and split > 1)
+    cluster = clusters and split > 1 and not (in_memory and split > _STREAM_CLUSTER_SPLIT)
+    return Plan(False, rows, split, per_split, cluster)
 
 
 def _can_double_split(split: int, tokens: int, ctas: int, k_blocks: int, slots: int) -> bool:
