@@ -102,7 +102,7 @@ def measure(m: int, n: int, k: int, read: PlainRead) -> str:
             tried.add(key)
             calls[0]()
             torch.cuda.synchronize()
-            name = f"split {actual} {'cluster' if in_cluster else 'memory'}"
+            name = f"split {actual}" + (f" {'cluster' if in_cluster else 'memory'}" * (actual > 1))
             same = torch.equal(forced_out, want)
             if not same and actual == how.split:
                 name += " (DIFFERS)"
