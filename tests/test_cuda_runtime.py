@@ -161,6 +161,22 @@ def test_vector_add_from_cupy(add):
     np.testing.assert_array_equal(cp.asnumpy(c), expected.astype(np.float32))
 
 
+def test_numpy_inputs_on_a_side_stream_outlive_the_kernel(add):
+    """NumPy arrays for const pointers are copied to the GPU and the copies freed as the
+    call returns: on a stream other than torch's current one the call first waits for
+    the kernel, so that the allocator cannot hand the copies out while it reads them."""
+    n = 1 << 24
+    a = np.random.rand(n).astype(np.float32)
+    b = np.random.rand(n).astype(np.float32)
+    c = torch.full((n,), float("nan"), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the fill first
+    add(a, b, c, n, grid=_grid(n), stream=side)
+    assert side.query(), "the call returned while its kernel could still read the copies"
+    expected = torch.from_numpy(a.astype(np.float64) + b).float().cuda()
+    torch.testing.assert_close(c, expected, rtol=0, atol=0)
+
+
 def test_numpy_arrays_round_trip(add):
     n = 1000
     rng = np.random.default_rng(0)

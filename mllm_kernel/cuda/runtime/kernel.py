@@ -106,6 +106,10 @@ class CompiledKernel:
             if staged.copy_back:
                 self.synchronize()
                 staged.finish()
+            elif staged.uploads and staged.stream is not None:
+                # The copies go back to torch's allocator as this returns, for its current
+                # stream's next use, while the kernel on this other stream may read them.
+                self.synchronize(staged.stream)
 
     def synchronize(self, stream: Any = None) -> None:
         """Waits for ``stream`` (a stream object or ``cudaStream_t`` int), or with None for
