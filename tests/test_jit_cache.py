@@ -528,3 +528,34 @@ def test_the_compilers_flag_variables_are_in_the_key(monkeypatch, tmp_path):
         keys.add(cache_key.toolchain_free_hash(spec))
         monkeypatch.delenv(name)
     assert len(keys) == 1 + len(env.COMPILER_VARIABLES)
+
+
+def test_a_library_not_found_at_load_names_the_fix(tmp_path):
+    """A shared library linked by -L and -l but not found when the module loads (no
+    rpath): a KernelBuildError that says how to make it found, not a bare error naming
+    a staging path that is gone."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "scale.c").write_text("long long scale(long long x) { return x * 3; }\n")
+    cc = str(toolchain.find_cxx().path)
+    subprocess.run(
+        [cc, "-x", "c", "-shared", "-fPIC", str(lib / "scale.c"), "-o", str(lib / "libvv.so")],
+        check=True,
+    )
+    source = tmp_path / "linked.cpp"
+    source.write_text(
+        "#include <cstdint>\n"
+        'extern "C" int64_t scale(int64_t x);\n'
+        "namespace linked { int64_t value(int64_t x) { return scale(x) + 1; } }\n"
+    )
+    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    script = UNDEFINED.replace("half_built", "linked").replace(
+        "cpp_files=[sys.argv[1]],", f"cpp_files=[sys.argv[1]], extra_ldflags=['-L{lib}', '-lvv'],"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(source)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("refused:"), run.stdout + run.stderr
+    assert "libvv.so" in run.stdout and "-Wl,-rpath" in run.stdout

@@ -450,15 +450,23 @@ def _check_symbols(artifact: Path, spec: BuildSpec) -> None:
         ctypes.CDLL(str(artifact), mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as exc:
         first = str(exc).splitlines()[0]
+        if "cannot open shared object" in first:
+            hint = (
+                "a library it links is not found at load time: add -Wl,-rpath,<its "
+                "directory> to extra_ldflags, or put the directory on LD_LIBRARY_PATH"
+            )
+        else:
+            hint = (
+                "a symbol is declared but not defined: is a source file missing from "
+                "cpp_files/cuda_files, or a library from extra_ldflags?"
+            )
         raise KernelBuildError(
-            f"module {spec.name!r} built but cannot load: {first}. Hint: a symbol is "
-            "declared but not defined: is a source file missing from cpp_files/cuda_files, "
-            "or a library from extra_ldflags?",
+            f"module {spec.name!r} built but cannot load: {first}. Hint: {hint}",
             module=spec.name,
             template_args=spec.template_args,
             first_error=first,
             log_path="",
-            hint="a symbol is declared but not defined",
+            hint=hint,
         ) from None
 
 
