@@ -122,11 +122,13 @@ def gdn_extend(
       negative index (-1) starts its sequence from zeros and writes nothing to the pool;
       one ``>= pool_size`` touches nothing and gives NaN outputs (with
       ``MLLM_KERNEL_CHECK_BOUNDS=1``: IndexError after the kernel).
-    * ``cu_seqlens``: ``[N + 1]`` int32 or int64: sequence ``n`` is rows
+    * ``cu_seqlens``: ``[N + 1]`` int32 or int64, nondecreasing: sequence ``n`` is rows
       ``cu_seqlens[n]`` to ``cu_seqlens[n + 1]`` (exclusive) of the packed tensors. An
       empty sequence leaves its state as it is. A sequence whose range is not within
       ``[0, total_tokens]`` is skipped (with ``MLLM_KERNEL_CHECK_BOUNDS=1``: IndexError);
-      rows outside every sequence are not written.
+      rows outside every sequence are not written. A decreasing entry is a caller's bug
+      the kernels cannot see: the sequences beside it overlap, and their results and
+      states are undefined (the check would cost a device-to-host copy each call).
 
     For each sequence, value head and token in order, exactly gdn_decode's step (its
     docstring): the state decays by ``exp(g)``, takes ``beta (v - S k) k^T`` with the L2

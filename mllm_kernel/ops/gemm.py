@@ -85,7 +85,9 @@ def int8_scaled_mm(
     ``[M, 1]``, as :func:`per_token_quant_int8` returns it) or one for all (``[1]``);
     ``scales_b`` one per column of ``mat_b`` (``[N]``) or ``[1]``. ``out_dtype`` is
     ``torch.bfloat16`` or ``torch.float16``; ``bias`` (``[N]``, ``out_dtype``) is added
-    after the scaling. Returns a new ``[M, N]`` tensor.
+    after the scaling. Returns a new ``[M, N]`` tensor. The int32 sums wrap, as the
+    tensor cores' do, past 2^31: at K above 131071 with int8 values of -128 throughout
+    (133144 with ``per_token_quant_int8``'s, whose magnitudes stop at 127).
 
     Raises TypeError/ValueError naming the argument for bad inputs.
     """
