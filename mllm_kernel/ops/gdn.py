@@ -64,7 +64,10 @@ def gdn_decode(
     ``use_qk_l2norm=False`` skips the two normalisations (q is still scaled). Instead of
     ``a``, ``A_log``, ``dt_bias`` (pass None for all three) the log decay may come
     precomputed as ``g=``; instead of ``b`` (None), ``beta=`` itself: the two gates are
-    chosen independently, and giving both forms of one is a ValueError.
+    chosen independently, and giving both forms of one is a ValueError. A log decay
+    below -100 (-inf among them: a decay of 0, a state reset) is taken as -100, whose
+    decay e^-100 leaves nothing of an fp32 state; gdn_extend's chunks subtract running
+    sums of them, where -inf would give NaN.
 
     The state is carried in float32 through the ``T`` tokens and rounded to the pool's
     dtype when stored. ``intermediate_states``: optional ``[B, T, HV, V, K]`` buffer of
@@ -122,11 +125,13 @@ def gdn_extend(
       negative index (-1) starts its sequence from zeros and writes nothing to the pool;
       one ``>= pool_size`` touches nothing and gives NaN outputs (with
       ``MLLM_KERNEL_CHECK_BOUNDS=1``: IndexError after the kernel).
-    * ``cu_seqlens``: ``[N + 1]`` int32 or int64: sequence ``n`` is rows
+    * ``cu_seqlens``: ``[N + 1]`` int32 or int64, nondecreasing: sequence ``n`` is rows
       ``cu_seqlens[n]`` to ``cu_seqlens[n + 1]`` (exclusive) of the packed tensors. An
       empty sequence leaves its state as it is. A sequence whose range is not within
       ``[0, total_tokens]`` is skipped (with ``MLLM_KERNEL_CHECK_BOUNDS=1``: IndexError);
-      rows outside every sequence are not written.
+      rows outside every sequence are not written. A decreasing entry is a caller's bug
+      the kernels cannot see: the sequences beside it overlap, and their results and
+      states are undefined (the check would cost a device-to-host copy each call).
 
     For each sequence, value head and token in order, exactly gdn_decode's step (its
     docstring): the state decays by ``exp(g)``, takes ``beta (v - S k) k^T`` with the L2

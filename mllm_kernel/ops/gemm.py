@@ -85,7 +85,9 @@ def int8_scaled_mm(
     ``[M, 1]``, as :func:`per_token_quant_int8` returns it) or one for all (``[1]``);
     ``scales_b`` one per column of ``mat_b`` (``[N]``) or ``[1]``. ``out_dtype`` is
     ``torch.bfloat16`` or ``torch.float16``; ``bias`` (``[N]``, ``out_dtype``) is added
-    after the scaling. Returns a new ``[M, N]`` tensor.
+    after the scaling. Returns a new ``[M, N]`` tensor. The int32 sums wrap, as the
+    tensor cores' do, past 2^31: at K above 131071 with int8 values of -128 throughout
+    (133144 with ``per_token_quant_int8``'s, whose magnitudes stop at 127).
 
     Raises TypeError/ValueError naming the argument for bad inputs.
     """
@@ -98,7 +100,9 @@ def per_token_quant_int8(
 
     ``scales = max(|row|) / 127`` (at least ``1e-10 / 127``) and ``x_q = round(row *
     127 / max(|row|))``, rounding halves away from zero, so ``x ~ x_q * scales`` with
-    ``|x_q| <= 127``. ``x``: fp32, fp16 or bf16, any leading shape, any hidden size,
+    ``|x_q| <= 127``. A row holding a NaN gets a NaN scale and zeros, one holding an
+    infinity an infinite scale and zeros: every product of either is NaN, not a finite
+    value that hides it. ``x``: fp32, fp16 or bf16, any leading shape, any hidden size,
     the last dim contiguous. Returns ``x_q`` (int8, ``x``'s shape) and ``scales``
     (``scale_dtype``, which must be float32: ``x.shape[:-1] + (1,)``), the original
     mllm-kernel's shapes.
