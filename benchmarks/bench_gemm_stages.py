@@ -132,8 +132,9 @@ def agrees(got: torch.Tensor, want: torch.Tensor, dtype: str) -> bool:
 
 
 def measure(problem: Problem, modules: dict[str, KernelModule], tiles: list[TileConfig]) -> str:
-    """One line, us a call: the package's choice, this benchmark's deeper builds of the
-    swapped tiles that fit ``m`` (:data:`DEPTHS`) at each split, and cuBLAS bf16."""
+    """One line, us a call: the package's choice, the swapped tiles that fit ``m`` at the
+    package's depth and this benchmark's deeper ones (:data:`DEPTHS`), each at every
+    split, and cuBLAS bf16."""
     m, n, k = problem.m, problem.n, problem.k
     chosen = choose_tile(m, n, k, harness.gpu().sm_count, 2 if problem.dtype == "bf16" else 1)
     package = problem.package_calls(chosen, problem.out)
@@ -146,10 +147,16 @@ def measure(problem: Problem, modules: dict[str, KernelModule], tiles: list[Tile
     narrowest = next(t.tile_q for t in TILES if t.swap_ab and t.tile_q >= min(m, 128))
     wanted = {narrowest, 64} if m > 64 else {narrowest}
     rejected = []
-    for tile in (t for t in tiles if t.tile_q in wanted):
+    # Each wanted tile at the package's depth (its own module) and at the deeper ones.
+    builds = [(t, None) for t in TILES if t.swap_ab and t.tile_q in wanted]
+    builds += [(t, modules[problem.dtype]) for t in tiles if t.tile_q in wanted]
+    for tile, module in builds:
         for split in SPLITS:
             out = torch.empty_like(problem.out)
-            calls = problem.sweep_calls(modules[problem.dtype], tile, split, out)
+            if module is None:
+                calls = problem.package_calls(TileChoice(tile, split), out)
+            else:
+                calls = problem.sweep_calls(module, tile, split, out)
             try:
                 calls[0]()
                 torch.cuda.synchronize()

@@ -77,6 +77,23 @@ def test_store_cache_strided_rows_and_different_v_width():
     assert not k_cache[:30].any() and not v_cache[94:].any()
 
 
+def test_store_cache_into_the_halves_of_one_kv_buffer():
+    """k_cache and v_cache as the K and V halves of one [slots, 2, H, D] buffer (and k, v
+    as views of one fused projection): disjoint, though they share their buffers."""
+    from mllm_kernel.cuda.jit import store_cache
+
+    kv_cache = torch.zeros(50, 2, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]
+    kv = torch.randn(16, 8 * 64, device="cuda", dtype=torch.bfloat16)
+    k, v = kv[:, : 4 * 64].view(16, 4, 64), kv[:, 4 * 64 :].view(16, 4, 64)
+    indices = torch.randperm(50, device="cuda")[:16]
+    store_cache(k, v, k_cache, v_cache, indices)
+    assert torch.equal(k_cache[indices], k) and torch.equal(v_cache[indices], v)
+    untouched = torch.ones(50, dtype=torch.bool, device="cuda")
+    untouched[indices] = False
+    assert not kv_cache[untouched].any()
+
+
 def test_store_cache_out_of_range(bounds_flag):
     from mllm_kernel.cuda.jit import store_cache
 

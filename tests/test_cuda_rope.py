@@ -109,6 +109,24 @@ def test_rope_three_dim_heads():
     _close(k, k_ref)
 
 
+def test_rope_three_dim_heads_of_one_fused_projection():
+    """q and k as [T, H, D] views of their column blocks of one qkv buffer: disjoint,
+    though they share the buffer, so the kernel takes them; v is left alone."""
+    from mllm_kernel.cuda.jit import apply_rope_with_cos_sin_cache_inplace
+
+    qkv = torch.randn(5, (4 + 2 + 2) * 64, device="cuda", dtype=torch.bfloat16)
+    q, k = qkv[:, : 4 * 64].view(5, 4, 64), qkv[:, 4 * 64 : 6 * 64].view(5, 2, 64)
+    v_before = qkv[:, 6 * 64 :].clone()
+    cache = _cos_sin_cache(64)
+    positions = torch.randint(0, MAX_POS, (5,), device="cuda")
+    q_ref = _rope_ref(positions, q.reshape(5, -1), 64, cache, True).reshape(q.shape)
+    k_ref = _rope_ref(positions, k.reshape(5, -1), 64, cache, True).reshape(k.shape)
+    apply_rope_with_cos_sin_cache_inplace(positions, q, k, 64, cache)
+    _close(q, q_ref)
+    _close(k, k_ref)
+    assert torch.equal(qkv[:, 6 * 64 :], v_before)
+
+
 def test_out_of_range_position_leaves_the_token_alone():
     from mllm_kernel.cuda.jit import apply_rope_with_cos_sin_cache_inplace
 

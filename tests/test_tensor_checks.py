@@ -24,6 +24,7 @@ EXPORTS = [
     "round_trip_fp16",
     "round_trip_bf16",
     "widen_fp16",
+    "write_beside",
 ]
 LOCATION = re.compile(r"\[at .*tensor_checks\.cpp:\d+\]")
 
@@ -214,3 +215,69 @@ def test_host_half_widening_is_exact(mod):
     finite = ~torch.isnan(expected)
     assert torch.equal(out[finite], expected[finite])
     assert torch.isnan(out[~finite]).all()
+
+
+def _fused(tokens=5, heads=3, dim=8):
+    """A fused [T, 3 H D] projection buffer with row padding (a slice of a wider one)."""
+    return torch.randn(tokens, 3 * heads * dim + 4)[:, : 3 * heads * dim]
+
+
+@pytest.mark.parametrize(
+    "views",
+    [
+        # q and k as [T, H, D] views of their column blocks
+        lambda qkv: (qkv[:, :24].view(5, 3, 8), qkv[:, 24:48].view(5, 3, 8)),
+        # the same blocks through a [T, 3, H, D] view
+        lambda qkv: (qkv.view(5, 3, 3, 8)[:, 0], qkv.view(5, 3, 3, 8)[:, 2]),
+        # a KV cache [slots, 2, H, D] split into its K and V halves
+        lambda qkv: (qkv[:, :48].view(5, 2, 3, 8)[:, 0], qkv[:, :48].view(5, 2, 3, 8)[:, 1]),
+        # column blocks of one row-major buffer, 2-D
+        lambda qkv: (qkv[:, :24], qkv[:, 24:48]),
+        # one head of every token beside another
+        lambda qkv: (qkv.view(5, 9, 8)[:, 1], qkv.view(5, 9, 8)[:, 7]),
+    ],
+    ids=["3d-blocks", "4d-index", "kv-halves", "2d-blocks", "one-head"],
+)
+def test_disjoint_views_of_one_buffer_are_written_beside_each_other(mod, views):
+    """Views that share a buffer but no element: the overlap test tells them apart, in
+    either role."""
+    first, second = views(_fused())
+    mod.write_beside(first, second)
+    mod.write_beside(second, first)
+
+
+@pytest.mark.parametrize(
+    "views",
+    [
+        lambda qkv: (qkv[:, :16].view(5, 2, 8), qkv[:, 8:24].view(5, 2, 8)),  # a shared head
+        lambda qkv: (qkv[:, :24].view(5, 3, 8), qkv[:, 23:24]),  # one shared element
+        lambda qkv: (qkv.view(5, 9, 8)[:, :, :4], qkv.view(5, 9, 8)[:, 2, 3:5]),
+    ],
+    ids=["shared-head", "shared-element", "strided-heads"],
+)
+def test_overlapping_views_are_refused(mod, views):
+    first, second = views(_fused())
+    with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'input'"):
+        mod.write_beside(first, second)
+
+
+@pytest.mark.parametrize(
+    ("make", "overlaps"),
+    [
+        (lambda: torch.empty(10).as_strided((4, 4), (1, 1)), True),
+        (lambda: torch.empty(20).unfold(0, 4, 2), True),  # windows sharing elements
+        (lambda: torch.empty(30).as_strided((3, 4), (3, 1)), True),  # rows overlap by one
+        (lambda: torch.empty(30).as_strided((3, 4), (4, 1)), False),
+        (lambda: torch.empty(4, 5).t(), False),
+        (lambda: torch.empty(2, 3, 4).permute(2, 0, 1), False),
+        (lambda: torch.empty(6, 1, 4)[:, :, ::2], False),
+    ],
+    ids=["diagonal", "unfold", "rows-overlap", "rows-touch", "transposed", "permuted", "every-2nd"],
+)
+def test_an_output_whose_elements_share_memory_is_refused(mod, make, overlaps):
+    out = make()
+    if not overlaps:
+        mod.write_beside(out, torch.empty(3))
+        return
+    with pytest.raises(ValueError, match=r"^argument 'out': its elements share memory"):
+        mod.write_beside(out, torch.empty(3))

@@ -24,12 +24,14 @@
 
 #include <tvm/ffi/container/tensor.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "mllm_kernel/utils.hpp"
 
@@ -471,15 +473,43 @@ inline Footprint footprint(const TensorView& t) {
   }
   f.lo = f.base + low;
   f.hi = f.base + high + elem;
-  // The innermost contiguous run is one block; every other dim steps by a multiple
-  // of the period.
-  const int n = static_cast<int>(t.ndim());
-  const bool row_block = n > 0 && t.size(n - 1) > 1 && t.stride(n - 1) == 1;
-  f.block = row_block ? t.size(n - 1) * elem : elem;
-  for (int i = 0; i < (row_block ? n - 1 : n); ++i) {
+  // The innermost contiguous run is one block: the last dim and, outwards, every dim
+  // that steps by exactly the run so far (the heads of a [T, H, D] view of a fused
+  // [T, 3 H D] projection are one run of H D); every other dim steps by a multiple of
+  // the period. Dims of size 1 take no step.
+  int outer = static_cast<int>(t.ndim());
+  f.block = elem;
+  for (; outer > 0; --outer) {
+    const int i = outer - 1;
+    if (t.size(i) == 1) continue;
+    if (t.stride(i) * elem != f.block) break;
+    f.block *= t.size(i);
+  }
+  for (int i = 0; i < outer; ++i) {
     if (t.size(i) > 1) f.period = std::gcd(f.period, t.stride(i) * elem);
   }
   return f;
+}
+
+/// True when two elements of `t` share memory without a zero stride (as_strided or
+/// unfold views): ordered by stride, each dim of size > 1 must step past all the
+/// elements of the dims below it.
+inline bool overlaps_itself(const TensorView& t) {
+  std::array<std::pair<int64_t, int64_t>, 16> dims{};  // (|stride|, size), sizes > 1
+  int count = 0;
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.size(i) == 0) return false;
+    if (t.size(i) > 1 && count < static_cast<int>(dims.size())) {
+      dims[count++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), t.size(i)};
+    }
+  }
+  std::sort(dims.begin(), dims.begin() + count);
+  int64_t reach = 0;  // the farthest element of the dims so far, in elements
+  for (int i = 0; i < count; ++i) {
+    if (dims[i].first <= reach) return true;
+    reach += dims[i].first * (dims[i].second - 1);
+  }
+  return false;
 }
 
 inline bool same_view(const TensorView& a, const TensorView& b) {
@@ -504,7 +534,8 @@ inline bool may_overlap(const Footprint& a, const Footprint& b) {
 }  // namespace detail
 
 /// Checks that a kernel may write `out` (named `arg`) while reading `inputs`:
-/// no zero stride in a dim of size > 1, and no memory shared with an input except
+/// no zero stride in a dim of size > 1, no two elements in one place, and no memory
+/// shared with an input except
 /// an identical view of one marked Aliasing::kSameView. Raises ValueError naming
 /// both arguments.
 inline void verify_output(const TensorView& out, const char* arg,
@@ -521,6 +552,15 @@ inline void verify_output(const TensorView& out, const char* arg,
                          ".contiguous()) instead"),
           loc);
     }
+  }
+  if (detail::overlaps_itself(out)) {
+    detail::throw_error(
+        "ValueError",
+        detail::concat("argument '", arg, "': its elements share memory (strides ",
+                       dims_str(out.strides()), " for shape ", dims_str(out.shape()),
+                       "), so threads would write one element twice; write into a tensor "
+                       "with its own memory (torch.empty_like, .contiguous()) instead"),
+        loc);
   }
   const detail::Footprint written = detail::footprint(out);
   for (const OutputInput& input : inputs) {

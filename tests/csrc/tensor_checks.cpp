@@ -108,4 +108,9 @@ void widen_fp16(TensorView out, TensorView x) {
   }
 }
 
+// verify_output alone: may a kernel write `out` while reading `input`?
+void write_beside(TensorView out, TensorView input) {
+  verify_output(out, "out", {{input, "input"}});
+}
+
 }  // namespace check_kernels
