@@ -202,3 +202,25 @@ def test_cuda_training_step_compiles_fullgraph_and_matches_eager():
     (compiled(*got) * weights).sum().backward()
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_cpu_softmax_backward_rounds_once(dtype, dim):
+    """The CPU backward of the saved output o, o (g - sum(g o)) / t, in float32 and
+    rounded once to the dtype: within half a unit of that formula in float64 on every
+    element, also where g_i - sum(g o) cancels (in 16 bits it was off by up to 2000x)."""
+    torch.manual_seed(7)
+    x = (torch.randn(6, 300) * 3).to(dtype)
+    grad = torch.randn(6, 300).to(dtype)
+    leaf = x.clone().requires_grad_()
+    out = cpu.softmax(leaf, dim, 0.5)
+    out.backward(grad)
+    o, g = out.detach().double(), grad.double()
+    want = o * (g - (g * o).sum(dim, keepdim=True)) / 0.5
+    info = torch.finfo(dtype)
+    # one rounding to the dtype, plus float32's sum of the row (and subnormal steps)
+    fp32_noise = 2.0**-20 * o * (g.abs() + (g.abs() * o).sum(dim, keepdim=True)) / 0.5
+    bound = info.eps / 2 * want.abs() + fp32_noise + info.tiny * info.eps
+    worst = ((leaf.grad.double() - want).abs() / bound).max().item()
+    assert worst <= 1, f"{worst:.2f}x the bound"

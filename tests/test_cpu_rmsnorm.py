@@ -156,3 +156,18 @@ def test_fused_add_rmsnorm_errors():
         fused_add_rmsnorm(x.int(), x.int(), weight.int())
     with pytest.raises(ValueError, match="'weight'"):
         fused_add_rmsnorm(x, torch.randn(4, 8), torch.randn(4))
+
+
+@pytest.mark.parametrize("eps", [-1.0, math.nan, math.inf])
+def test_eps_must_be_finite_and_not_negative(eps):
+    """As on CUDA: a negative eps inflates the result, NaN makes it NaN, inf zeros it,
+    all silently; each is refused naming the argument, before anything is written."""
+    x, weight = torch.randn(4, 8), torch.randn(8)
+    residual = torch.randn(4, 8)
+    x_before, residual_before = x.clone(), residual.clone()
+    message = r"^argument 'eps': expected a finite value >= 0"
+    with pytest.raises(ValueError, match=message):
+        rmsnorm(x, weight, eps)
+    with pytest.raises(ValueError, match=message):
+        fused_add_rmsnorm(x, residual, weight, eps)
+    assert torch.equal(x, x_before) and torch.equal(residual, residual_before)

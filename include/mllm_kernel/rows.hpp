@@ -168,4 +168,10 @@ inline bool same_strides(const TensorView& a, const TensorView& b) {
   return true;
 }
 
+/// A row norm's epsilon (added to the mean square before the root), on either device:
+/// finite and >= 0.
+inline void check_norm_eps(double eps) {
+  ValueCheck(eps >= 0.0 && eps < 1e30, "argument 'eps': expected a finite value >= 0, got ", eps);
+}
+
 }  // namespace mllm_kernel

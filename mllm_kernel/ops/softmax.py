@@ -52,7 +52,11 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, 
         rows_out = out.movedim(ctx.dim, -1).contiguous()
         grad_x = SOFTMAX_BACKWARD.torch_op(rows_grad, rows_out).movedim(-1, ctx.dim)
     else:
-        grad_x = out * (grad - (grad * out).sum(ctx.dim, keepdim=True))
+        # In float32, as the kernel computes it, rounded once: a 16-bit dot and difference
+        # lose the small entries (bf16: ten times torch's relative error there).
+        g, o = grad.float(), out.float()
+        grad_x = o * (g - (g * o).sum(ctx.dim, keepdim=True)) / ctx.temperature
+        return grad_x.to(grad.dtype), None, None
     return grad_x / ctx.temperature, None, None
 
 

@@ -82,6 +82,7 @@ inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double 
       .verify(out, "out");
   // A row is read in full (the sum) before it is written: in place works.
   verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}});
+  check_norm_eps(eps);
 
   const RowLayout x_rows(input), out_rows(out);
   const int64_t hidden = hidden_dim.value();
@@ -143,6 +144,7 @@ inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView 
       .verify(residual, "residual");
   verify_output(input, "input", {{residual, "residual"}, {weight, "weight"}});
   verify_output(residual, "residual", {{weight, "weight"}});
+  check_norm_eps(eps);
 
   const RowLayout x_rows(input), res_rows(residual);
   const int64_t hidden = hidden_dim.value();
@@ -215,7 +217,7 @@ inline void rmsnorm_backward(TensorView grad_input, TensorView grad_weight, Tens
       .device(kDLCPU, device)
       .contiguous()
       .verify(grad_weight, "grad_weight");
-  ValueCheck(eps >= 0.0 && eps < 1e30, "argument 'eps': expected a finite value >= 0, got ", eps);
+  check_norm_eps(eps);
   // Each element of a row is read before the same iteration writes it: in place works.
   verify_output(grad_input, "grad_input",
                 {{grad_output, "grad_output", Aliasing::kSameView},

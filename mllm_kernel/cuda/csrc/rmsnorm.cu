@@ -458,10 +458,6 @@ void launch_backward(BackwardParams p, int64_t partials, bool aligned, float* gr
                  device)(column_sum_kernel, p.workspace, partials, n, grad_weight);
 }
 
-inline void check_eps(double eps) {
-  ValueCheck(eps >= 0.0 && eps < 1e30, "argument 'eps': expected a finite value >= 0, got ", eps);
-}
-
 /// True when every matrix (of `dtype` elements) allows 16-byte vectors.
 inline bool vec_aligned(DLDataType dtype, std::initializer_list<RowMatrix> matrices) {
   const int64_t size = dtype.bits / 8;
@@ -494,7 +490,7 @@ inline void rmsnorm(TensorView out, TensorView input, TensorView weight, double 
       .contiguous()
       .verify(weight, "weight");
   verify_output(out, "out", {{input, "input", Aliasing::kSameView}, {weight, "weight"}});
-  norm::check_eps(eps);
+  check_norm_eps(eps);
   const RowMatrix x = as_rows(input, "input"), y = as_rows(out, "out"),
                   w = as_rows(weight, "weight");
   norm::Params p{};
@@ -531,7 +527,7 @@ inline void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView 
       .verify(weight, "weight");
   verify_output(input, "input", {{residual, "residual"}, {weight, "weight"}});
   verify_output(residual, "residual", {{weight, "weight"}});
-  norm::check_eps(eps);
+  check_norm_eps(eps);
   const RowMatrix x = as_rows(input, "input"), r = as_rows(residual, "residual"),
                   w = as_rows(weight, "weight");
   norm::Params p{};
@@ -566,7 +562,7 @@ inline void rms_norm_gated(TensorView out, TensorView x, TensorView z, TensorVie
       .contiguous()
       .verify(weight, "weight");
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}, {z, "z"}, {weight, "weight"}});
-  norm::check_eps(eps);
+  check_norm_eps(eps);
   const RowMatrix xs = as_rows(x, "x"), zs = as_rows(z, "z"), ys = as_rows(out, "out"),
                   w = as_rows(weight, "weight");
   norm::Params p{};
@@ -630,7 +626,7 @@ inline void rmsnorm_backward(TensorView grad_input, TensorView grad_weight, Tens
       .device(kDLCUDA, device)
       .contiguous()
       .verify(grad_weight, "grad_weight");
-  norm::check_eps(eps);
+  check_norm_eps(eps);
   const RowMatrix x = as_rows(input, "input"), g = as_rows(grad_output, "grad_output"),
                   dx = as_rows(grad_input, "grad_input"), w = as_rows(weight, "weight");
   partials.bind(norm::backward_partials(x.rows), "rmsnorm_backward_workspace_rows(input rows)");
