@@ -111,6 +111,43 @@ def test_softmax_fully_masked_row_in_cluster_tier(dtype, rows, hidden):
         _close(out[1:], torch.softmax(x[1:].double(), dim=-1))
 
 
+@pytest.mark.parametrize("rows", [3, 40])  # few rows: registers / clusters; many: online
+@pytest.mark.parametrize("hidden", [4096, 50257, 262144])
+def test_softmax_of_large_logits_keeps_fp32_accuracy(rows, hidden):
+    """Logits around 1e4 (or 30 at temperature 0.01): softmax does not depend on a
+    shift, so the result is as accurate as for logits around 0; each exponent is
+    formed by one fma, not from x * scale rounded first (which was 4e-4 off here)."""
+    from mllm_kernel.cuda.jit import softmax
+
+    x = (torch.randn(rows, hidden, device="cuda") * 4 + 1e4).float()
+    ref = torch.softmax(x.double(), dim=-1)
+    out = softmax(x)
+    error = ((out.double() - ref).abs() / ref).max().item()
+    assert error < 1e-5, f"relative error {error:.2e}"
+    cold = torch.randn(rows, hidden, device="cuda") * 0.3 + 30
+    out = softmax(cold, temperature=0.01)
+    ref = torch.softmax(cold.double() / 0.01, dim=-1)
+    _close(out, ref)
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("hidden", [4096, 50257, 65536, 262144])
+@pytest.mark.parametrize("masked", [False, True])
+def test_softmax_row_holding_a_nan_is_nan_in_every_tier(rows, hidden, masked):
+    """A NaN anywhere in a row makes the whole row NaN, as in torch, whichever tier runs
+    it (odd lengths past the registers take the online global tier), also where the
+    rest of its slice is -inf; the other rows are unaffected."""
+    from mllm_kernel.cuda.jit import softmax
+
+    x = 4 * torch.randn(rows, hidden, device="cuda")
+    if masked:
+        x[1, : hidden // 2] = float("-inf")
+    x[1, 3] = float("nan")
+    out = softmax(x)
+    assert out[1].isnan().all()
+    _close(out[[0, 2]], torch.softmax(x[[0, 2]].double(), dim=-1))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [9, 4096, 65536, 262144])
 def test_softmax_temperature_and_masking(dtype, hidden):
