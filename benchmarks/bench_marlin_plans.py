@@ -13,7 +13,7 @@ to leave the block scheduler too little freedom (benchmarks/RESULTS.md, session 
 same CTAs without clusters ended 40% sooner). The streaming kernel also has the
 global-memory sum (the path of GPUs without clusters: each slice's fp32 partial in
 ``partials``, the last CTA of a column tile, counted in the workspace, adds them in
-slice order): this times both at the plan's split and at half and twice it.
+slice order): this times both at the plan's split and at splits around it.
 
 bf16 activations, uint4b8 weights in groups of 128 (random words: the values do not
 change the time), CUDA graphs of 10 calls rotating over enough weight copies that the
@@ -86,13 +86,23 @@ def measure(m: int, n: int, k: int, read: PlainRead) -> str:
     if how.fused_tokens or how.dequant_gemm:
         return f"M={m} {n}x{k}: the plan runs another kernel ({how}); skipped"
     contenders = {f"plan (split {how.split}, {'cluster' if how.cluster else 'memory'})": rule}
-    for split in sorted({max(1, how.split // 2), how.split, min(16, 2 * how.split)}):
+    # Half, one less (the plan rounds its CTAs up past 3 an SM: 112 column tiles split
+    # in 4 are 448 CTAs for 396 places on 132 SMs), the plan's, one more, twice.
+    base = how.split
+    splits = {max(1, base // 2), max(1, base - 1), base, min(16, base + 1), min(16, 2 * base)}
+    tried = set()
+    for split in sorted(splits):
         for in_cluster in (True, False):
             forced_out = torch.empty_like(out)
             calls, actual = stream_calls(a, forced_out, weights, workspace, split, in_cluster)
+            # slices rounded to whole turns give a split twice; one slice sums nothing
+            key = (actual, in_cluster if actual > 1 else None)
+            if key in tried:
+                continue
+            tried.add(key)
             calls[0]()
             torch.cuda.synchronize()
-            name = f"split {actual} {'cluster' if in_cluster else 'memory'}"
+            name = f"split {actual}" + (f" {'cluster' if in_cluster else 'memory'}" * (actual > 1))
             same = torch.equal(forced_out, want)
             if not same and actual == how.split:
                 name += " (DIFFERS)"

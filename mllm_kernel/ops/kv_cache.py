@@ -31,7 +31,9 @@ def store_cache(
     the token/slot dim may be strided. ``indices`` int32 or int64 ``[tokens]``; a
     negative slot is padding and skipped; a slot ``>= slots`` is never written, and
     with ``MLLM_KERNEL_CHECK_BOUNDS=1`` (read at the first call) raises IndexError after
-    the kernel (this synchronises the stream, so it is a debugging aid).
+    the kernel (this synchronises the stream, so it is a debugging aid; calls captured in
+    a CUDA graph still skip such slots but cannot raise). Two tokens given one slot race:
+    that row ends up holding parts of either.
 
     ``row_bytes`` and ``num_split`` are the original mllm-kernel's: the kernel finds the
     row size itself and chooses how many warps copy a row, so both are only checked
@@ -56,7 +58,9 @@ def create_kv_indices(
     contiguous) share a dtype; the 1-D index inputs may be int32 or int64 and strided;
     ``kv_start_idx`` None (or an empty ``[0]`` tensor, as the original mllm-kernel takes
     it) means 0. A request whose ranges fall outside the tensors copies nothing
-    (IndexError afterwards with ``MLLM_KERNEL_CHECK_BOUNDS=1``).
+    (IndexError afterwards with ``MLLM_KERNEL_CHECK_BOUNDS=1``, except in a CUDA graph's
+    capture). Requests' output ranges must not overlap (``kv_indptr`` nondecreasing, as
+    FlashInfer's): overlapping ones race.
     """
 
 
