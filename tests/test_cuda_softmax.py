@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -146,6 +148,41 @@ def test_softmax_row_holding_a_nan_is_nan_in_every_tier(rows, hidden, masked):
     out = softmax(x)
     assert out[1].isnan().all()
     _close(out[[0, 2]], torch.softmax(x[[0, 2]].double(), dim=-1))
+
+
+# Layouts along the last dim: rows in place (contiguous, sliced, a stepped middle dim)
+# or not (transposed, permuted leading dims, a stepped last dim).
+LAST_DIM_LAYOUTS = {
+    "contiguous": lambda: torch.randn(2, 3, 1000),
+    "sliced-rows": lambda: torch.randn(2, 3, 1064)[..., :1000],
+    "stepped-middle": lambda: torch.randn(2, 6, 1000)[:, ::2],
+    "transposed": lambda: torch.randn(1000, 5).t(),
+    "permuted": lambda: torch.randn(3, 2, 1000).permute(1, 0, 2),
+    "stepped-last": lambda: torch.randn(4, 2000)[:, ::2],
+    "last-two-swapped": lambda: torch.randn(2, 1000, 3).transpose(1, 2),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAST_DIM_LAYOUTS))
+def test_softmax_takes_any_layout_along_the_last_dim(layout):
+    """Any strides, as the contract says: rows the kernel can read where they are go
+    straight in (the Python test of that agrees with the kernel's own: it takes exactly
+    those), the others through a contiguous copy; the result has x's layout."""
+    from mllm_kernel.cuda.jit import softmax
+
+    # the module, not the function of the same name the package exports
+    softmax_module = importlib.import_module("mllm_kernel.cuda.jit.softmax")
+    x = LAST_DIM_LAYOUTS[layout]().cuda()
+    result = softmax(x)
+    _close(result, torch.softmax(x.double(), -1))
+    assert result.stride() == torch.empty_like(x).stride()
+    module = softmax_module._SOFTMAX[x.get_device()]
+    direct = torch.empty(x.shape, device="cuda")
+    if softmax_module._rows_in_place(x):
+        module.softmax_forward(direct, x, 1.0)
+    else:
+        with pytest.raises(ValueError, match="argument 'x'"):
+            module.softmax_forward(direct, x, 1.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
