@@ -153,14 +153,18 @@ def test_softmax_row_holding_a_nan_is_nan_in_every_tier(rows, hidden, masked):
 # Layouts along the last dim: rows in place (contiguous, sliced, a stepped middle dim)
 # or not (transposed, permuted leading dims, a stepped last dim).
 LAST_DIM_LAYOUTS = {
-    "contiguous": lambda: torch.randn(2, 3, 1000),
-    "sliced-rows": lambda: torch.randn(2, 3, 1064)[..., :1000],
-    "stepped-middle": lambda: torch.randn(2, 6, 1000)[:, ::2],
-    "transposed": lambda: torch.randn(1000, 5).t(),
-    "permuted": lambda: torch.randn(3, 2, 1000).permute(1, 0, 2),
-    "stepped-last": lambda: torch.randn(4, 2000)[:, ::2],
-    "last-two-swapped": lambda: torch.randn(2, 1000, 3).transpose(1, 2),
+    "contiguous": lambda: _gpu(2, 3, 1000),
+    "sliced-rows": lambda: _gpu(2, 3, 1064)[..., :1000],
+    "stepped-middle": lambda: _gpu(2, 6, 1000)[:, ::2],
+    "transposed": lambda: _gpu(1000, 5).t(),
+    "permuted": lambda: _gpu(3, 2, 1000).permute(1, 0, 2),
+    "stepped-last": lambda: _gpu(4, 2000)[:, ::2],
+    "last-two-swapped": lambda: _gpu(2, 1000, 3).transpose(1, 2),
 }
+
+
+def _gpu(*shape):
+    return torch.randn(shape, device="cuda")
 
 
 @pytest.mark.parametrize("layout", list(LAST_DIM_LAYOUTS))
@@ -172,7 +176,7 @@ def test_softmax_takes_any_layout_along_the_last_dim(layout):
 
     # the module, not the function of the same name the package exports
     softmax_module = importlib.import_module("mllm_kernel.cuda.jit.softmax")
-    x = LAST_DIM_LAYOUTS[layout]().cuda()
+    x = LAST_DIM_LAYOUTS[layout]()
     result = softmax(x)
     _close(result, torch.softmax(x.double(), -1))
     assert result.stride() == torch.empty_like(x).stride()
