@@ -136,8 +136,9 @@ def _fifo_manifest(entry: Path) -> tuple[str, str]:
 
 
 def _fifo_artifact(entry: Path) -> tuple[str, str]:
-    (entry / "stuck.so").unlink()
-    os.mkfifo(entry / "stuck.so", 0o644)
+    artifact = entry / cache.Manifest.read(entry).artifact
+    artifact.unlink()
+    os.mkfifo(artifact, 0o644)
     return "corrupt", "FIFO"
 
 

@@ -112,6 +112,30 @@ def test_vector_add_from_torch(add, n):
     torch.testing.assert_close(c, _expected(a, b), rtol=0, atol=0)
 
 
+BRANCHED = r"""
+#ifdef HALF_KERNEL
+extern "C" __global__ void twice(const __half* x, __half* y, int n);
+#else
+extern "C" __global__ void twice(const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.0f * x[i];
+}
+#endif
+"""
+
+
+def test_signature_where_the_preprocessor_picks_the_declaration():
+    """Declarations in #ifdef branches are not told apart by reading the source (it is
+    refused as an overload, naming the way out): signature= gives the types instead."""
+    with pytest.raises(ValueError, match=r"pass signature='\.\.\.' to compile_kernel"):
+        compile_kernel(BRANCHED, "twice")
+    twice = compile_kernel(BRANCHED, "twice", signature="const float*, float*, int", block=128)
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    twice(x, y, x.numel(), grid=8)
+    torch.testing.assert_close(y, 2 * x, rtol=0, atol=0)
+
+
 def test_views_pass_their_offset(add):
     base = torch.randn(3, 1000, device="cuda")
     out = torch.full((1000,), float("nan"), device="cuda")
@@ -135,6 +159,22 @@ def test_vector_add_from_cupy(add):
     add(a, b, c, n, grid=_grid(n), stream=stream)
     stream.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(c), expected.astype(np.float32))
+
+
+def test_numpy_inputs_on_a_side_stream_outlive_the_kernel(add):
+    """NumPy arrays for const pointers are copied to the GPU and the copies freed as the
+    call returns: on a stream other than torch's current one the call first waits for
+    the kernel, so that the allocator cannot hand the copies out while it reads them."""
+    n = 1 << 24
+    a = np.random.rand(n).astype(np.float32)
+    b = np.random.rand(n).astype(np.float32)
+    c = torch.full((n,), float("nan"), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the fill first
+    add(a, b, c, n, grid=_grid(n), stream=side)
+    assert side.query(), "the call returned while its kernel could still read the copies"
+    expected = torch.from_numpy(a.astype(np.float64) + b).float().cuda()
+    torch.testing.assert_close(c, expected, rtol=0, atol=0)
 
 
 def test_numpy_arrays_round_trip(add):

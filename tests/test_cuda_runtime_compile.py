@@ -122,6 +122,19 @@ def test_cpath_is_in_the_key(fresh_cache, tmp_path, monkeypatch):
     assert "0f40400000" in compile_to_ptx(SCALED)
 
 
+def test_nvccs_flag_variables_are_in_the_key(fresh_cache, monkeypatch):
+    # Before: NVCC_APPEND_FLAGS changed the binary but not the key: a cached build made
+    # with or without it was served to the other.
+    default = "#ifndef SCALE\n#define SCALE 2.0f\n#endif\n"
+    source = default + SAXPY.replace("a * x[i]", "SCALE * x[i]")
+    assert "0f40000000" in compile_to_ptx(source)
+    for name in ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"):
+        monkeypatch.setenv(name, "-DSCALE=3.0f")
+        assert "0f40400000" in compile_to_ptx(source)
+        monkeypatch.delenv(name)
+    assert "0f40000000" in compile_to_ptx(source)
+
+
 def test_a_new_shadowing_header_recompiles(fresh_cache, tmp_path, caplog, monkeypatch):
     # Before: scale.h created in A (searched before B) was not seen.
     monkeypatch.setattr(logging.getLogger("mllm_kernel"), "propagate", True)  # for caplog

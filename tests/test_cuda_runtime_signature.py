@@ -129,6 +129,8 @@ __global__ void __launch_bounds__(256) in_block(const float* __restrict__ a, /* 
 
 extern "C" __global__ void declared_then_defined(int64_t n);
 extern "C" __global__ void declared_then_defined(int64_t n) {}
+extern "C" __global__ void declared_unnamed(const float*, int);
+extern "C" __global__ void declared_unnamed(const float* x, int n) {}
 
 extern "C" __global__ void overloaded(int a) {}
 extern "C" __global__ void overloaded(float a) {}
@@ -148,18 +150,28 @@ def test_kernel_params_from_declarations():
     ]
     assert [p.kind for p in kernel_params(SOURCE, "declared_then_defined")] == ["int64"]
     assert kernel_params(SOURCE, "no_params") == ()
+    # Before: a forward declaration without names was taken for an overload.
+    unnamed = kernel_params(SOURCE, "declared_unnamed")
+    assert [(p.name, p.kind, p.const) for p in unnamed] == [
+        ("x", "pointer:float32", True),
+        ("n", "int32", False),
+    ]
 
 
 @pytest.mark.parametrize(
     ("name", "message"),
     [
         ("templated", r"^k\.cu:7: kernel 'templated' is a template; .*templates are out of scope"),
-        ("overloaded", r"^k\.cu:17: kernel 'overloaded' is overloaded \(declared at lines 17, 18"),
-        ("mangled", r"^k\.cu:20: kernel 'mangled' is not declared extern \"C\""),
+        (
+            "overloaded",
+            r"^k\.cu:19: kernel 'overloaded' is overloaded or declared twice with different "
+            r"parameters \(lines 19, 20;.*pass signature='...' to compile_kernel",
+        ),
+        ("mangled", r"^k\.cu:22: kernel 'mangled' is not declared extern \"C\""),
         (
             "in_a_comment",
             r"^k\.cu: no extern \"C\" __global__ kernel named 'in_a_comment' \(kernels found: "
-            r"declared_then_defined, in_block, no_params, overloaded\)",
+            r"declared_then_defined, declared_unnamed, in_block, no_params, overloaded\)",
         ),
         ("hidden", r"kernel named 'hidden'.*pass signature="),
     ],

@@ -19,6 +19,7 @@ from mllm_kernel.jit_utils import (
     CacheLockTimeout,
     KernelBuildError,
     ToolchainError,
+    cache,
     cache_once,
     load_cpu_jit,
     make_cpp_args,
@@ -189,7 +190,7 @@ def test_sigkill_mid_build_leaves_nothing_loadable(kernel, spy):
 def test_corrupt_artifact_is_rebuilt_with_a_warning(kernel, spy, damage):
     assert _probe(spy, kernel).returncode == 0
     (module_dir,) = _module_dirs(spy)
-    artifact = module_dir / "probe.so"
+    artifact = module_dir / cache.Manifest.read(module_dir).artifact
     data = artifact.read_bytes()
     if damage == "truncate":
         artifact.write_bytes(data[: len(data) // 2])
@@ -401,3 +402,160 @@ def test_native_builds_on_aarch64_are_keyed_by_its_features_and_core(monkeypatch
     plain = dataclasses.replace(native, cxx_flags=("-O3",))
     assert "host_isa" not in cache_key.toolchain_free_material(plain)
     assert cache_key.relocatable_key_material(native)["machine"] == "aarch64"
+
+
+def test_a_load_after_a_rebuild_in_one_process_returns_the_rebuilt_module(kernel, fresh_cache):
+    """One process (a notebook): load, edit a header, load (rebuilt), load again (a cache
+    hit). The last must be the rebuilt module: the loader hands back a library already
+    loaded from the same path, so an artifact under its predecessor's name came back as
+    the predecessor (31 after 32)."""
+
+    def value() -> int:
+        module = load_cpu_jit(
+            "probe", *make_cpp_args(3), cpp_files=[str(kernel)],
+            cpp_wrappers=[("value", f"probe::value<{make_cpp_args(3)}>")],
+        )  # fmt: skip
+        return module.value(10)
+
+    assert value() == 31
+    assert value() == 31  # a cache hit, loaded from the cache's path
+    (kernel.parent / "helper.h").write_text("#pragma once\n#define HELPER_VALUE 2\n")
+    assert value() == 32  # rebuilt
+    assert value() == 32  # a cache hit again: the rebuilt library, not the first
+
+
+UNDEFINED = textwrap.dedent("""
+    import sys
+    from mllm_kernel.jit_utils import KernelBuildError, load_cpu_jit
+    try:
+        mod = load_cpu_jit("half_built", cpp_files=[sys.argv[1]],
+                           cpp_wrappers=[("value", "half_built::value")])
+        print("value", mod.value(10))
+    except KernelBuildError as error:
+        print("refused:", error)
+""")
+
+
+def test_a_declared_but_undefined_function_fails_the_build_not_its_first_call(tmp_path):
+    """A function declared but defined nowhere (its source left out of cpp_files) links
+    into a shared library; loaded lazily it ended the process at its first call, every
+    run again from the cache (exit 127, 'symbol lookup error'). It is refused when the
+    module is built, and the broken library is never cached."""
+    source = tmp_path / "half_built.cpp"
+    source.write_text(
+        "#include <cstdint>\n"
+        "namespace half_built {\n"
+        "int64_t helper(int64_t x);  // defined in a file left out\n"
+        "int64_t value(int64_t x) { return helper(x) + 1; }\n"
+        "}\n"
+    )
+    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    for _ in range(2):  # and again: nothing was cached
+        run = subprocess.run(
+            [sys.executable, "-c", UNDEFINED, str(source)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.startswith("refused:"), run.stdout + run.stderr
+        assert "undefined symbol" in run.stdout and "declared but not defined" in run.stdout
+
+
+LINKED = textwrap.dedent("""
+    import sys
+    from mllm_kernel.jit_utils import load_cpu_jit
+    mod = load_cpu_jit("linked", cpp_files=[sys.argv[1]], extra_ldflags=sys.argv[2:],
+                       cpp_wrappers=[("value", "linked::value")])
+    print(mod.value(10))
+""")
+
+
+@pytest.mark.parametrize("form", ["path", "-l"])
+def test_a_static_library_linked_in_is_tracked(tmp_path, form):
+    """A static archive given to the linker (by path, or by -l and -L) is built into the
+    module: rebuilding the archive rebuilds the module, where the cached one kept the
+    old code (11 after the archive became 1010)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    source = tmp_path / "linked.cpp"
+    source.write_text(
+        "#include <cstdint>\n"
+        'extern "C" int64_t scale(int64_t x);\n'
+        "namespace linked { int64_t value(int64_t x) { return scale(x) + 1; } }\n"
+    )
+
+    def archive(factor: int) -> None:
+        (lib / "scale.c").write_text(f"long long scale(long long x) {{ return x * {factor}; }}\n")
+        obj = lib / "scale.o"
+        cc = str(toolchain.find_cxx().path)
+        subprocess.run([cc, "-x", "c", "-fPIC", "-c", str(lib / "scale.c"), "-o", str(obj)],
+                       check=True)  # fmt: skip
+        (lib / "libscale.a").unlink(missing_ok=True)
+        subprocess.run(["ar", "rcs", str(lib / "libscale.a"), str(obj)], check=True)
+
+    flags = [str(lib / "libscale.a")] if form == "path" else [f"-L{lib}", "-lscale"]
+    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
+
+    def value() -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", LINKED, str(source), *flags],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    archive(1)
+    assert value() == "11"
+    archive(100)
+    assert value() == "1001"
+
+
+def test_the_compilers_flag_variables_are_in_the_key(monkeypatch, tmp_path):
+    """NVCC_APPEND_FLAGS and the like change the binary: each value has its own key;
+    with none set the key is what it was (no rebuild of every entry)."""
+    from mllm_kernel.jit_utils import cache_key, env
+
+    spec = BuildSpec(
+        name="k", device="cpu", template_args=(), cpp_files=(tmp_path / "k.cpp",),
+        cpp_wrappers=(Wrapper("f", "k::f"),),
+    )  # fmt: skip
+    for name in env.COMPILER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    plain = cache_key.toolchain_free_material(spec)
+    assert "compiler_variables" not in plain
+    keys = {cache_key.toolchain_free_hash(spec)}
+    for name in env.COMPILER_VARIABLES:
+        monkeypatch.setenv(name, "-DX=1")
+        keys.add(cache_key.toolchain_free_hash(spec))
+        monkeypatch.delenv(name)
+    assert len(keys) == 1 + len(env.COMPILER_VARIABLES)
+
+
+def test_a_library_not_found_at_load_names_the_fix(tmp_path):
+    """A shared library linked by -L and -l but not found when the module loads (no
+    rpath): a KernelBuildError that says how to make it found, not a bare error naming
+    a staging path that is gone."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "scale.c").write_text("long long scale(long long x) { return x * 3; }\n")
+    cc = str(toolchain.find_cxx().path)
+    subprocess.run(
+        [cc, "-x", "c", "-shared", "-fPIC", str(lib / "scale.c"), "-o", str(lib / "libvv.so")],
+        check=True,
+    )
+    source = tmp_path / "linked.cpp"
+    source.write_text(
+        "#include <cstdint>\n"
+        'extern "C" int64_t scale(int64_t x);\n'
+        "namespace linked { int64_t value(int64_t x) { return scale(x) + 1; } }\n"
+    )
+    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    script = UNDEFINED.replace("half_built", "linked").replace(
+        "cpp_files=[sys.argv[1]],", f"cpp_files=[sys.argv[1]], extra_ldflags=['-L{lib}', '-lvv'],"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(source)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("refused:"), run.stdout + run.stderr
+    assert "libvv.so" in run.stdout and "-Wl,-rpath" in run.stdout

@@ -17,6 +17,7 @@ from mllm_kernel.jit_utils import (
     make_cpp_args,
     toolchain,
 )
+from mllm_kernel.jit_utils.cache import Manifest
 
 pytestmark = pytest.mark.nvcc
 
@@ -75,7 +76,7 @@ def test_compiles_for_sm90a_without_a_gpu(source, fresh_cache):
     cuobjdump = toolchain.find_cuda().home / "bin" / "cuobjdump"
     if cuobjdump.is_file() or shutil.which("cuobjdump"):
         listing = subprocess.run(
-            [str(cuobjdump), "--list-elf", str(module_dir / "fill_demo.so")],
+            [str(cuobjdump), "--list-elf", str(module_dir / Manifest.read(module_dir).artifact)],
             capture_output=True,
             text=True,
             check=True,

@@ -297,13 +297,44 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
         raise _build_error(spec, log, log_path, staging)
 
     inputs = _record_inputs(spec, staging, jobs)
+    inputs.deps.update(_link_inputs(spec))
     for _, obj, depfile in jobs:  # only the .so and the generated sources are kept
         obj.unlink()
         depfile.unlink()
+    # Named by its content: a process keeps every library it loaded, and the dynamic
+    # loader hands back the one already loaded from a path, so a rebuilt module under
+    # its predecessor's name would load as the predecessor in a process that had it.
+    named = staging / f"{spec.name}.{build_inputs.file_digest(artifact)[:16]}.so"
+    artifact = artifact.rename(named)
     tools = {"cxx": toolchain.find_cxx().version()}
     if spec.device == "cuda":
         tools["nvcc"] = toolchain.find_cuda().nvcc_version().text
     return BuildResult(artifact, inputs, time.monotonic() - started, tools)
+
+
+def _link_inputs(spec: BuildSpec) -> dict[str, str]:
+    """The files the link step takes from ``spec.ldflags`` that a later change would
+    build into another binary, path -> sha256: objects and archives given by absolute
+    path, and the static archives of ``-lname`` (``-l:file``) found in ``-Ldir``
+    directories with no shared library of that name before them (a shared one is read
+    when the module loads, not built in)."""
+    flags = list(spec.ldflags)
+    dirs = [f[2:] for f in flags if f.startswith("-L") and len(f) > 2]
+    found: list[str] = []
+    for flag in flags:
+        if flag.startswith("-l") and len(flag) > 2:
+            name = flag[2:]
+            candidates = [name[1:]] if name.startswith(":") else [f"lib{name}.so", f"lib{name}.a"]
+            for directory in dirs:
+                hits = [os.path.join(directory, c) for c in candidates]
+                hit = next((h for h in hits if os.path.isfile(h)), None)
+                if hit is not None:
+                    if hit.endswith(".a"):
+                        found.append(hit)
+                    break
+        elif os.path.isabs(flag) and flag.endswith((".a", ".o")) and os.path.isfile(flag):
+            found.append(flag)
+    return {path: build_inputs.file_digest(path) for path in found}
 
 
 def _record_inputs(

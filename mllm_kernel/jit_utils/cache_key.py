@@ -82,6 +82,9 @@ def toolchain_free_material(spec: BuildSpec) -> dict:
     }
     if uses_native_isa(spec):
         material["host_isa"] = toolchain.host_isa()
+    compiler_variables = env.compiler_variables()
+    if compiler_variables:  # absent when none is set: earlier entries keep their keys
+        material["compiler_variables"] = compiler_variables
     return material
 
 

@@ -131,6 +131,24 @@ def include_path_variables() -> dict[str, str]:
     return {name: os.environ[name] for name in INCLUDE_PATH_VARIABLES if os.environ.get(name)}
 
 
+# Other variables the compilers and the linker read that change the binary (flags nvcc
+# adds to every command, where gcc finds its programs and libraries, clang's
+# overrides): a value that differs must give a different cache key too.
+COMPILER_VARIABLES = (
+    "NVCC_APPEND_FLAGS",
+    "NVCC_PREPEND_FLAGS",
+    "COMPILER_PATH",
+    "GCC_EXEC_PREFIX",
+    "LIBRARY_PATH",
+    "CCC_OVERRIDE_OPTIONS",
+)
+
+
+def compiler_variables() -> dict[str, str]:
+    """The compiler variables (COMPILER_VARIABLES) that are set, name -> value."""
+    return {name: os.environ[name] for name in COMPILER_VARIABLES if os.environ.get(name)}
+
+
 def _first_set(*names: str) -> tuple[str, str] | None:
     """``(value, name)`` of the first of ``names`` set to something other than blanks."""
     for name in names:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import platform
@@ -394,6 +395,7 @@ def _load_without_toolchain(
 
 def _try_load(artifact: Path, spec: BuildSpec) -> tvm_ffi.Module | None:
     try:
+        _check_symbols(artifact, spec)  # an entry cached before it was checked so
         module = tvm_ffi.load_module(str(artifact))
         for export in spec.exports:
             module.get_function(export)
@@ -439,7 +441,37 @@ def _manifest(spec: BuildSpec, key: ModuleKey, result: build.BuildResult) -> cac
     )
 
 
+def _check_symbols(artifact: Path, spec: BuildSpec) -> None:
+    """KernelBuildError unless every symbol the new library needs resolves now: loaded
+    lazily, a missing one (a function declared but whose source was left out) would end
+    the process at its first call, and every later run would load the cached library
+    and end the same way."""
+    try:
+        ctypes.CDLL(str(artifact), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as exc:
+        first = str(exc).splitlines()[0]
+        if "cannot open shared object" in first:
+            hint = (
+                "a library it links is not found at load time: add -Wl,-rpath,<its "
+                "directory> to extra_ldflags, or put the directory on LD_LIBRARY_PATH"
+            )
+        else:
+            hint = (
+                "a symbol is declared but not defined: is a source file missing from "
+                "cpp_files/cuda_files, or a library from extra_ldflags?"
+            )
+        raise KernelBuildError(
+            f"module {spec.name!r} built but cannot load: {first}. Hint: {hint}",
+            module=spec.name,
+            template_args=spec.template_args,
+            first_error=first,
+            log_path="",
+            hint=hint,
+        ) from None
+
+
 def _load_checked(artifact: Path, spec: BuildSpec) -> tvm_ffi.Module:
+    _check_symbols(artifact, spec)
     module = tvm_ffi.load_module(str(artifact))
     missing = [e for e in spec.exports if not module.implements_function(e)]
     if missing:

@@ -53,6 +53,9 @@ def binary_key(request: CompileRequest, cache_dir: str | Path | None = None) -> 
         # They move headers in and out of nvcc's search path.
         "include_path_variables": env.include_path_variables(),
     }
+    compiler_variables = env.compiler_variables()  # NVCC_APPEND_FLAGS and the like
+    if compiler_variables:  # absent when none is set: earlier entries keep their keys
+        material["compiler_variables"] = compiler_variables
     digest = stable_hash(material)
     dirname = binary_dirname(request.kind, request.label, request.target, digest)
     root = Path(cache_dir).expanduser().absolute() if cache_dir else trust.writable_root()

@@ -28,6 +28,7 @@ class Staged:
     args: tuple[Any, ...]
     stream: Any
     copy_back: list[tuple[Any, torch.Tensor]] = field(default_factory=list)
+    uploads: int = 0  # NumPy arrays copied to the GPU for this call
 
     def finish(self) -> None:
         """Copies device results into the NumPy arrays they came from (after a sync)."""
@@ -78,6 +79,7 @@ def stage(args: Sequence[Any], params: Sequence[Param], stream: Any) -> Staged |
             if device is None:
                 device = _tensor_device(args)
             tensor = torch.from_numpy(numpy.ascontiguousarray(arg)).to(f"cuda:{device}")
+            staged.uploads += 1
             if not param.const:
                 staged.copy_back.append((arg, tensor))
             converted.append(tensor)

@@ -106,6 +106,10 @@ class CompiledKernel:
             if staged.copy_back:
                 self.synchronize()
                 staged.finish()
+            elif staged.uploads and staged.stream is not None:
+                # The copies go back to torch's allocator as this returns, for its current
+                # stream's next use, while the kernel on this other stream may read them.
+                self.synchronize(staged.stream)
 
     def synchronize(self, stream: Any = None) -> None:
         """Waits for ``stream`` (a stream object or ``cudaStream_t`` int), or with None for
@@ -226,6 +230,7 @@ def compile_kernel(
     shared_mem: int = 0,
     cache_dir: str | Path | None = None,
     verbose: bool = False,
+    signature: str | None = None,
 ) -> CompiledKernel:
     """Compiles (or finds in the cache) the ``extern "C" __global__`` kernel ``name`` of
     ``source`` and loads it.
@@ -236,7 +241,9 @@ def compile_kernel(
     (``pip install mllm-kernel[nvrtc]``); ``grid``/``block``/``shared_mem`` are the default
     launch configuration; ``cache_dir`` overrides the cache root; ``verbose`` prints the
     command, the time and the register/spill report. Parameter types come from the
-    kernel's declaration (see :class:`CompiledKernel` for the arguments it takes).
+    kernel's declaration (see :class:`CompiledKernel` for the arguments it takes), or
+    from ``signature`` (``"const float*, float*, int"``) where a macro hides it or the
+    preprocessor picks among declarations.
 
     Raises ValueError for a kernel the runtime cannot launch (not found, a template,
     an overload, a parameter type it cannot pass) before compiling, and
@@ -252,7 +259,11 @@ def compile_kernel(
     """
     require_gpu("compile_kernel")  # it loads what it compiles: say so before compiling
     request, where = _request(source, "cubin", arch, options, backend, name)
-    params = kernel_params(request.source, name, where)  # before compiling: fails fast
+    # before compiling: fails fast
+    if signature is not None:
+        params = parse_signature(signature)
+    else:
+        params = kernel_params(request.source, name, where)
     image = compile_cached(request, cache_dir=cache_dir, verbose=verbose)
     module = CudaModule(image, kind="cubin", source=request.source, where=where)
     return CompiledKernel(module, name, params, grid=grid, block=block, shared_mem=shared_mem)

@@ -276,7 +276,8 @@ def kernel_params(source: str, name: str, where: str = "<source>") -> tuple[Para
         listed = ", ".join(kernels) if kernels else "none"
         raise ValueError(
             f'{where}: no extern "C" __global__ kernel named {name!r} (kernels found: '
-            f"{listed}); if a macro hides its declaration, pass signature='...' instead"
+            f"{listed}); if a macro hides its declaration, pass signature='...' to "
+            "compile_kernel instead"
         )
     first = mine[0]
     at = f"{where}:{first.line}"
@@ -291,11 +292,14 @@ def kernel_params(source: str, name: str, where: str = "<source>") -> tuple[Para
             f'{at}: kernel {name!r} is not declared extern "C", so its symbol is C++-mangled '
             'and cannot be looked up by name: declare it extern "C" __global__'
         )
-    signatures = {parse_params(d.params_text, f"{where}:{d.line}") for d in mine}
-    if len(signatures) > 1:
+    declared = [parse_params(d.params_text, f"{where}:{d.line}") for d in mine]
+    # A forward declaration names its parameters or not: only their types must agree.
+    types = {tuple((p.ctype, p.kind, p.const) for p in params) for params in declared}
+    if len(types) > 1:
         lines = ", ".join(str(d.line) for d in mine)
         raise ValueError(
-            f"{at}: kernel {name!r} is overloaded (declared at lines {lines} with different "
-            "parameters); overloads are out of scope: give each kernel its own name"
+            f"{at}: kernel {name!r} is overloaded or declared twice with different "
+            f"parameters (lines {lines}; the preprocessor's branches are not evaluated): "
+            "give each kernel its own name, or pass signature='...' to compile_kernel"
         )
-    return signatures.pop()
+    return max(declared, key=lambda params: sum(bool(p.name) for p in params))
