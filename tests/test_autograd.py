@@ -224,3 +224,18 @@ def test_cpu_softmax_backward_rounds_once(dtype, dim):
     bound = info.eps / 2 * want.abs() + fp32_noise + info.tiny * info.eps
     worst = ((leaf.grad.double() - want).abs() / bound).max().item()
     assert worst <= 1, f"{worst:.2f}x the bound"
+
+
+def test_cpu_rmsnorm_backward_under_another_default_device():
+    """The backward's weight-gradient buffer is made on the weight's device, not torch's
+    default one (under set_default_device("meta") it was a meta tensor the kernel could
+    not take: "Cannot pack tensors on meta")."""
+    x, w, grad = torch.randn(2, 8), torch.rand(8), torch.randn(2, 8)
+    want = cpu.rmsnorm_backward(grad, x, w)
+    torch.set_default_device("meta")
+    try:
+        got = cpu.rmsnorm_backward(grad, x, w)
+    finally:
+        torch.set_default_device(None)
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v)

@@ -95,27 +95,19 @@ def test_rope_on_a_fused_qkv_buffer(dtype, is_neox):
     assert torch.equal(qkv[:, (q_heads + k_heads) * head_size :], v_before)
 
 
-def test_rope_three_dim_heads():
-    from mllm_kernel.cuda.jit import apply_rope_with_cos_sin_cache_inplace
-
-    q = torch.randn(5, 4, 64, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(5, 2, 64, device="cuda", dtype=torch.bfloat16)
-    cache = _cos_sin_cache(64)
-    positions = torch.randint(0, MAX_POS, (5,), device="cuda")
-    q_ref = _rope_ref(positions, q.reshape(5, -1), 64, cache, True).reshape(q.shape)
-    k_ref = _rope_ref(positions, k.reshape(5, -1), 64, cache, True).reshape(k.shape)
-    apply_rope_with_cos_sin_cache_inplace(positions, q, k, 64, cache)
-    _close(q, q_ref)
-    _close(k, k_ref)
-
-
-def test_rope_three_dim_heads_of_one_fused_projection():
-    """q and k as [T, H, D] views of their column blocks of one qkv buffer: disjoint,
-    though they share the buffer, so the kernel takes them; v is left alone."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_rope_three_dim_heads(fused):
+    """q and k [T, H, D]: tensors of their own, or (``fused``) views of their column
+    blocks of one qkv buffer, disjoint though they share it, which the kernel takes (v
+    is left alone)."""
     from mllm_kernel.cuda.jit import apply_rope_with_cos_sin_cache_inplace
 
     qkv = torch.randn(5, (4 + 2 + 2) * 64, device="cuda", dtype=torch.bfloat16)
-    q, k = qkv[:, : 4 * 64].view(5, 4, 64), qkv[:, 4 * 64 : 6 * 64].view(5, 2, 64)
+    if fused:
+        q, k = qkv[:, : 4 * 64].view(5, 4, 64), qkv[:, 4 * 64 : 6 * 64].view(5, 2, 64)
+    else:
+        q = torch.randn(5, 4, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(5, 2, 64, device="cuda", dtype=torch.bfloat16)
     v_before = qkv[:, 6 * 64 :].clone()
     cache = _cos_sin_cache(64)
     positions = torch.randint(0, MAX_POS, (5,), device="cuda")

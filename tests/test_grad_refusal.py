@@ -246,3 +246,46 @@ def test_a_numpy_out_buffer_is_written_by_a_differentiable_op(call):
     out = np.full((2, 8), np.nan, dtype=np.float32)
     assert call(x, out) is not None
     assert np.isfinite(out).all()
+
+
+# ------------------------------------------------- writes autograd must know about
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda w: cpu.add_constant(w, 8, out=w),
+        lambda w: cpu.rmsnorm(w[None], torch.ones(4), out=w[None]),
+        lambda w: cpu.fused_add_rmsnorm(torch.randn(1, 4), w[None], torch.ones(4)),
+        lambda w: OPS.add_constant.out(w, 8, out=w),
+    ],
+    ids=["out", "out-view", "writes", "registered-out"],
+)
+def test_a_write_into_a_tensor_saved_for_backward_fails_that_backward(write):
+    """An op's kernel writes its out= buffer (or a declared argument) where autograd
+    cannot see it: the tensor's version counter says so, as torch's in-place ops do, so
+    a backward that needs the tensor's old values refuses instead of using the new ones
+    (it gave x.grad = w + 8, silently)."""
+    x, w = torch.randn(4, requires_grad=True), torch.ones(4)
+    y = (x * w).sum()  # saves w
+    with torch.no_grad():
+        write(w)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_under_compile_an_op_writing_its_arguments_refuses_a_required_grad():
+    """Compiled, the registered kernel of an op that writes its arguments runs inside a
+    forward where grad mode is off, so its refusal never fired and the gradient through
+    it was dropped (w.grad half the true one): the refusal now comes where Dynamo
+    traces the call."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    a, residual, w = _rand(2, 16), _rand(2, 16), _rand(16, grad=True)
+
+    def step(a, residual, w):
+        cpu.fused_add_rmsnorm(a, residual, w)
+        return (a * w).sum()
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="fused_add_rmsnorm has no backward"):
+        compiled(a, residual, w).backward()

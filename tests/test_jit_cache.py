@@ -4,6 +4,7 @@ and build errors that say what to fix."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -424,16 +425,55 @@ def test_a_load_after_a_rebuild_in_one_process_returns_the_rebuilt_module(kernel
     assert value() == 32  # a cache hit again: the rebuilt library, not the first
 
 
-UNDEFINED = textwrap.dedent("""
-    import sys
+LOAD = textwrap.dedent("""
+    import json, sys
     from mllm_kernel.jit_utils import KernelBuildError, load_cpu_jit
+    name, source, ldflags = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     try:
-        mod = load_cpu_jit("half_built", cpp_files=[sys.argv[1]],
-                           cpp_wrappers=[("value", "half_built::value")])
-        print("value", mod.value(10))
+        mod = load_cpu_jit(name, cpp_files=[source], extra_ldflags=ldflags,
+                           cpp_wrappers=[("value", f"{name}::value")])
+        print(mod.value(10))
     except KernelBuildError as error:
         print("refused:", error)
 """)
+
+
+def _load_in_a_child(tmp_path: Path, name: str, source: Path, ldflags=()) -> str:
+    """``name::value(10)`` of ``source``'s module loaded in a child process (a crash
+    there fails the test, not the run), or ``refused: <KernelBuildError>``."""
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD, name, str(source), json.dumps(list(ldflags))],
+        env=child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def _scale_library(directory: Path, factor: int, kind: str) -> None:
+    """``long long scale(long long x) { return x * factor; }`` as directory's libscale.a
+    (``kind`` "a") or libscale.so ("so")."""
+    directory.mkdir(exist_ok=True)
+    (directory / "scale.c").write_text(f"long long scale(long long x) {{ return x * {factor}; }}\n")
+    cc = str(toolchain.find_cxx().path)
+    c_file = str(directory / "scale.c")
+    if kind == "so":
+        out = str(directory / "libscale.so")
+        subprocess.run([cc, "-x", "c", "-shared", "-fPIC", c_file, "-o", out], check=True)
+        return
+    obj = str(directory / "scale.o")
+    subprocess.run([cc, "-x", "c", "-fPIC", "-c", c_file, "-o", obj], check=True)
+    (directory / "libscale.a").unlink(missing_ok=True)
+    subprocess.run(["ar", "rcs", str(directory / "libscale.a"), obj], check=True)
+
+
+LINKED_SOURCE = (
+    "#include <cstdint>\n"
+    'extern "C" int64_t scale(int64_t x);\n'
+    "namespace linked { int64_t value(int64_t x) { return scale(x) + 1; } }\n"
+)
 
 
 def test_a_declared_but_undefined_function_fails_the_build_not_its_first_call(tmp_path):
@@ -449,64 +489,38 @@ def test_a_declared_but_undefined_function_fails_the_build_not_its_first_call(tm
         "int64_t value(int64_t x) { return helper(x) + 1; }\n"
         "}\n"
     )
-    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
     for _ in range(2):  # and again: nothing was cached
-        run = subprocess.run(
-            [sys.executable, "-c", UNDEFINED, str(source)],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.startswith("refused:"), run.stdout + run.stderr
-        assert "undefined symbol" in run.stdout and "declared but not defined" in run.stdout
-
-
-LINKED = textwrap.dedent("""
-    import sys
-    from mllm_kernel.jit_utils import load_cpu_jit
-    mod = load_cpu_jit("linked", cpp_files=[sys.argv[1]], extra_ldflags=sys.argv[2:],
-                       cpp_wrappers=[("value", "linked::value")])
-    print(mod.value(10))
-""")
+        out = _load_in_a_child(tmp_path, "half_built", source)
+        assert out.startswith("refused:"), out
+        assert "undefined symbol" in out and "declared but not defined" in out
 
 
 @pytest.mark.parametrize("form", ["path", "-l"])
 def test_a_static_library_linked_in_is_tracked(tmp_path, form):
     """A static archive given to the linker (by path, or by -l and -L) is built into the
     module: rebuilding the archive rebuilds the module, where the cached one kept the
-    old code (11 after the archive became 1010)."""
+    old code (11 after the archive became 1001)."""
     lib = tmp_path / "lib"
-    lib.mkdir()
     source = tmp_path / "linked.cpp"
-    source.write_text(
-        "#include <cstdint>\n"
-        'extern "C" int64_t scale(int64_t x);\n'
-        "namespace linked { int64_t value(int64_t x) { return scale(x) + 1; } }\n"
-    )
-
-    def archive(factor: int) -> None:
-        (lib / "scale.c").write_text(f"long long scale(long long x) {{ return x * {factor}; }}\n")
-        obj = lib / "scale.o"
-        cc = str(toolchain.find_cxx().path)
-        subprocess.run([cc, "-x", "c", "-fPIC", "-c", str(lib / "scale.c"), "-o", str(obj)],
-                       check=True)  # fmt: skip
-        (lib / "libscale.a").unlink(missing_ok=True)
-        subprocess.run(["ar", "rcs", str(lib / "libscale.a"), str(obj)], check=True)
-
+    source.write_text(LINKED_SOURCE)
     flags = [str(lib / "libscale.a")] if form == "path" else [f"-L{lib}", "-lscale"]
-    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    _scale_library(lib, 1, "a")
+    assert _load_in_a_child(tmp_path, "linked", source, flags) == "11"
+    _scale_library(lib, 100, "a")
+    assert _load_in_a_child(tmp_path, "linked", source, flags) == "1001"
 
-    def value() -> str:
-        run = subprocess.run(
-            [sys.executable, "-c", LINKED, str(source), *flags],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
-        return run.stdout.strip()
 
-    archive(1)
-    assert value() == "11"
-    archive(100)
-    assert value() == "1001"
+def test_a_library_not_found_at_load_names_the_fix(tmp_path):
+    """A shared library linked by -L and -l but not found when the module loads (no
+    rpath): a KernelBuildError that says how to make it found, not a bare error naming
+    a staging path that is gone."""
+    lib = tmp_path / "lib"
+    source = tmp_path / "linked.cpp"
+    source.write_text(LINKED_SOURCE)
+    _scale_library(lib, 3, "so")
+    out = _load_in_a_child(tmp_path, "linked", source, [f"-L{lib}", "-lscale"])
+    assert out.startswith("refused:"), out
+    assert "libscale.so" in out and "-Wl,-rpath" in out
 
 
 def test_the_compilers_flag_variables_are_in_the_key(monkeypatch, tmp_path):
@@ -528,34 +542,3 @@ def test_the_compilers_flag_variables_are_in_the_key(monkeypatch, tmp_path):
         keys.add(cache_key.toolchain_free_hash(spec))
         monkeypatch.delenv(name)
     assert len(keys) == 1 + len(env.COMPILER_VARIABLES)
-
-
-def test_a_library_not_found_at_load_names_the_fix(tmp_path):
-    """A shared library linked by -L and -l but not found when the module loads (no
-    rpath): a KernelBuildError that says how to make it found, not a bare error naming
-    a staging path that is gone."""
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "scale.c").write_text("long long scale(long long x) { return x * 3; }\n")
-    cc = str(toolchain.find_cxx().path)
-    subprocess.run(
-        [cc, "-x", "c", "-shared", "-fPIC", str(lib / "scale.c"), "-o", str(lib / "libvv.so")],
-        check=True,
-    )
-    source = tmp_path / "linked.cpp"
-    source.write_text(
-        "#include <cstdint>\n"
-        'extern "C" int64_t scale(int64_t x);\n'
-        "namespace linked { int64_t value(int64_t x) { return scale(x) + 1; } }\n"
-    )
-    env = child_env(MLLM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
-    script = UNDEFINED.replace("half_built", "linked").replace(
-        "cpp_files=[sys.argv[1]],", f"cpp_files=[sys.argv[1]], extra_ldflags=['-L{lib}', '-lvv'],"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(source)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("refused:"), run.stdout + run.stderr
-    assert "libvv.so" in run.stdout and "-Wl,-rpath" in run.stdout

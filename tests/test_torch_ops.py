@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import mllm_kernel.cpu.jit as cpu
 import mllm_kernel.cuda.jit as cuda
@@ -132,23 +131,31 @@ def test_fake_softmax_has_the_eager_layout(dim):
     assert (fake.shape, fake.stride(), fake.dtype) == (eager.shape, eager.stride(), eager.dtype)
 
 
-def test_eager_calls_do_not_go_through_the_dispatcher():
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
+def _handed_to_the_dispatcher(monkeypatch, *eager_functions) -> list[str]:
+    """The names of the ops whose eager function (of ``eager_functions``) hands a call to
+    its registered op (the generated function's ``_op``) from now on."""
+    calls: list[str] = []
+    for function in eager_functions:
+        namespace = function.__globals__  # the generated function's own module
+        registered = namespace["_op"]
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+        def spy(*args, _registered=registered, **kwargs):
+            calls.append(_registered.name)
+            return _registered(*args, **kwargs)
 
+        monkeypatch.setitem(namespace, "_op", spy)
+    return calls
+
+
+def test_eager_calls_do_not_go_through_the_dispatcher(monkeypatch):
+    ops = (cpu.rmsnorm, cpu.softmax, cpu.silu_and_mul, cpu.add_constant)
+    handed = _handed_to_the_dispatcher(monkeypatch, *ops)
     x, w = torch.randn(2, 8), torch.randn(8)
-    with Record() as record:
-        cpu.rmsnorm(x, w)
-        cpu.softmax(x, temperature=0.5)
-        cpu.silu_and_mul(x)
-        cpu.add_constant(x, 2)
-    assert record.ops and not [op for op in record.ops if "mllm_kernel" in op], record.ops
+    cpu.rmsnorm(x, w)
+    cpu.softmax(x, temperature=0.5)
+    cpu.silu_and_mul(x)
+    cpu.add_constant(x, 2)
+    assert handed == []
 
 
 # --------------------------------------------------------------------------- torch.compile
@@ -639,28 +646,20 @@ def test_compile_fullgraph_traces_the_gemm_family_on_meta_tensors():
     assert into_c is inputs[-1]
 
 
-def test_gemm_family_eager_calls_do_not_go_through_the_dispatcher():
-    # On a CPU tensor every op refuses the device in its Python function: before any
-    # torch op would run, so nothing of the namespace is dispatched.
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
+def test_gemm_family_eager_calls_do_not_go_through_the_dispatcher(monkeypatch):
+    # On a CPU tensor every op refuses the device in its Python function: before the
+    # registered op would be called.
+    calls = (cuda.per_token_quant_int8, cuda.gemm, cuda.awq_marlin_repack)
+    handed = _handed_to_the_dispatcher(monkeypatch, *calls)
     inputs = _quant_pipeline_inputs("cpu")
-    with Record() as record:
-        for call in (
-            lambda: cuda.per_token_quant_int8(inputs[0]),
-            lambda: cuda.gemm(inputs[0], inputs[0]),
-            lambda: cuda.awq_marlin_repack(torch.zeros(256, 16, dtype=torch.int32), 256, 128, 4),
-        ):
-            with pytest.raises(ValueError, match=r"^argument '\w+': expected a tensor on cuda but"):
-                call()
-    assert not [op for op in record.ops if "mllm_kernel" in op], record.ops
+    for call in (
+        lambda: cuda.per_token_quant_int8(inputs[0]),
+        lambda: cuda.gemm(inputs[0], inputs[0]),
+        lambda: cuda.awq_marlin_repack(torch.zeros(256, 16, dtype=torch.int32), 256, 128, 4),
+    ):
+        with pytest.raises(ValueError, match=r"^argument '\w+': expected a tensor on cuda but"):
+            call()
+    assert handed == []
 
 
 @pytest.mark.cuda
@@ -731,3 +730,24 @@ def test_cuda_gemm_family_compiles_fullgraph_and_matches_eager():
     assert not compiled_inputs[5].any()  # the workspace is left zeroed
     explanation = torch._dynamo.explain(_quant_pipeline)(*_clone(inputs))
     assert explanation.graph_break_count == 0
+
+
+def test_other_tracers_and_transforms_see_the_op():
+    """make_fx (and so non-strict torch.export), torch.jit.trace and vmap see only what
+    reaches the dispatcher: the eager fast path hands the call to the registered op
+    under them, where make_fx recorded an empty_like and returned uninitialised memory
+    and vmap failed on a batched tensor's data pointer."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import mllm_kernel.cpu.jit as cpu
+
+    x = torch.randn(3, 8)
+    want = torch.softmax(x, -1)
+    graph = make_fx(lambda t: cpu.softmax(t))(x)
+    called = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert called == [torch.ops.mllm_kernel.softmax.default]
+    torch.testing.assert_close(graph(x), want)
+    traced = torch.jit.trace(lambda t: cpu.softmax(t), (x,))
+    assert "mllm_kernel::softmax" in str(traced.graph)
+    torch.testing.assert_close(traced(x * 2), torch.softmax(x * 2, -1))
+    torch.testing.assert_close(torch.func.vmap(cpu.softmax)(x), want)

@@ -146,7 +146,12 @@ class TorchOp:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the registered op as the Python op would be called: with the output
-        buffer (keyword ``self.out``) the ``.out`` overload, which returns the buffer."""
+        buffer (keyword ``self.out``) the ``.out`` overload, which returns the buffer.
+        An op that writes its arguments refuses a required grad here, where Dynamo
+        traces (its registered kernel's refusal runs inside the compiled forward, where
+        grad mode is off: the gradient through it was dropped without a word)."""
+        if self.functional._schema.is_mutable:
+            refuse_grad(self.name, *_tensors(args), *_tensors(kwargs.values()))
         if self.out is None:
             return self.functional(*args, **kwargs)
         buffer = kwargs.pop(self.out, None)

@@ -307,6 +307,13 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
     namespace.update(
         {
             "_tracing": torch.compiler.is_dynamo_compiling,
+            # Other tracers and transforms see only what goes through the dispatcher:
+            # make_fx and non-strict torch.export (a dispatch mode), vmap / jvp
+            # (functorch), torch.jit.trace.
+            "_dispatch_modes": torch._C._len_torch_dispatch_stack,
+            "_functorch": torch._C._are_functorch_transforms_active,
+            "_jit_tracing": torch._C._get_tracing_state,
+            "_bump": torch._C._increment_version,
             "_grad_enabled": torch.is_grad_enabled,
             "_op": op.torch_op,
             "_kernel": kernel,
@@ -338,7 +345,10 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
     if op.out:
         traced_args += f", {op.out}={op.out}"
     lines = [f"def {op.name}({', '.join(header)}):"]
-    lines.append(f"    if _tracing(): return _op({traced_args})")
+    lines.append(
+        "    if _tracing() or _dispatch_modes() or _functorch() or _jit_tracing() is not None:"
+    )
+    lines.append(f"        return _op({traced_args})")
     for name in names:
         line, extra = _conversion(op, name, params[name].annotation)
         namespace.update(extra)
@@ -359,11 +369,20 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
     named = ", ".join(f"{n}={n}" for n in tensors)
     lines += [
         "    try:",
-        f"        return _kernel({', '.join(names)})",
+        f"        result = _kernel({', '.join(names)})",
         "    except Exception as error:",
         f"        _explain(error, {device!r}, {named})",
         "        raise",
     ]
+    # The kernel wrote these behind autograd's back: their version counters say so, as
+    # torch's in-place ops do, so that a tensor saved for a backward and written here
+    # fails that backward instead of giving a wrong gradient.
+    written = [n for n in names if n in op.writes or n == op.out]
+    required = [n for n in written if params[n].annotation is _Tensor]
+    if required:
+        lines.append(f"    _bump(({', '.join(required)},))")
+    lines += [f"    if {n} is not None: _bump(({n},))" for n in written if n not in required]
+    lines.append("    return result")
     exec("\n".join(lines), namespace)  # generated from the declaration only
     eager = namespace[op.name]
     notes = inspect.getdoc(kernel)

@@ -49,7 +49,7 @@ def rmsnorm_backward(grad_output, input, weight, eps):
     [torch.Size([2, 8]), torch.Size([8])]
     """
     grad_input = torch.empty_like(input)
-    grad_weight = torch.empty(weight.shape, dtype=torch.float32)
+    grad_weight = weight.new_empty(size=weight.shape, dtype=torch.float32)
     _RMSNORM[()].rmsnorm_backward(
         grad_input, grad_weight, grad_output, input, weight, eps, torch.get_num_threads()
     )
