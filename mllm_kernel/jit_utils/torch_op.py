@@ -18,11 +18,14 @@ the schema and calls :func:`torch_op`, then registers each device's eager functi
 The eager path does not go through torch's dispatcher: the generated eager function asks
 ``torch.compiler.is_dynamo_compiling()`` first (False in eager mode at the cost of one
 empty call, folded to True by Dynamo while tracing, so a compiled graph holds the
-registered op) and otherwise calls its kernel directly. An op with a backward
+registered op), then whether a dispatch mode, a functorch transform or torch.jit.trace
+is active (each sees only the dispatcher: the call goes there too), and otherwise calls
+its kernel directly. An op with a backward
 (``autograd``) also takes the registered path when its input requires grad, so that
 ``.backward()`` works in eager mode; the registered implementation of an op without one,
 or of one that writes its arguments in place, refuses a required grad
-(:func:`refuse_grad`): a RuntimeError that says what to do, in eager mode as under
+(:func:`refuse_grad`; under torch.compile :meth:`TorchOp.__call__`, where Dynamo traces,
+refuses it for the latter): a RuntimeError that says what to do, in eager mode as under
 torch.compile, never a result that silently drops the gradient.
 """
 

@@ -28,7 +28,9 @@ whose body is generated once per (op, device) as straight-line code (no loop ove
 arguments, no ``*args``), so that an eager call costs what a hand-written wrapper
 would. In order, it
 
-1. under ``torch.compile`` tracing, calls the torch op (a compiled graph holds it);
+1. under ``torch.compile`` tracing, or any other tracer or transform that sees only the
+   dispatcher (a dispatch mode: make_fx, non-strict torch.export; functorch's vmap /
+   jvp; torch.jit.trace), calls the torch op (the graph holds it);
 2. converts each argument by its annotation (:mod:`.op_inputs`: a ``Tensor`` may be
    any DLPack tensor, a written one or the ``out`` buffer is checked as an output, a
    ``float`` any real number, an ``int`` any integer), or by the op's ``convert``
@@ -50,7 +52,10 @@ would. In order, it
    it names: its errors are the caller's on any device, so they come before the kernel;
 5. calls the kernel with the converted arguments, in the declared order; a failure is
    explained by :func:`.op_inputs.explain` (an argument of the wrong kind of tensor is
-   named) before it propagates.
+   named) before it propagates;
+6. bumps the version counter of every tensor the kernel wrote (``out`` and ``writes``),
+   as torch's in-place ops do: a backward that saved one of them then refuses instead
+   of using the new values.
 
 A kernel allocates what it returns the cheapest way torch has, since at decode size an
 allocation costs as much as the rest of the call: ``torch.empty_like(x)`` for ``x``'s
