@@ -579,6 +579,19 @@ def test_gate_extremes_take_softplus_threshold():
 
 
 @pytest.mark.cuda
+def test_a_decay_of_zero_resets_the_state():
+    """g = -inf (a decay of 0: the state reset at that token) inside a chunk, at a chunk's
+    first token and at a sequence's last: the recurrence's outputs and states, not the
+    NaN of -inf - -inf in a chunk's running sums."""
+    args = make_inputs(lengths=(150, 70))
+    a, A_log, dt_bias = (args.pop(n).double() for n in ("a", "A_log", "dt_bias"))
+    g = (-A_log.exp() * softplus(a + dt_bias)).float()
+    g[[5, 64, 100, 149, 190]] = float("-inf")
+    args.update(a=None, A_log=None, dt_bias=None)
+    run_and_check(args, torch.bfloat16, torch.float32, g=g)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("misaligned", [False, True])
 def test_strided_views_of_a_fused_projection(misaligned):
     """q, k, v as column blocks of one [T, ...] projection (non-contiguous), gates as
@@ -812,6 +825,10 @@ def _bad_cases():
         ("HV%H", {"q": cuda(10, 3, 128), "k": cuda(10, 3, 128)}, ValueError,
          r"^argument 'v': num_v_heads \(4\) must be a multiple of q's num_k_heads \(3\)"),
         ("q-4d", {"q": cuda(1, 10, 2, 128)}, ValueError, r"^argument 'q': expected 3 dims"),
+        ("q-2d", {"q": cuda(10, 256)}, ValueError, r"^argument 'q': expected 3 dims"),
+        ("v-2d", {"v": cuda(10, 512)}, ValueError, r"^argument 'v': expected 3 dims"),
+        ("seqlens-0d", {"cu_seqlens": torch.tensor(0, device="cuda")}, ValueError,
+         r"^argument 'cu_seqlens': expected 1 dims"),
         ("q-fp32", {"q": cuda(10, 2, 128, dtype=torch.float32)}, TypeError,
          r"^argument 'q': expected dtype in \{float16, bfloat16\} but got float32"),
         ("k-dtype", {"k": cuda(10, 2, 128, dtype=torch.float16)}, TypeError,

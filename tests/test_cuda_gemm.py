@@ -263,6 +263,41 @@ def test_gemm_strided_rows(gemm_path, m, out_pad):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("view", ["slice", "transposed-column"])
+def test_gemm_one_row_takes_any_row_stride(gemm_path, view):
+    """One token whose row stride is no multiple of 16 bytes (a [1, K] slice of a wider
+    row; a column transposed, strides (1, 1)), into an out of an odd row stride: only the
+    first row is read or written, so any stride is taken, TMA's tensor maps included."""
+    from mllm_kernel.cuda.jit import gemm
+
+    n, k = 136, 1000
+    if view == "slice":
+        a = torch.randn(1, k + 4, device="cuda").to(torch.bfloat16)[:, :k]
+    else:
+        a = torch.randn(k, 1, device="cuda").to(torch.bfloat16).t()
+    assert a.stride(0) * 2 % 16
+    b = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    out_big = torch.full((1, n + 3), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = out_big[:, :n]
+    gemm(a, b, out)
+    _check(out, a, b)
+    assert out_big[:, n:].isnan().all(), "wrote outside out"
+
+
+@pytest.mark.cuda
+def test_gemm_sizes_past_32_bits_are_refused(gemm_path):
+    """K of 2^31 bytes a row (stride-0 views: nothing that large is allocated) is
+    refused naming the argument, where the kernels' 32-bit counts would wrap."""
+    from mllm_kernel.cuda.jit import gemm
+
+    k = 2**30  # bf16: 2^31 bytes a row
+    a = torch.zeros(1, device="cuda", dtype=torch.bfloat16).expand(1, k)
+    b = torch.zeros(1, device="cuda", dtype=torch.bfloat16).expand(8, k)
+    with pytest.raises(ValueError, match=r"^argument 'a': K must be under 2\^31 bytes a row"):
+        gemm(a, b)
+
+
+@pytest.mark.cuda
 def test_gemm_cuda_graph_and_side_stream(gemm_path):
     from mllm_kernel.cuda.jit import gemm
 

@@ -236,6 +236,19 @@ def test_int8_scaled_mm_strided_and_empty(gemm_path):
 
 
 @pytest.mark.cuda
+def test_int8_scaled_mm_one_row_takes_any_row_stride(gemm_path):
+    """One token's mat_a row sliced from a wider one (its stride no multiple of 16
+    bytes): only that row is read, TMA's tensor map included."""
+    n, k = 136, 1008
+    a = _int8(1, k + 8)[:, :k]
+    assert a.stride(0) % 16
+    w = _int8(n, k)
+    scales_a, scales_b = _scales(1), _scales(n)
+    out = int8_scaled_mm(a, w.t(), scales_a, scales_b, torch.bfloat16)
+    _check(out, _reference(a, w.t(), scales_a, scales_b), torch.bfloat16)
+
+
+@pytest.mark.cuda
 def test_int8_scaled_mm_cuda_graph_and_side_stream(gemm_path):
     small, big = (7, 4104, 1008), (1000, 4104, 1008)
     a, a_big, w = _int8(7, 1008), _int8(1000, 1008), _int8(4104, 1008)
@@ -466,6 +479,27 @@ def test_per_token_quant_int8_shapes_and_views():
 
     x_q, scales = per_token_quant_int8(torch.empty(0, 64, device="cuda"))
     assert x_q.shape == (0, 64) and scales.shape == (0, 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [64, 1000, 40000])
+def test_per_token_quant_int8_nan_and_inf_rows(dtype, hidden):
+    """A row holding a NaN gets a NaN scale, one holding an infinity an infinite one, both
+    zeros: the W8A8 products of those rows are NaN, not finite values that hide the bad
+    input; the other rows are quantised as ever (vector and element paths)."""
+    x = torch.randn(4, hidden, device="cuda").to(dtype)
+    x[1, hidden // 2] = float("nan")
+    x[2, -1] = float("-inf")
+    x_q, scales = per_token_quant_int8(x)
+    assert scales[1].isnan().all() and scales[2].isinf().all()
+    assert x_q[1:3].eq(0).all()
+    ref_q, ref_scales = _quant_reference(x[[0, 3]])
+    assert torch.equal(x_q[[0, 3]], ref_q) and torch.equal(scales[[0, 3]], ref_scales)
+    w = _int8(64, hidden - hidden % 16 or 16)
+    a = x_q[:, : w.shape[1]].contiguous()
+    out = int8_scaled_mm(a, w.t(), scales, _scales(64), torch.bfloat16)
+    assert out[1:3].isnan().all() and not out[[0, 3]].isnan().any()
 
 
 @pytest.mark.cuda

@@ -139,6 +139,11 @@ def test_store_cache_bad_inputs():
         ValueError, match=r"^argument 'k_cache': is the same memory as argument 'v_c"
     ):
         store_cache(k, k, cache, cache, idx)
+    # One slot index addresses both caches: their slot counts must agree.
+    with pytest.raises(
+        ValueError, match=r"^argument 'v_cache': expected 8 slots \(k_cache.shape\[0\]\) but got 7"
+    ):
+        store_cache(k, k, cache, v_cache[:7], idx)
 
 
 def _kv_indices_ref(req_to_token, pool, lens, indptr, start, total):
@@ -208,6 +213,26 @@ def test_create_kv_indices_out_of_range(bounds_flag):
     bounds_flag("1")
     with pytest.raises(IndexError, match="1 request"):
         create_kv_indices(req_to_token, pool, lens, indptr, None, kv_indices)
+
+
+def test_create_kv_indices_sums_past_int64_are_out_of_range(bounds_flag):
+    """int64 offsets whose sums would wrap past 2^63 into range (a start near 2^63 with a
+    length, an indptr near 2^63): counted and skipped, nothing written."""
+    from mllm_kernel.cuda.jit import create_kv_indices
+
+    req_to_token = torch.arange(4 * 10, device="cuda", dtype=torch.int32).view(4, 10)
+    pool = torch.tensor([1, 2, 3], device="cuda")
+    lens = torch.tensor([3, 2, 2], device="cuda")
+    near = 2**63 - 2
+    indptr = torch.tensor([0, near, 3, 5], device="cuda")
+    start = torch.tensor([0, 0, near], device="cuda")
+    kv_indices = torch.full((5,), -7, device="cuda", dtype=torch.int32)
+    bounds_flag(None)
+    create_kv_indices(req_to_token, pool, lens, indptr, start, kv_indices)
+    assert kv_indices.tolist() == [10, 11, 12, -7, -7]
+    bounds_flag("1")
+    with pytest.raises(IndexError, match="2 request"):
+        create_kv_indices(req_to_token, pool, lens, indptr, start, kv_indices)
 
 
 def test_create_kv_indices_bad_inputs():

@@ -7,6 +7,7 @@ fused wgmma and dequantize + GEMM paths, CUDA graphs and a second GPU."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -728,6 +729,18 @@ def test_gemm_nvfp4_empty_global_scale_is_refused(dtype):
         _run(w, a)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_nvfp4_takes_a_0d_global_scale(dtype):
+    """A 0-d global scale (as vLLM's and sglang's processing leaves a 0-d one) gives the
+    [1] one's result."""
+    torch.manual_seed(4)
+    w = Weights(256, 128, dtype, "float4_e2m1f", 16)
+    a = torch.randn(3, 256, device="cuda").to(dtype)
+    want = _run(w, a)
+    w.global_scale = w.global_scale.reshape(())
+    assert torch.equal(_run(w, a), want)
+
+
 # The tensors' checks, all in the kernels' C++ (marlin_layout.cuh's check_operands):
 # each refusal names the argument, the expected and what came.
 M, N, K = 3, 128, 256
@@ -761,13 +774,17 @@ class _Zeros:
     shape: tuple[int, ...]
     dtype: torch.dtype
     step: int = 1
+    offset: int = 0  # elements into a bigger buffer: a start off the usual alignment
 
     def made(self) -> torch.Tensor:
+        if self.offset:
+            flat = torch.zeros(math.prod(self.shape) + self.offset, dtype=self.dtype, device="cuda")
+            return flat[self.offset :].view(self.shape)
         return torch.zeros(self.shape, dtype=self.dtype, device="cuda")[..., :: self.step]
 
 
-def _cuda(*shape, dtype, step=1):
-    return _Zeros(shape, dtype, step)
+def _cuda(*shape, dtype, step=1, offset=0):
+    return _Zeros(shape, dtype, step, offset)
 
 
 def _made(value):
@@ -848,6 +865,22 @@ def _made(value):
         ({"c": _cuda(M, N, dtype=torch.bfloat16)}, TypeError, "argument 'c'"),
         ({"c": _cuda(M, N + 64, dtype=torch.float16)}, ValueError, "argument 'c'.*size_n"),
         ({"c": _cuda(M, 2 * N, dtype=torch.float16, step=2)}, ValueError, "argument 'c'.*contig"),
+        # Starts off the kernels' copy sizes (slices of flat buffers): refused, not a fault.
+        (
+            {"c": _cuda(M, N, dtype=torch.float16, offset=1)},
+            ValueError,
+            "argument 'c': the data must start on a 4-byte boundary",
+        ),
+        (
+            {"b_q_weight": _cuda(K // 16, N * 2, dtype=torch.int32, offset=1)},
+            ValueError,
+            "argument 'b_q_weight': the data must start on a 16-byte boundary",
+        ),
+        (
+            {"b_scales": _cuda(2, N, dtype=torch.float16, offset=4)},
+            ValueError,
+            "argument 'b_scales': the data must start on a 16-byte boundary",
+        ),
         # fp8 weights: 8-bit words, scales in a's dtype, per channel or groups of 128.
         (
             {"b_q_type_id": scalar_types.float8_e4m3fn.id},
@@ -908,7 +941,7 @@ def _made(value):
                 "global_scale": _cuda(2, dtype=torch.float16),
             },
             ValueError,
-            r"argument 'global_scale': expected dim 0 to be 1 but got 2",
+            r"argument 'global_scale': expected one value \(\[1\] or 0-d\) but got shape \[2\]",
         ),
         (
             {
@@ -985,6 +1018,22 @@ def test_gptq_repack_refuses_perm_rows_outside_k(bad_row):
         gptq_marlin_repack(q, perm, 256, 64, 4)
     with pytest.raises(TypeError, match=r"argument 'perm'.*int32"):
         gptq_marlin_repack(q, perm.float(), 256, 64, 4)
+
+
+def test_gptq_repack_clamps_perm_rows_in_a_cuda_graph():
+    """During graph capture perm's values cannot be read to check them: the kernel clamps
+    them into the rows (as the GEMM does), so a replay reads nothing past the weight."""
+    torch.manual_seed(5)
+    q = torch.randint(-(2**31), 2**31 - 1, (32, 64), dtype=torch.int32, device="cuda")
+    perm = torch.arange(256, dtype=torch.int32, device="cuda")
+    perm[17], perm[18] = 2**20, -1
+    want = gptq_marlin_repack(q, perm.clamp(0, 255), 256, 64, 4)  # also builds the kernel
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = gptq_marlin_repack(q, perm, 256, 64, 4)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
 
 
 def test_awq_repack_rejects_bad_inputs():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -109,6 +111,82 @@ def test_softmax_fully_masked_row_in_cluster_tier(dtype, rows, hidden):
     assert torch.isnan(out[0]).all()
     if rows > 1:
         _close(out[1:], torch.softmax(x[1:].double(), dim=-1))
+
+
+@pytest.mark.parametrize("rows", [3, 40])  # few rows: registers / clusters; many: online
+@pytest.mark.parametrize("hidden", [4096, 50257, 262144])
+def test_softmax_of_large_logits_keeps_fp32_accuracy(rows, hidden):
+    """Logits around 1e4 (or 30 at temperature 0.01): softmax does not depend on a
+    shift, so the result is as accurate as for logits around 0; each exponent is
+    formed by one fma, not from x * scale rounded first (which was 4e-4 off here)."""
+    from mllm_kernel.cuda.jit import softmax
+
+    x = (torch.randn(rows, hidden, device="cuda") * 4 + 1e4).float()
+    ref = torch.softmax(x.double(), dim=-1)
+    out = softmax(x)
+    error = ((out.double() - ref).abs() / ref).max().item()
+    assert error < 1e-5, f"relative error {error:.2e}"
+    cold = torch.randn(rows, hidden, device="cuda") * 0.3 + 30
+    out = softmax(cold, temperature=0.01)
+    ref = torch.softmax(cold.double() / 0.01, dim=-1)
+    _close(out, ref)
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("hidden", [4096, 50257, 65536, 262144])
+@pytest.mark.parametrize("masked", [False, True])
+def test_softmax_row_holding_a_nan_is_nan_in_every_tier(rows, hidden, masked):
+    """A NaN anywhere in a row makes the whole row NaN, as in torch, whichever tier runs
+    it (odd lengths past the registers take the online global tier), also where the
+    rest of its slice is -inf; the other rows are unaffected."""
+    from mllm_kernel.cuda.jit import softmax
+
+    x = 4 * torch.randn(rows, hidden, device="cuda")
+    if masked:
+        x[1, : hidden // 2] = float("-inf")
+    x[1, 3] = float("nan")
+    out = softmax(x)
+    assert out[1].isnan().all()
+    _close(out[[0, 2]], torch.softmax(x[[0, 2]].double(), dim=-1))
+
+
+# Layouts along the last dim: rows in place (contiguous, sliced, a stepped middle dim)
+# or not (transposed, permuted leading dims, a stepped last dim).
+LAST_DIM_LAYOUTS = {
+    "contiguous": lambda: _gpu(2, 3, 1000),
+    "sliced-rows": lambda: _gpu(2, 3, 1064)[..., :1000],
+    "stepped-middle": lambda: _gpu(2, 6, 1000)[:, ::2],
+    "transposed": lambda: _gpu(1000, 5).t(),
+    "permuted": lambda: _gpu(3, 2, 1000).permute(1, 0, 2),
+    "stepped-last": lambda: _gpu(4, 2000)[:, ::2],
+    "last-two-swapped": lambda: _gpu(2, 1000, 3).transpose(1, 2),
+}
+
+
+def _gpu(*shape):
+    return torch.randn(shape, device="cuda")
+
+
+@pytest.mark.parametrize("layout", list(LAST_DIM_LAYOUTS))
+def test_softmax_takes_any_layout_along_the_last_dim(layout):
+    """Any strides, as the contract says: rows the kernel can read where they are go
+    straight in (the Python test of that agrees with the kernel's own: it takes exactly
+    those), the others through a contiguous copy; the result has x's layout."""
+    from mllm_kernel.cuda.jit import softmax
+
+    # the module, not the function of the same name the package exports
+    softmax_module = importlib.import_module("mllm_kernel.cuda.jit.softmax")
+    x = LAST_DIM_LAYOUTS[layout]()
+    result = softmax(x)
+    _close(result, torch.softmax(x.double(), -1))
+    assert result.stride() == torch.empty_like(x).stride()
+    module = softmax_module._SOFTMAX[x.get_device()]
+    direct = torch.empty(x.shape, device="cuda")
+    if softmax_module._rows_in_place(x):
+        module.softmax_forward(direct, x, 1.0)
+    else:
+        with pytest.raises(ValueError, match="argument 'x'"):
+            module.softmax_forward(direct, x, 1.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -64,7 +64,10 @@ def gdn_decode(
     ``use_qk_l2norm=False`` skips the two normalisations (q is still scaled). Instead of
     ``a``, ``A_log``, ``dt_bias`` (pass None for all three) the log decay may come
     precomputed as ``g=``; instead of ``b`` (None), ``beta=`` itself: the two gates are
-    chosen independently, and giving both forms of one is a ValueError.
+    chosen independently, and giving both forms of one is a ValueError. A log decay
+    below -100 (-inf among them: a decay of 0, a state reset) is taken as -100, whose
+    decay e^-100 leaves nothing of an fp32 state; gdn_extend's chunks subtract running
+    sums of them, where -inf would give NaN.
 
     The state is carried in float32 through the ``T`` tokens and rounded to the pool's
     dtype when stored. ``intermediate_states``: optional ``[B, T, HV, V, K]`` buffer of

@@ -100,7 +100,9 @@ def per_token_quant_int8(
 
     ``scales = max(|row|) / 127`` (at least ``1e-10 / 127``) and ``x_q = round(row *
     127 / max(|row|))``, rounding halves away from zero, so ``x ~ x_q * scales`` with
-    ``|x_q| <= 127``. ``x``: fp32, fp16 or bf16, any leading shape, any hidden size,
+    ``|x_q| <= 127``. A row holding a NaN gets a NaN scale and zeros, one holding an
+    infinity an infinite scale and zeros: every product of either is NaN, not a finite
+    value that hides it. ``x``: fp32, fp16 or bf16, any leading shape, any hidden size,
     the last dim contiguous. Returns ``x_q`` (int8, ``x``'s shape) and ``scales``
     (``scale_dtype``, which must be float32: ``x.shape[:-1] + (1,)``), the original
     mllm-kernel's shapes.

@@ -50,7 +50,8 @@ def gptq_marlin_gemm(
       ``num_bits=4``), ``dequant(q) = e2m1(q) * scale * global_scale``, groups of 16
       (``size_k`` a multiple of 32), ``b_scales`` float8_e4m3fn ``[size_k // 16, size_n]``
       from ``marlin_permute_scales`` then ``nvfp4_marlin_process_scales`` (scales >= 0),
-      ``global_scale`` ``a.dtype`` ``[1]`` from ``nvfp4_marlin_process_global_scale``, no
+      ``global_scale`` ``a.dtype``, one value (``[1]`` or 0-d) from
+      ``nvfp4_marlin_process_global_scale``, no
       zero points, no act-order.
     - Act-order: ``g_idx`` (the group of each row, in Marlin row order: sorted) and
       ``perm`` (the repack's permutation), int32 ``[size_k]`` each, or both empty/None.
@@ -65,7 +66,9 @@ def gptq_marlin_gemm(
     - ``global_scale``: NVFP4's (above), None or empty for the others. ``use_atomic_add`` and
       ``use_fp32_reduce`` are accepted for compatibility: partial sums are always
       reduced in fp32, in a fixed order (run to run identical results).
-    - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None).
+    - ``c``: the output ``[size_m, size_n]`` in ``a.dtype`` (allocated when None),
+      contiguous, starting on a 4-byte boundary; ``b_q_weight``, ``b_scales`` and float
+      ``b_zeros`` start on 16-byte ones (8 for NVFP4's scales), as torch allocates them.
 
     Raises TypeError (a dtype) or ValueError naming the argument for bad inputs.
     """
@@ -94,7 +97,8 @@ def gptq_marlin_repack(
 
     ``b_q_weight``: int32 ``[size_k // (32 // num_bits), size_n]``, value k of column n
     at bits ``(k % pack) * num_bits`` of row ``k // pack``. ``perm``: int32 ``[size_k]``
-    (act-order: Marlin row k takes input row ``perm[k]``, values in ``[0, size_k)``), or
+    (act-order: Marlin row k takes input row ``perm[k]``, values in ``[0, size_k)``: others
+    are refused, or, while a CUDA graph captures, where they cannot be read, clamped), or
     None / an empty tensor. ``num_bits`` 4 or 8; ``size_k`` a multiple of 16, ``size_n``
     of 64. Returns int32 ``[size_k // 16, size_n * 16 // pack]``, bit-identical to
     vLLM's, sglang's and the original mllm-kernel's.

@@ -117,13 +117,19 @@ __device__ __forceinline__ RawGates load_raw_gates(const Gates& gates, int64_t n
   return raw;
 }
 
+/// The lowest log decay a token takes: a decay of e^-100 leaves nothing of an fp32
+/// state, and the chunked extend subtracts running sums of log decays, where a decay of
+/// 0 (-inf) would give -inf - -inf = NaN.
+inline constexpr float kMinLogDecay = -100.0f;
+
 /// The gates of loaded inputs.
 __device__ __forceinline__ GateValues gate_values(const Gates& gates, const RawGates& raw) {
   GateValues out;
   const float d = gates.decay.value(raw.decay);
-  out.log_decay = gates.raw_decay
+  const float g = gates.raw_decay
                       ? log_decay(d, gates.A_log.value(raw.A_log), gates.dt_bias.value(raw.dt_bias))
                       : d;
+  out.log_decay = g < kMinLogDecay ? kMinLogDecay : g;  // NaN stays NaN
   const float u = gates.update.value(raw.update);
   out.beta = gates.raw_update ? sigmoid(u) : u;
   return out;
@@ -287,13 +293,15 @@ inline void check_gate_form(const tvm::ffi::Optional<TensorView>& given, const c
 }
 
 /// Checks the head counts and head dims both ops support: head_k_dim and head_v_dim
-/// 64, 128 or 256, at least one key head, and value heads a multiple of key heads.
+/// 64, 128 or 256, at least one key and one value head, and value heads a multiple of
+/// key heads.
 inline void check_head_dims(int64_t K, int64_t V, int64_t H, int64_t HV) {
   ValueCheck(K == 64 || K == 128 || K == 256,
              "argument 'q': head_k_dim (the last dim) must be 64, 128 or 256, got ", K);
   ValueCheck(V == 64 || V == 128 || V == 256,
              "argument 'v': head_v_dim (the last dim) must be 64, 128 or 256, got ", V);
   ValueCheck(H >= 1, "argument 'q': expected at least one head (num_k_heads), got 0");
+  ValueCheck(HV >= 1, "argument 'v': expected at least one head (num_v_heads), got 0");
   ValueCheck(HV % H == 0, "argument 'v': num_v_heads (", HV,
              ") must be a multiple of q's num_k_heads (", H, ")");
 }

@@ -15,6 +15,23 @@ namespace mllm_kernel::cuda {
 /// Rows are copied in 16-byte pieces: their start and pitch must be multiples of it.
 inline constexpr int kGemmRowAlignBytes = 16;
 
+/// The kernels count rows, tiles and K's bytes in 32 bits: M and N stay below this
+/// (a tile's rounding past the last row stays in range), K's bytes below 2^31.
+inline constexpr int64_t kMaxGemmRows = (int64_t{1} << 31) - 1024;
+inline constexpr int64_t kMaxGemmKBytes = (int64_t{1} << 31) - 1;
+
+/// M, N and K (`k_bytes`: K times the operand size) within what the kernels index;
+/// `a_arg` and `b_arg` name the operands in errors.
+inline void check_gemm_sizes(int64_t m, int64_t n, int64_t k_bytes, const char* a_arg,
+                             const char* b_arg) {
+  ValueCheck(m <= kMaxGemmRows, "argument '", a_arg, "': M (", m, ") must be at most ",
+             kMaxGemmRows);
+  ValueCheck(n <= kMaxGemmRows, "argument '", b_arg, "': N (", n, ") must be at most ",
+             kMaxGemmRows);
+  ValueCheck(k_bytes <= kMaxGemmKBytes, "argument '", a_arg,
+             "': K must be under 2^31 bytes a row, got ", k_bytes);
+}
+
 /// An input operand as the kernel reads it: `rows` rows of `cols` (K) elements, each
 /// contiguous, `row_stride` elements apart; how the caller sees it is for errors.
 struct Operand {
@@ -95,6 +112,7 @@ GemmOperands check_gemm_operands(const TensorView& out, const TensorView& a, con
   } else {
     verify_output(out, "out", {{a, "a"}, {b, "b"}});
   }
+  check_gemm_sizes(m.value(), n.value(), k.value() * static_cast<int64_t>(sizeof(T)), "a", "b");
   constexpr int64_t kRowElements = kGemmRowAlignBytes / sizeof(T);
   ValueCheck(k.value() % kRowElements == 0, "argument 'a': K (", k.value(),
              ") must be a multiple of ", kRowElements, " (", kGemmRowAlignBytes, "-byte rows for ",
@@ -178,6 +196,7 @@ inline Int8Operands check_int8_operands(const TensorView& out, const TensorView&
         out, "out",
         {{mat_a, "mat_a"}, {mat_b, "mat_b"}, {scales_a, "scales_a"}, {scales_b, "scales_b"}});
   }
+  check_gemm_sizes(m.value(), n.value(), k.value(), "mat_a", "mat_b");
   constexpr int64_t kKElements = kGemmRowAlignBytes;        // int8
   constexpr int64_t kOutElements = kGemmRowAlignBytes / 2;  // bf16 or fp16 output rows
   ValueCheck(k.value() % kKElements == 0, "argument 'mat_a': K (", k.value(),

@@ -149,6 +149,14 @@ inline int64_t group_size(int64_t groups, int64_t size_k, bool act_order, bool i
 /// the original passes none), zero points (`zero_mode`) and act-order's g_idx and perm
 /// (int32 [size_k]), the int32 workspace (one entry per SM at least), all on one GPU,
 /// and the sizes (`check_tile_sizes`). Returns the kernels' view of them.
+/// ValueError unless `t` starts on an `align`-byte boundary: the kernels copy it in
+/// pieces of that size.
+inline void check_start_aligned(const TensorView& t, const char* arg, int align) {
+  ValueCheck(reinterpret_cast<uintptr_t>(data_ptr<const void>(t)) % align == 0, "argument '", arg,
+             "': the data must start on a ", align, "-byte boundary (the kernels copy it in ",
+             align, "-byte pieces); pass a tensor of its own memory (.clone())");
+}
+
 inline Params check_operands(
     SymbolicDevice& device, TensorView a, TensorView c, TensorView b_q_weight, TensorView b_scales,
     tvm::ffi::Optional<TensorView> global_scale, tvm::ffi::Optional<TensorView> b_zeros,
@@ -177,22 +185,24 @@ inline Params check_operands(
       .verify(b_q_weight, "b_q_weight");
   check_packed_shape(b_q_weight, "b_q_weight", size_k / 16, size_n * 16 * bits / 32,
                      "size_k / 16, size_n * 16 * bits / 32", bits);
+  check_start_aligned(b_q_weight, "b_q_weight", 16);
   const bool fp4 = zero_mode == kFp4;
   TensorMatcher({groups, n})
       .dtype(fp4 ? dtype_trait<fp8_e4m3_t>::value : dtype)
       .device(kDLCUDA, device)
       .contiguous()
       .verify(b_scales, "b_scales");
+  check_start_aligned(b_scales, "b_scales", fp4 ? 8 : 16);
   if (global_scale.has_value() && global_scale.value().numel() == 0) global_scale = std::nullopt;
   if (fp4) {
     ValueCheck(global_scale.has_value(),
                "argument 'global_scale': float4_e2m1f (NVFP4) weights need their global scale "
                "(nvfp4_marlin_process_global_scale), got none");
-    TensorMatcher({1})
-        .dtype(dtype)
-        .device(kDLCUDA, device)
-        .contiguous()
-        .verify(*global_scale, "global_scale");
+    // One value, [1] or 0-d, as vLLM's and sglang's processing leaves it.
+    TensorMatcher().dtype(dtype).device(kDLCUDA, device).verify(*global_scale, "global_scale");
+    ValueCheck(global_scale.value().numel() == 1 && global_scale.value().ndim() <= 1,
+               "argument 'global_scale': expected one value ([1] or 0-d) but got shape ",
+               dims_str(global_scale.value().shape()));
   } else {
     ValueCheck(!global_scale.has_value(),
                "argument 'global_scale': only float4_e2m1f (NVFP4) weights take a global "
@@ -241,6 +251,7 @@ inline Params check_operands(
           .device(kDLCUDA, device)
           .contiguous()
           .verify(*b_zeros, "b_zeros");
+      check_start_aligned(*b_zeros, "b_zeros", 16);
     }
     p.zeros = data_ptr<void>(*b_zeros);
   }
@@ -254,6 +265,8 @@ inline Params check_operands(
              " entries (one per SM of cuda:", device.value().device_id, "), got ",
              workspace.size(0), "; use marlin_make_workspace(device)");
   TensorMatcher({m, n}).dtype(dtype).device(kDLCUDA, device).contiguous().verify(c, "c");
+  // Outputs leave in pairs of 16-bit values.
+  check_start_aligned(c, "c", 4);
   verify_output(c, "c", {{a, "a"}, {b_q_weight, "b_q_weight"}, {b_scales, "b_scales"}});
   p.b = data_ptr<uint32_t>(b_q_weight);
   p.scales = data_ptr<void>(b_scales);

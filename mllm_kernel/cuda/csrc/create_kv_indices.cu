@@ -48,9 +48,10 @@ __global__ void create_kv_indices_kernel(const Params p) {
   const int64_t len = p.page_kernel_lens[req];
   const int64_t begin = p.kv_indptr[req];
   const int64_t start = p.has_start ? p.kv_start_idx[req] : 0;
+  // Differences, not sums: int64 inputs near 2^63 must not wrap into range.
   const bool in_range = row >= 0 && row < p.num_req_slots && len >= 0 && start >= 0 &&
-                        start + len <= p.max_context && begin >= 0 &&
-                        begin + len <= p.kv_indices_size;
+                        len <= p.max_context - start && begin >= 0 &&
+                        len <= p.kv_indices_size - begin;
   if (!in_range) {
     if (p.errors != nullptr && blockIdx.y == 0 && threadIdx.x == 0) atomicAdd(p.errors, 1);
     return;

@@ -629,6 +629,15 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM)
 #endif
 }
 
+/// The row pitch a tensor map gives TMA, in bytes: the tensor's; for a single row, whose
+/// stride no copy uses and which torch leaves at any value (a [1, K] slice of a wider
+/// row, a transposed column), the row's own bytes rounded up to the 16 TMA asks of a
+/// pitch.
+inline uint64_t tma_row_pitch(int64_t rows, int64_t cols, int64_t row_stride, uint32_t element) {
+  if (rows <= 1) return round_up<uint64_t>(static_cast<uint64_t>(cols) * element, 16);
+  return static_cast<uint64_t>(row_stride) * element;
+}
+
 /// An operand's tensor map: boxes of `box_rows` rows x 128 bytes (64 16-bit or 128
 /// int8 elements), swizzled as wgmma reads them.
 template <typename T>
@@ -638,7 +647,7 @@ CUtensorMap matrix_map(const Operand& m, int box_rows) {
                                    : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return tma_map_2d(TmaMatrix{m.data, static_cast<uint64_t>(m.rows), static_cast<uint64_t>(m.cols),
-                              static_cast<uint64_t>(m.row_stride) * kBytes,
+                              tma_row_pitch(m.rows, m.cols, m.row_stride, kBytes),
                               static_cast<uint32_t>(box_rows),
                               static_cast<uint32_t>(kSwizzle128Bytes / kBytes), type, kBytes});
 }
@@ -653,7 +662,7 @@ inline CUtensorMap output_map(const TensorView& out, int box_rows) {
   const uint32_t element = fp32 ? 4 : 2;
   return tma_map_2d(TmaMatrix{data_ptr<const void>(out), static_cast<uint64_t>(out.size(0)),
                               static_cast<uint64_t>(out.size(1)),
-                              static_cast<uint64_t>(out.stride(0)) * element,
+                              tma_row_pitch(out.size(0), out.size(1), out.stride(0), element),
                               static_cast<uint32_t>(box_rows), 128 / element, type, element});
 }
 
@@ -701,7 +710,7 @@ void run_gemm(const TensorView& out, const Operand& a, const Operand& b, Params 
   // Swapped tiles store 16-bit outputs only through TMA (stmatrix moves 16-bit values).
   params.tma_store = (Config::kTmaStore || !out_fp32) && !empty_k &&
                      reinterpret_cast<uintptr_t>(data_ptr<const void>(out)) % kTmaAlignBytes == 0 &&
-                     out.stride(0) * out_element % kTmaAlignBytes == 0;
+                     (out.size(0) <= 1 || out.stride(0) * out_element % kTmaAlignBytes == 0);
   const CUtensorMap map_out =
       params.tma_store ? output_map(out, Config::kSwapAB ? Config::kTileQ : 64) : CUtensorMap{};
 

@@ -45,7 +45,10 @@ __device__ __forceinline__ uint32_t source_value(const Params& p, int64_t k, int
     const int slot = marlin::word_slot<Bits>(static_cast<int>(n % kPack));
     return (p.in[k * (p.size_n / kPack) + n / kPack] >> (slot * Bits)) & kMask;
   } else {
-    const int64_t row = p.perm != nullptr ? p.perm[k] : k;
+    // perm's values are clamped into the rows, as the GEMM clamps them: the Python range
+    // check is skipped during CUDA-graph capture.
+    const int64_t row =
+        p.perm != nullptr ? min(max(int64_t{p.perm[k]}, int64_t{0}), p.size_k - 1) : k;
     return (p.in[(row / kPack) * p.size_n + n] >> ((row % kPack) * Bits)) & kMask;
   }
 }

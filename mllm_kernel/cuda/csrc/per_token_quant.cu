@@ -2,7 +2,9 @@
 // for each row of x (fp32, fp16 or bf16),
 //   absmax = max(max_i |x_i|, 1e-10),  scale = absmax / 127,
 //   x_q[i] = round(x_i * (127 / absmax))  (half away from zero, saturated to int8),
-// so that x ~ x_q * scale with every |x_q| <= 127. One CTA per row in one pass over
+// so that x ~ x_q * scale with every |x_q| <= 127; a row holding a NaN gets a NaN scale,
+// one holding an infinity an infinite one, and x_q = 0 where round() gives NaN, so that
+// the W8A8 GEMM's products of such a row are NaN. One CTA per row in one pass over
 // memory: stage 1 reads the row into registers (up to 4 16-byte vectors per thread,
 // 32k bf16 elements; longer rows are read again from L1/L2) and block-reduces its
 // absolute maximum, stage 2 writes the int8 row and its scale. Rows whose length or
@@ -36,18 +38,25 @@ __device__ __forceinline__ Vec<T, N> load_vec(const Params& p, int64_t row, int6
   return x;
 }
 
+/// The vector's absolute maximum; `nan` is set where it holds a NaN (which fmaxf drops).
 template <typename T, int N>
-__device__ __forceinline__ float vec_absmax(const Vec<T, N>& x) {
+__device__ __forceinline__ float vec_absmax(const Vec<T, N>& x, bool& nan) {
   float m = 0.0f;
 #pragma unroll
-  for (int i = 0; i < N; ++i) m = fmaxf(m, fabsf(to_float(x[i])));
+  for (int i = 0; i < N; ++i) {
+    const float v = fabsf(to_float(x[i]));
+    m = fmaxf(m, v);
+    nan |= v != v;
+  }
   return m;
 }
 
-/// round(x * inv_scale) saturated to int8 (roundf: halves away from zero).
+/// round(x * inv_scale) saturated to int8 (roundf: halves away from zero); 0 where that
+/// is NaN (a row's NaN or infinite scale: its products are NaN whatever x_q holds).
 __device__ __forceinline__ int8_t quantize(float x, float inv_scale) {
-  const float q = fminf(fmaxf(roundf(x * inv_scale), -128.0f), 127.0f);
-  return static_cast<int8_t>(static_cast<int>(q));
+  const float r = roundf(x * inv_scale);
+  const float q = fminf(fmaxf(r, -128.0f), 127.0f);
+  return r == r ? static_cast<int8_t>(static_cast<int>(q)) : int8_t{0};
 }
 
 template <typename T, int N>
@@ -64,6 +73,7 @@ __global__ void __launch_bounds__(kMaxThreads) per_token_quant_kernel(const Para
   constexpr int kSlots = kCached ? kCachedVecs : 1;
   const int64_t row = blockIdx.x;
   float absmax = 0.0f;
+  bool nan = false;
   Vec<T, N> cache[kSlots];
 
   // Stage 1: every load issued before any math, then the row's absolute maximum.
@@ -76,14 +86,16 @@ __global__ void __launch_bounds__(kMaxThreads) per_token_quant_kernel(const Para
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
       const int64_t v = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (v < p.num_vecs) absmax = fmaxf(absmax, vec_absmax(cache[k]));
+      if (v < p.num_vecs) absmax = fmaxf(absmax, vec_absmax(cache[k], nan));
     }
   } else {
     for (int64_t v = threadIdx.x; v < p.num_vecs; v += blockDim.x) {
-      absmax = fmaxf(absmax, vec_absmax(load_vec<T, N>(p, row, v)));
+      absmax = fmaxf(absmax, vec_absmax(load_vec<T, N>(p, row, v), nan));
     }
   }
-  absmax = fmaxf(block_reduce_max(absmax), kMinAbsmax);
+  // A NaN anywhere in the row makes its scale NaN, not the scale of its other values.
+  const bool row_nan = __syncthreads_or(nan);
+  absmax = row_nan ? __int_as_float(0x7fc00000) : fmaxf(block_reduce_max(absmax), kMinAbsmax);
   const float inv_scale = 127.0f / absmax;
   if (threadIdx.x == 0) p.scales[row] = absmax / 127.0f;
 

@@ -90,9 +90,10 @@ struct RegisterSlice {
     return begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
   }
 
-  /// Loads the slice times `scale`; returns the block's max. Every load is issued
-  /// before any math: math between the guarded loads serialises them (measured on
-  /// the backward: 91% -> 106% of a copy, H200).
+  /// Loads the slice as it is; returns the block's max of x * scale (each product
+  /// rounded: m is one of them). Every load is issued before any math: math between
+  /// the guarded loads serialises them (measured on the backward: 91% -> 106% of a
+  /// copy, H200).
   __device__ __forceinline__ float load(const T* in, float scale) {
     Vec<T, N> raw[kCachedVecs];
 #pragma unroll
@@ -105,23 +106,27 @@ struct RegisterSlice {
       if (vec(k) < end) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-          x[k][i] = to_float(raw[k][i]) * scale;
-          m = fmaxf(m, x[k][i]);
+          x[k][i] = to_float(raw[k][i]);
+          m = fmaxf(m, x[k][i] * scale);
         }
       }
     }
     return block_reduce_max(m);
   }
 
-  /// Replaces x by 2^(x - m); returns the block's sum (0 for a slice all -inf).
-  __device__ __forceinline__ float exp_sum(float m) {
+  /// Replaces x by 2^(x scale - m); returns the block's sum (0 for a slice all -inf,
+  /// NaN for one holding a NaN). The exponent is one fma: its error is relative to its
+  /// own size, where a rounded x * scale carried that of |x * scale| into every term
+  /// (4e-4 relative at |x| = 1e4).
+  __device__ __forceinline__ float exp_sum(float m, float scale) {
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < kCachedVecs; ++k) {
       if (vec(k) < end) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-          x[k][i] = m == -INFINITY ? 0.0f : fast_exp2(x[k][i] - m);
+          const float v = x[k][i];
+          x[k][i] = m == -INFINITY ? (v != v ? v : 0.0f) : fast_exp2(fmaf(v, scale, -m));
           s += x[k][i];
         }
       }
@@ -148,7 +153,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_registers_kernel(const Pa
   RegisterSlice<T, N> slice{{}, 0, p.num_vecs};
   const float m = slice.load(row_of<T, N>(p.in, p.in_stride, row), p.scale);
   // A row that is -inf throughout: the sum is 0 and 0 * inf gives NaN, as in torch.
-  const float inv_sum = 1.0f / slice.exp_sum(m);
+  const float inv_sum = 1.0f / slice.exp_sum(m, p.scale);
   slice.store(static_cast<T*>(p.out) + row * p.out_stride, inv_sum);
 }
 
@@ -205,7 +210,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Para
   RegisterSlice<T, N> slice{
       {}, begin, begin + p.slice_vecs < p.num_vecs ? begin + p.slice_vecs : p.num_vecs};
   const float m = slice.load(row_of<T, N>(p.in, p.in_stride, row), p.scale);
-  float row_max = m, row_sum = slice.exp_sum(m);
+  float row_max = m, row_sum = slice.exp_sum(m, p.scale);
   cluster_merge<false>(row_max, row_sum);
   // A row that is -inf throughout gives NaN, as in the other tiers (and torch).
   const float factor = row_max == -INFINITY ? NAN
@@ -214,17 +219,24 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Para
   slice.store(static_cast<T*>(p.out) + row * p.out_stride, factor);
 }
 
-/// Folds the vector `x` (already scaled) into a running (max m, sum s) of 2^x.
+/// Folds the vector `x` into a running (max m, sum s) of 2^(x scale): m is a rounded
+/// product, each exponent one fma (RegisterSlice::exp_sum says why). A NaN makes s NaN,
+/// which every merge after keeps, so that the row's outputs are NaN.
 template <int N>
-__device__ __forceinline__ void online_add(float& m, float& s, const float (&x)[N]) {
+__device__ __forceinline__ void online_add(float& m, float& s, const float (&x)[N], float scale) {
   float vec_max = -INFINITY;
+  bool nan = false;
 #pragma unroll
-  for (int i = 0; i < N; ++i) vec_max = fmaxf(vec_max, x[i]);
+  for (int i = 0; i < N; ++i) {
+    vec_max = fmaxf(vec_max, x[i] * scale);
+    nan |= x[i] != x[i];
+  }
   const float new_m = fmaxf(m, vec_max);
+  if (nan) s = NAN;
   if (new_m == -INFINITY) return;  // everything so far is -inf: nothing to add
   float added = 0.0f;
 #pragma unroll
-  for (int i = 0; i < N; ++i) added += fast_exp2(x[i] - new_m);
+  for (int i = 0; i < N; ++i) added += fast_exp2(fmaf(x[i], scale, -new_m));
   s = (s == 0.0f ? 0.0f : s * fast_exp2(m - new_m)) + added;
   m = new_m;
 }
@@ -302,8 +314,8 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
     } else {
       float x[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) x[i] = to_float(a[i]) * p.scale;
-      online_add(m, s, x);
+      for (int i = 0; i < N; ++i) x[i] = to_float(a[i]);
+      online_add(m, s, x, p.scale);
     }
   }
   if constexpr (kBackward) {
@@ -327,7 +339,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows_kernel(const Params 
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        y[i] = from_float<T>(fast_exp2(to_float(a[i]) * p.scale - m) * inv_sum);
+        y[i] = from_float<T>(fast_exp2(fmaf(to_float(a[i]), p.scale, -m)) * inv_sum);
       }
     }
     y.store(out + v * N);

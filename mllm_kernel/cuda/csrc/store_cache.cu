@@ -127,7 +127,9 @@ inline void run(Params p, const TensorView& k, const TensorView& v, const Tensor
   p.v_cache = Rows{vc.data, vc.row_stride * v_elem, p.v.units};
   p.indices = data_ptr<void>(indices);
   p.indices_stride = indices.stride(0);
-  p.num_slots = kc.rows < vc.rows ? kc.rows : vc.rows;
+  ValueCheck(vc.rows == kc.rows, "argument 'v_cache': expected ", kc.rows,
+             " slots (k_cache.shape[0]) but got ", vc.rows);
+  p.num_slots = kc.rows;
 
   const unsigned blocks = grid_stride_blocks(p.num_tokens * kWarpSize, kThreads, device.value());
   dispatch_dtype<int32_t, int64_t>(indices.dtype(), "indices", [&](auto tag) {

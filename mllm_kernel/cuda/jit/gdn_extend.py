@@ -173,12 +173,15 @@ def gdn_extend(
     index = q.get_device()
     module = _GDN_EXTEND[index]
     args = (out, q, k, v, a, b, A_log, dt_bias, g, beta, state_pool, cache_indices, cu_seqlens)
-    tokens, sequences = q.shape[0], cu_seqlens.shape[0] - 1
+    # The rule reads sizes the kernel has not checked yet: other ranks take the fused
+    # path, whose checks name the argument.
+    shaped = q.dim() == 3 and v.dim() == 3 and cu_seqlens.dim() == 1
+    tokens, sequences = (q.shape[0], cu_seqlens.shape[0] - 1) if shaped else (0, 0)
     fp16 = q.dtype == torch.float16
     if _force_path is not None:
         split = _force_path in ("split", "segments")
     else:
-        split = use_split_path(
+        split = shaped and use_split_path(
             tokens, sequences, v.shape[1], q.shape[2], v.shape[2], device_facts(index).sm_count
         )
         # Where the walk's shared memory exceeds the GPU's (float16 on sm_86 / sm_89), the

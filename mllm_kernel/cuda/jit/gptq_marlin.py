@@ -479,7 +479,10 @@ def _zero_mode(weight_type: WeightType, zeros: bool, act_order: bool, is_zp_floa
             "pass them or use the biased type (uint4b8 / uint8b128)"
         )
     if act_order:
-        raise ValueError("act-order (g_idx/perm) with zero points is not supported")
+        raise ValueError(
+            "argument 'b_zeros': act-order (g_idx/perm) with zero points is not supported; "
+            "pass an empty b_zeros (uint4b8 / uint8b128) or no g_idx and perm"
+        )
     if not is_zp_float:
         return _ZERO_MODE["int"]
     if weight_type.bits != 4:

@@ -36,8 +36,9 @@ def gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits):
     if perm is not None and perm.numel() == 0:
         perm = None  # the original's way of passing none
     # The values of perm are rows the kernel reads, checked here: reading them needs the
-    # GPU's result (a sync the kernel does not make), skipped while a graph captures, and
-    # for a perm the kernel refuses anyway (its dtype and shape are checked there).
+    # GPU's result (a sync the kernel does not make), skipped while a graph captures (the
+    # kernel clamps them then), and for a perm the kernel refuses anyway (its dtype and
+    # shape are checked there).
     if (
         perm is not None
         and perm.dtype == torch.int32

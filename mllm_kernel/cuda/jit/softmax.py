@@ -17,11 +17,33 @@ _SOFTMAX = KernelModule(
 )
 
 
+def _rows_in_place(x: torch.Tensor) -> bool:
+    """Whether the kernel reads ``x``'s rows where they are (rows.hpp's as_rows): the
+    last dim contiguous, the leading ones collapsing into one row stride; other layouts
+    are copied first (tests/test_cuda_softmax.py checks that both agree). A 0-d x goes
+    to the kernel, which refuses it."""
+    if x.dim() <= 2 and (x.dim() == 0 or x.stride(-1) == 1 or x.size(-1) <= 1):
+        return True
+    if x.is_contiguous():
+        return True
+    if x.size(-1) > 1 and x.stride(-1) != 1:
+        return False
+    span = None  # the elements the inner leading dims step over, once collapsed
+    for size, stride in zip(reversed(x.shape[:-1]), reversed(x.stride()[:-1]), strict=True):
+        if size == 1:
+            continue
+        if span is not None and stride != span:
+            return False
+        span = stride * size
+    return True
+
+
 @SOFTMAX.kernel("cuda")
 def softmax(x, dim, temperature, out):
-    """rows of 1 to 256k elements and beyond; a ``dim`` other than the last is moved
-    last through a copy (the result has ``x``'s layout, as torch.softmax's does). The
-    backward is :func:`softmax_backward`.
+    """rows of 1 to 256k elements and beyond; a ``dim`` other than the last, or rows that
+    are not evenly strided with a contiguous last dim, go through a contiguous copy (the
+    result has ``x``'s layout, as torch.softmax's does). The backward is
+    :func:`softmax_backward`.
 
     >>> softmax(torch.randn(4, 128256, device="cuda"), temperature=0.7).sum(-1)  # doctest: +SKIP
     tensor([1.0000, 1.0000, 1.0000, 1.0000], device='cuda:0')
@@ -30,7 +52,7 @@ def softmax(x, dim, temperature, out):
     if dim != -1:
         dim = op_inputs.dim(dim, x.dim())
     module = _SOFTMAX[x.get_device()]
-    if dim in (-1, x.dim() - 1):
+    if dim in (-1, x.dim() - 1) and _rows_in_place(x):
         out = torch.empty_like(x) if out is None else out
         module.softmax_forward(out, x, t)
         return out
