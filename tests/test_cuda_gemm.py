@@ -286,13 +286,14 @@ def test_gemm_one_row_takes_any_row_stride(gemm_path, view):
 
 @pytest.mark.cuda
 def test_gemm_sizes_past_32_bits_are_refused(gemm_path):
-    """K of 2^31 bytes a row (stride-0 views: nothing that large is allocated) is
-    refused naming the argument, where the kernels' 32-bit counts would wrap."""
+    """K of 2^31 bytes a row is refused naming the argument, where the kernels' 32-bit
+    counts would wrap. One row is allocated (2 GiB; the last dim must be contiguous) and
+    b repeats it with a row stride of 0."""
     from mllm_kernel.cuda.jit import gemm
 
     k = 2**30  # bf16: 2^31 bytes a row
-    a = torch.zeros(1, device="cuda", dtype=torch.bfloat16).expand(1, k)
-    b = torch.zeros(1, device="cuda", dtype=torch.bfloat16).expand(8, k)
+    a = torch.empty(1, k, device="cuda", dtype=torch.bfloat16)
+    b = a.expand(8, k)
     with pytest.raises(ValueError, match=r"^argument 'a': K must be under 2\^31 bytes a row"):
         gemm(a, b)
 

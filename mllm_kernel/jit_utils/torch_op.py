@@ -107,8 +107,10 @@ class TorchOp:
         packet = getattr(torch.ops, NAMESPACE)
         self.functional = getattr(packet, name).default
         # Ops that write an argument (gptq_marlin_gemm's workspace, fused_add_rmsnorm)
-        # have no grads, and torch.library.register_autograd refuses them.
-        if not self.functional._schema.is_mutable:
+        # have no grads, and torch.library.register_autograd refuses them. A plain bool:
+        # Dynamo cannot read a FunctionSchema where it traces __call__.
+        self.mutable = bool(self.functional._schema.is_mutable)
+        if not self.mutable:
             backward, setup = autograd or (_no_backward, _refuse_grad(name))
             torch.library.register_autograd(
                 f"{NAMESPACE}::{name}", backward, setup_context=setup, lib=_library
@@ -129,7 +131,7 @@ class TorchOp:
         # Python op would route them back to this op (detach shares memory: out= buffers
         # are still written). An op that writes its arguments has no autograd kernel
         # (torch refuses one), so it refuses a required grad here, before detaching.
-        mutable = self.functional._schema.is_mutable
+        mutable = self.mutable
 
         def run(*args: Any, **kwargs: Any) -> Any:
             if mutable:
@@ -153,7 +155,7 @@ class TorchOp:
         An op that writes its arguments refuses a required grad here, where Dynamo
         traces (its registered kernel's refusal runs inside the compiled forward, where
         grad mode is off: the gradient through it was dropped without a word)."""
-        if self.functional._schema.is_mutable:
+        if self.mutable:
             refuse_grad(self.name, *_tensors(args), *_tensors(kwargs.values()))
         if self.out is None:
             return self.functional(*args, **kwargs)

@@ -212,9 +212,10 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_cluster_kernel(const Para
   const float m = slice.load(row_of<T, N>(p.in, p.in_stride, row), p.scale);
   float row_max = m, row_sum = slice.exp_sum(m, p.scale);
   cluster_merge<false>(row_max, row_sum);
-  // A row that is -inf throughout gives NaN, as in the other tiers (and torch).
+  // A row that is -inf throughout gives NaN, as in the other tiers (and torch); so does
+  // a row whose sum is NaN (a NaN in some slice), also in slices all -inf here.
   const float factor = row_max == -INFINITY ? NAN
-                       : m == -INFINITY     ? 0.0f
+                       : m == -INFINITY     ? (row_sum == row_sum ? 0.0f : NAN)
                                             : fast_exp2(m - row_max) / row_sum;
   slice.store(static_cast<T*>(p.out) + row * p.out_stride, factor);
 }
