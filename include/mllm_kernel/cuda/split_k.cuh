@@ -9,6 +9,9 @@
 // Against a cluster's sum it lets the block scheduler place every CTA where it likes: a
 // cluster must fit one GPC, so clusters of about one CTA an SM pair CTAs on some SMs
 // while others idle, and those CTAs' main loops take up to twice the others'.
+//
+// The streaming Marlin kernel (gptq_marlin.cu) and the sm_80 GEMM (gemm_sm80.cu) count
+// their slices with last_to_arrive too, over partials laid out their own way.
 #pragma once
 
 #include "mllm_kernel/cuda/cp_async.cuh"

@@ -47,6 +47,7 @@
 #include "mllm_kernel/cuda/cp_async.cuh"
 #include "mllm_kernel/cuda/gemm_operands.cuh"
 #include "mllm_kernel/cuda/mma_sync.cuh"
+#include "mllm_kernel/cuda/split_k.cuh"
 #include "mllm_kernel/cuda/tile_scheduler.cuh"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
@@ -346,13 +347,13 @@ __device__ __forceinline__ bool reduce_split_k(typename Config::Acc (&acc)[Confi
   for (int g = 0; g < kGroups; ++g) {
     *slot(slice, g) = Acc4{acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3]};
   }
-  __threadfence();  // the sums are visible device-wide before the count says so
+  // The barrier orders every thread's stores before thread 0's count, which releases them
+  // (and acquires the other slices') at GPU scope: split_k.cuh's last_to_arrive.
   __syncthreads();
   __shared__ int last;
-  if (threadIdx.x == 0) last = atomicAdd(&params.counters[tile], 1) == params.split - 1;
+  if (threadIdx.x == 0) last = last_to_arrive(&params.counters[tile], params.split);
   __syncthreads();
   if (!last) return false;
-  __threadfence();
 #pragma unroll
   for (int i = 0; i < Config::kAccumulators; ++i) acc[i] = 0;
   for (int s = 0; s < params.split; ++s) {

@@ -58,6 +58,7 @@
 #include "mllm_kernel/cuda/marlin_layout.cuh"
 #include "mllm_kernel/cuda/marlin_nvfp4.cuh"
 #include "mllm_kernel/cuda/mma_sync.cuh"
+#include "mllm_kernel/cuda/split_k.cuh"
 #include "mllm_kernel/tensor.hpp"
 #include "mllm_kernel/utils.cuh"
 
@@ -947,12 +948,13 @@ __device__ __forceinline__ bool publish_partial(const Params& p, const StreamSli
       __stcg(reinterpret_cast<float2*>(partial + int64_t{s.m0 + row} * p.n + col), float2{x, y});
     });
   }
-  __threadfence();
-  // With every thread's ring copies landed (cp_async_wait<0> after the main loop) and
-  // read, the ring's first bytes are free for the flag.
+  // The barrier orders every thread's stores before thread 0's count, which releases them
+  // (and acquires the other CTAs') at GPU scope: split_k.cuh's last_to_arrive. With every
+  // thread's ring copies landed (cp_async_wait<0> after the main loop) and read, the
+  // ring's first bytes are free for the flag.
   __syncthreads();
   int& is_last = *reinterpret_cast<int*>(smem);  // read by all before staging overwrites it
-  if (s.tid == 0) is_last = atomicAdd(p.counters + s.column_tile, 1) == p.split - 1;
+  if (s.tid == 0) is_last = last_to_arrive(p.counters + s.column_tile, p.split);
   __syncthreads();
   return is_last;
 }
@@ -967,7 +969,6 @@ __device__ __forceinline__ void sum_partials(const Params& p, const StreamSlice&
                                              const SplitKColumns& columns, unsigned char* smem) {
   using T = typename C::T;
   const int n0 = columns.n0, quads = columns.quads;
-  __threadfence();
   float4* staged = reinterpret_cast<float4*>(smem);
   T* c = static_cast<T*>(p.c);
   const int pass_rows = max(1, C::Layout::kStagingBytes / (p.split * quads * 16));
