@@ -8,6 +8,9 @@
 #   GPU_CHECK_TESTS=0 / GPU_CHECK_BENCH=0      # skip a part
 #   GPU_CHECK_PRECOMPILE=0                     # skip building every kernel up front (a run
 #                                                of a few benchmarks builds what they call)
+#   A cache wheel in .whl/ (built here without a GPU: `python -m mllm_kernel precompile
+#   --device cuda --arch 9.0a --output DIR --wheel .whl`) is installed with the rest, and
+#   the precompile step builds only what it does not serve (sources changed since).
 #   GPU_CHECK_PYTEST_ARGS="-k rmsnorm"         # narrow the tests
 #   GPU_CHECK_MARKERS="cuda or nvcc"           # which markers to run (default: cuda)
 #   GPU_CHECK_BENCHES="bench_gemm bench_runtime"  # which benchmarks (default: all)

@@ -342,6 +342,32 @@ def test_precompile_cli_output_writes_a_prebuilt_cache(tmp_path, capsys):
     assert all(cache.Manifest.read(e).deps for e in entries)
 
 
+def test_precompile_builds_nothing_a_prebuilt_cache_serves(
+    cpu_prebuilt, tmp_path, monkeypatch, capsys
+):
+    """Variants a read-only cache serves are counted as served, not built again into the
+    writable cache (the loader takes them from the read-only one); with none, they build."""
+    from mllm_kernel.__main__ import main
+
+    writable = tmp_path / "writable"
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(writable))
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_PATH", str(cpu_prebuilt))
+    variants = sum(len(e.variants) for e in registry.kernels("cpu") if e.name == "add_constant")
+    code = main(["precompile", "--device", "cpu", "--kernel", "add_constant"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    served = f"{variants} served by a prebuilt cache"
+    assert f": 0 built, 0 already cached, {served}, 0 failed" in printed
+    assert not list(writable.glob("add_constant_cpu_*"))
+
+    monkeypatch.delenv("MLLM_KERNEL_CACHE_PATH")
+    code = main(["precompile", "--device", "cpu", "--kernel", "add_constant"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert f": {variants} built, 0 already cached, 0 failed" in printed
+    assert len(list(writable.glob("add_constant_cpu_*"))) == variants
+
+
 # Like NO_TOOLCHAIN_PROBE, for every CUDA kernel variant on the GPU the child sees (its arch
 # comes from the GPU: MLLM_KERNEL_CUDA_ARCH_LIST is unset there).
 NO_TOOLCHAIN_CUDA_PROBE = REFUSE_PROCESSES + textwrap.dedent("""

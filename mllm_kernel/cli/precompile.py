@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         f"precompiled {total} variant(s) in {time.monotonic() - started:.1f}s: "
         f"{report.count(BuildOutcome.BUILT)} built, "
         f"{report.count(BuildOutcome.CACHED)} already cached, "
+        f"{_prebuilt_count(report)}"
         f"{len(report.failures)} failed{_skips(report)}"
     )
     if root["cache_root_problem"]:
@@ -244,6 +245,12 @@ def _output_problem(output: Path) -> str | None:
             "directory you can write"
         )
     return None
+
+
+def _prebuilt_count(report: precompile.PrecompileReport) -> str:
+    """``"N served by a prebuilt cache, "`` where a read-only cache served any."""
+    served = report.count(BuildOutcome.PREBUILT)
+    return f"{served} served by a prebuilt cache, " if served else ""
 
 
 def _pack_wheel(args: argparse.Namespace) -> int:

@@ -60,7 +60,8 @@ class Job:
 
 @dataclass(frozen=True)
 class JobResult:
-    """How one job went (``status``: built, cached, i.e. already valid, or failed).
+    """How one job went (``status``: built, cached, i.e. already valid, prebuilt, i.e.
+    served by a read-only cache, or failed).
 
     A failure carries the first compiler error (``error``) and the full log's path.
     """
@@ -219,11 +220,18 @@ def select_jobs(device: str = "all", kernels: Sequence[str] | None = None) -> li
 
 def run_job(job: Job, load: bool | None = None, output: Path | None = None) -> JobResult:
     """Builds one job into the cache (``load``: verify by loading; default: where
-    possible); with ``output``, then copies it into that prebuilt cache."""
+    possible); with ``output``, then copies it into that prebuilt cache. Without
+    ``output``, a variant a read-only cache serves (``MLLM_KERNEL_CACHE_PATH``, an
+    installed cache wheel) is not built again: the loader takes it from there."""
     started = time.monotonic()
     load = can_load(job.entry.device) if load is None else load
     try:
         spec = job.entry.spec(job.variant)
+        if output is None:
+            served = prebuilt.find(spec)
+            if served is not None:
+                elapsed = time.monotonic() - started
+                return JobResult(job, BuildOutcome.PREBUILT, elapsed, served.artifact)
         key = module_key(spec)
         if cache.lookup(key).status is CacheState.HIT:
             status = BuildOutcome.CACHED

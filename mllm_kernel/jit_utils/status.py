@@ -52,6 +52,7 @@ class BuildOutcome(_Status):
 
     BUILT = "built"
     CACHED = "cached"  # a valid build was already there
+    PREBUILT = "prebuilt"  # a read-only (prebuilt) cache serves it: nothing to build
     FAILED = "failed"
 
 
