@@ -24,21 +24,26 @@ rotating turns (:func:`bench_cuda.time_interleaved`). Tokens/s counts the batch'
 per layer call; '% copy' is the layer's weight bytes (its four projections, as stored:
 bf16, or 4-bit words and scales, or int8 and scales) over the graph's time, as a
 fraction of a device-to-device copy's bandwidth measured in the same run
-(:func:`bench_cuda.copy_bandwidth`, read + written bytes).
+(:func:`bench_cuda.copy_bandwidth`, read + written bytes). ``--figure FILE.svg`` also
+draws each row's graph speed-up over torch bf16's graph per batch (benchmarks/
+decoder_layer.svg is such a run's).
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import itertools
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import gemm_harness as harness
 import torch
 from bench_cuda import copy_bandwidth, time_interleaved
+from speedup_figure import speedup_svg
 
 from mllm_kernel.cuda import jit
 
@@ -468,6 +473,9 @@ def main() -> None:
     parser.add_argument(
         "--steps", action="store_true", help="also each step's GPU time inside the graph"
     )
+    parser.add_argument(
+        "--figure", type=Path, help="also draw the graphs' speed-ups over torch bf16 (SVG)"
+    )
     args = parser.parse_args()
     batches = [1] if args.quick else [int(b) for b in args.batch.split(",")]
     rows = ["torch bf16", "torch.compile", "ours bf16", "ours W4A16", "ours W8A8"]
@@ -488,9 +496,12 @@ def main() -> None:
         "graph vs torch bf16 graph | weight MB | % copy (graph) | error vs torch |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    speedups: dict[str, list[float]] = {name: [] for name in rows if name != "torch bf16"}
     for batch in batches:
         found = measure(batch, args.context, rows)
         base = found["torch bf16"]["graph"]
+        for name in speedups:
+            speedups[name].append(base / found[name]["graph"])
         for name in rows:
             row = found[name]
             eager, graph = row["eager"], row["graph"]
@@ -510,6 +521,13 @@ def main() -> None:
     if args.steps:
         lines += steps_table(batches, args.context, rows)
     harness.publish("\n".join(lines), args.out)
+    if args.figure:
+        facts = harness.gpu()
+        title = (
+            f"Llama-3-8B decoder layer, CUDA graph, context {args.context}: speed-up over "
+            f"torch bf16 ({facts.name}, {datetime.date.today()})"
+        )
+        args.figure.write_text(speedup_svg(title, [str(b) for b in batches], speedups))
 
 
 if __name__ == "__main__":
