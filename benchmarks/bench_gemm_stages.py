@@ -45,13 +45,18 @@ BF16 = torch.bfloat16
 
 
 def deep_tiles() -> list[TileConfig]:
-    """Every swapped tile of the package at every depth of ``DEPTHS`` but its own."""
+    """The first swapped tile of the package for each token count at every depth of
+    ``DEPTHS`` that no package tile of that token count has (those run as they are)."""
+    built = {(tile.tile_q, tile.stages) for tile in TILES if tile.swap_ab}
+    bases: dict[int, TileConfig] = {}
+    for tile in TILES:
+        if tile.swap_ab:
+            bases.setdefault(tile.tile_q, tile)
     return [
-        replace(tile, name=f"{tile.name}-s{stages}", stages=stages)
-        for tile in TILES
-        if tile.swap_ab
-        for stages in DEPTHS[tile.tile_q]
-        if stages != tile.stages
+        replace(base, name=f"{base.name}-s{stages}", stages=stages)
+        for tile_q, base in bases.items()
+        for stages in DEPTHS[tile_q]
+        if (tile_q, stages) not in built
     ]
 
 

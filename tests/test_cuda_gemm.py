@@ -161,6 +161,23 @@ def test_every_tile_and_split(config):
 
 
 @needs_hopper
+@pytest.mark.parametrize("k", [72, 760, 8200], ids=["under-the-ring", "one-wrap", "many-wraps"])
+def test_deep_ring_tile_on_every_k_length(k):
+    """The 12-stage tile with fewer k-blocks than stages, about one ring, and a ring
+    that wraps many times (each with a K tail), into poisoned outputs; and the choice
+    that picks it on its own shape."""
+    from mllm_kernel.cuda.jit.gemm import TileChoice, _launch, choose_tile
+
+    deep = gemm_module._BY_NAME["swap-64x64-deep"]
+    for m in (33, 64):
+        a, b = _operands(m, 4104, k, torch.bfloat16)
+        out = torch.full((m, 4104), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _launch(a, b, out, None, TileChoice(deep))
+        _check(out, a, b)
+    assert choose_tile(64, 4096, k).tile is deep
+
+
+@needs_hopper
 def test_a_split_past_the_tiles_partial_sums_is_refused():
     """128 x 128 tiles keep their split partners' partial sums (64 KB each) in the stage
     ring: 3 partners fit, a split of 8 is a ValueError, not a write past it."""

@@ -172,6 +172,23 @@ def test_int8_every_tile_and_split(config):
 
 
 @pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("k", [112, 1552, 16400], ids=["under-the-ring", "one-wrap", "many-wraps"])
+def test_int8_deep_ring_tile_on_every_k_length(k):
+    """The 12-stage tile with fewer k-blocks than stages, about one ring, and a ring that
+    wraps many times (each with a K tail), into poisoned outputs."""
+    deep = next(t for t in TILES if t.name == "swap-64x64-deep")
+    n = 4112
+    w, scales_b = _int8(n, k), _scales(n)
+    for m in (33, 64):
+        a, scales_a = _int8(m, k), _scales(m)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        int8_module._launch(out, a, w.t(), scales_a, scales_b, None, TileChoice(deep))
+        _check(out, _reference(a, w.t(), scales_a, scales_b), torch.bfloat16)
+    assert choose_tile(64, 4096, k, element_bytes=1).tile is deep
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 257])
 @pytest.mark.parametrize(
     ("shape_a", "shape_b"),

@@ -41,7 +41,6 @@ BF16, INT8 = 2, 1
         (128, 4096, 4096, BF16, "swap-128x64, split-K 2"),
         (128, 4096, 14336, BF16, "swap-128x64, split-K 2"),
         # Outside (64, 256] nothing changes.
-        (64, 4096, 4096, INT8, "swap-64x64"),
         (64, 14336, 4096, BF16, "swap-64x64"),
         (64, 14336, 4096, INT8, "swap-64x64"),
         (1024, 4096, 4096, BF16, "128x256-mc2"),
@@ -50,6 +49,36 @@ BF16, INT8 = 2, 1
 )
 def test_measured_choice(m, n, k, element_bytes, expected):
     assert str(choose_tile(m, n, k, SMS, element_bytes)) == expected
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "element_bytes", "expected"),
+    [
+        # 33-64 tokens, N = 4096 (64 tiles): the 12-stage ring unsplit, where the 6-stage
+        # one split K in two or not at all (H100, bench_gemm_stages.py, session 27).
+        (64, 4096, 4096, BF16, "swap-64x64-deep"),
+        (64, 4096, 4096, INT8, "swap-64x64-deep"),
+        (64, 4096, 14336, BF16, "swap-64x64-deep"),
+        (64, 4096, 14336, INT8, "swap-64x64-deep"),
+        (33, 8192, 4096, BF16, "swap-64x64-deep"),
+        # More than a wave of tiles (N = 14336: 224; 8192 on 114 SMs: 128): the 6-stage
+        # tile, two CTAs an SM.
+        (64, 14336, 4096, BF16, "swap-64x64"),
+        # A split of 4 (16 tiles at N = 1024) keeps more bytes in flight than the deep
+        # ring unsplit would.
+        (64, 1024, 4096, BF16, "swap-64x64, split-K 4"),
+        # Other token counts keep their tiles.
+        (32, 4096, 4096, BF16, "swap-32x64, split-K 2"),
+        (128, 4096, 4096, INT8, "swap-64x64"),
+    ],
+)
+def test_deep_ring_choice(m, n, k, element_bytes, expected):
+    assert str(choose_tile(m, n, k, SMS, element_bytes)) == expected
+
+
+def test_deep_ring_needs_one_wave():
+    """The same shape on fewer SMs than tiles keeps the 6-stage tile."""
+    assert str(choose_tile(64, 8192, 4096, 114, BF16)) == "swap-64x64"
 
 
 @pytest.mark.parametrize("element_bytes", [BF16, INT8])
