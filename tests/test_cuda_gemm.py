@@ -161,20 +161,20 @@ def test_every_tile_and_split(config):
 
 
 @needs_hopper
+@pytest.mark.parametrize("name", ["swap-64x64-deep", "swap-128x64-deep"])
 @pytest.mark.parametrize("k", [72, 760, 8200], ids=["under-the-ring", "one-wrap", "many-wraps"])
-def test_deep_ring_tile_on_every_k_length(k):
-    """The 12-stage tile with fewer k-blocks than stages, about one ring, and a ring
-    that wraps many times (each with a K tail), into poisoned outputs; and the choice
-    that picks it on its own shape."""
-    from mllm_kernel.cuda.jit.gemm import TileChoice, _launch, choose_tile
+def test_deep_ring_tiles_on_every_k_length(name, k):
+    """The deep-ring tiles with fewer k-blocks than stages, about one ring, and a ring
+    that wraps many times (each with a K tail), on one and two tile-rows with a row
+    tail, into poisoned outputs."""
+    from mllm_kernel.cuda.jit.gemm import TileChoice, _launch
 
-    deep = gemm_module._BY_NAME["swap-64x64-deep"]
-    for m in (33, 64):
+    deep = gemm_module._BY_NAME[name]
+    for m in (deep.tile_q // 2 + 1, deep.tile_q + 3):
         a, b = _operands(m, 4104, k, torch.bfloat16)
         out = torch.full((m, 4104), float("nan"), device="cuda", dtype=torch.bfloat16)
         _launch(a, b, out, None, TileChoice(deep))
         _check(out, a, b)
-    assert choose_tile(64, 4096, k).tile is deep
 
 
 @needs_hopper

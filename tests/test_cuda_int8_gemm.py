@@ -173,19 +173,20 @@ def test_int8_every_tile_and_split(config):
 
 @pytest.mark.cuda
 @needs_hopper
+@pytest.mark.parametrize("name", ["swap-64x64-deep", "swap-128x64-deep"])
 @pytest.mark.parametrize("k", [112, 1552, 16400], ids=["under-the-ring", "one-wrap", "many-wraps"])
-def test_int8_deep_ring_tile_on_every_k_length(k):
-    """The 12-stage tile with fewer k-blocks than stages, about one ring, and a ring that
-    wraps many times (each with a K tail), into poisoned outputs."""
-    deep = next(t for t in TILES if t.name == "swap-64x64-deep")
+def test_int8_deep_ring_tiles_on_every_k_length(name, k):
+    """The deep-ring tiles with fewer k-blocks than stages, about one ring, and a ring
+    that wraps many times (each with a K tail), on one and two tile-rows with a row
+    tail, into poisoned outputs."""
+    deep = next(t for t in TILES if t.name == name)
     n = 4112
     w, scales_b = _int8(n, k), _scales(n)
-    for m in (33, 64):
+    for m in (deep.tile_q // 2 + 1, deep.tile_q + 3):
         a, scales_a = _int8(m, k), _scales(m)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         int8_module._launch(out, a, w.t(), scales_a, scales_b, None, TileChoice(deep))
         _check(out, _reference(a, w.t(), scales_a, scales_b), torch.bfloat16)
-    assert choose_tile(64, 4096, k, element_bytes=1).tile is deep
 
 
 @pytest.mark.cuda

@@ -23,8 +23,8 @@ BF16, INT8 = 2, 1
         # 128-token tile over two tile-rows for a shorter one; the plain tiles elsewhere.
         (256, 4096, 14336, BF16, "128x128, split-K 2"),
         (256, 4096, 14336, INT8, "128x128, split-K 2"),
-        (256, 4096, 4096, BF16, "swap-128x64"),
-        (256, 4096, 4096, INT8, "swap-128x64"),
+        (256, 4096, 4096, BF16, "swap-128x64-deep"),  # with its deeper ring (below)
+        (256, 4096, 4096, INT8, "swap-128x64-deep"),
         (256, 14336, 4096, BF16, "128x256-mc2"),
         (256, 28672, 8192, BF16, "128x256-mc2"),
         # M = 65-128 and N large: 128 x 128 tiles without a cluster, both dtypes.
@@ -33,9 +33,9 @@ BF16, INT8 = 2, 1
         (128, 14336, 4096, BF16, "128x128"),
         (128, 28672, 8192, BF16, "128x128"),
         (65, 14336, 4096, BF16, "128x128"),
-        # int8, M = 128, N = 4096: two tile-rows of the 64-token tile where the 128-token
-        # one, unsplit, is half a wave; split, it stays.
-        (128, 4096, 4096, INT8, "swap-64x64"),
+        # int8, M = 128, N = 4096: two tile-rows of the 64-token tile (with its deeper
+        # ring, below) where the 128-token one, unsplit, is half a wave; split, it stays.
+        (128, 4096, 4096, INT8, "swap-64x64-deep"),
         (128, 4096, 14336, INT8, "swap-128x64, split-K 2"),
         # 16-bit, M = 128, N = 4096 keeps the swapped 128-token tile.
         (128, 4096, 4096, BF16, "swap-128x64, split-K 2"),
@@ -67,9 +67,14 @@ def test_measured_choice(m, n, k, element_bytes, expected):
         # A split of 4 (16 tiles at N = 1024) keeps more bytes in flight than the deep
         # ring unsplit would.
         (64, 1024, 4096, BF16, "swap-64x64, split-K 4"),
-        # Other token counts keep their tiles.
+        # The 128-token tile at 8 stages where its 6-stage ring ran unsplit (two
+        # tile-rows at 256 tokens), not where it split K in two.
+        (256, 4096, 4096, BF16, "swap-128x64-deep"),
+        (100, 4096, 512, BF16, "swap-128x64-deep"),
+        (128, 4096, 4096, BF16, "swap-128x64, split-K 2"),
+        (128, 4096, 14336, INT8, "swap-128x64, split-K 2"),
+        # The 16- and 32-token tiles have no deeper build.
         (32, 4096, 4096, BF16, "swap-32x64, split-K 2"),
-        (128, 4096, 4096, INT8, "swap-64x64"),
     ],
 )
 def test_deep_ring_choice(m, n, k, element_bytes, expected):
@@ -77,7 +82,7 @@ def test_deep_ring_choice(m, n, k, element_bytes, expected):
 
 
 def test_deep_ring_needs_one_wave():
-    """The same shape on fewer SMs than tiles keeps the 6-stage tile."""
+    """The same shape on fewer SMs than its tiles keeps the 6-stage tile."""
     assert str(choose_tile(64, 8192, 4096, 114, BF16)) == "swap-64x64"
 
 

@@ -101,9 +101,11 @@ TILES = (
     TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
     TileConfig("swap-64x64", swap_ab=True, consumers=1, tile_q=64, stages=6, max_split=4),
     # The 64-token tile with twice the ring (192 KB in flight: one CTA an SM), unsplit,
-    # where the grid is at most one wave (choose_tile's _deep_ring rule).
+    # where the grid is at most one wave (choose_tile's _deep_ring rule; the 128-token
+    # one's below with 8 stages, also 192 KB).
     TileConfig("swap-64x64-deep", swap_ab=True, consumers=1, tile_q=64, stages=12),
     TileConfig("swap-128x64", swap_ab=True, consumers=1, tile_q=128, stages=6, max_split=2),
+    TileConfig("swap-128x64-deep", swap_ab=True, consumers=1, tile_q=128, stages=8),
 )
 _BY_NAME = {tile.name: tile for tile in TILES}
 
@@ -145,8 +147,8 @@ def choose_tile(
       M = 1 / 16 / 64, K = 4096: 9.8 / 9.9 / 12.5 us unsplit, 10.8 / 10.7 / 13.1 us
       with split 2; K = 14336: 25.4 / 26.1 / 31.4 us unsplit, 24.6 / 25.2 / 28.6 us
       with split 2, 30.1 / 30.4 / 44.5 us with 4 (bench_int8_gemm.py --sweep).
-    - 33-64 tokens where the unsplit grid is at most one wave (:func:`_deep_ring`): the
-      64-token tile with a 12-stage ring, unsplit.
+    - Swapped tiles whose unsplit grid is at most one wave (:func:`_deep_ring`): the
+      same tile with a deeper ring, unsplit.
     - Larger ``m``: 128 x 256 tiles, the widest wgmma and the fewest bytes per flop,
       unless 128 x 128 tiles fill the SMs' last wave clearly better (small grids);
       both in clusters of 2 CTAs on neighbouring tile-rows that multicast B.
@@ -158,7 +160,7 @@ def choose_tile(
         tile = next(t for t in TILES if t.swap_ab and t.tile_q >= m)
         choice = _swapped(tile, m, n, k, num_sms, element_bytes)
         if m > 64:
-            return _mid_m_tile(choice, m, n, k, num_sms, element_bytes)
+            choice = _mid_m_tile(choice, m, n, k, num_sms, element_bytes)
         return _deep_ring(choice, m, n, num_sms)
 
     def wave_efficiency(tile: TileConfig) -> float:
@@ -172,7 +174,9 @@ def choose_tile(
     # 128 x 256 leaves a 40%-empty last round (wave efficiency 0.85 against 0.97).
     wide, narrow = _BY_NAME["128x256-mc2"], _BY_NAME["128x128-mc2"]
     plain = TileChoice(narrow if wave_efficiency(narrow) > 1.1 * wave_efficiency(wide) else wide)
-    return _mid_m_tile(plain, m, n, k, num_sms, element_bytes) if m <= 256 else plain
+    if m > 256:
+        return plain
+    return _deep_ring(_mid_m_tile(plain, m, n, k, num_sms, element_bytes), m, n, num_sms)
 
 
 def _swapped(
@@ -193,20 +197,32 @@ def _swapped(
     return TileChoice(tile, split)
 
 
-# Swapped tiles and the same tile with a deeper ring, for grids of one CTA an SM.
-_DEEPER = {"swap-64x64": "swap-64x64-deep"}
+# Swapped tiles -> (the same tile with a deeper ring, the largest split of the shallow
+# tile that the deep one unsplit replaces).
+_DEEPER = {"swap-64x64": ("swap-64x64-deep", 2), "swap-128x64": ("swap-128x64-deep", 1)}
 
 
 def _deep_ring(choice: TileChoice, m: int, n: int, num_sms: int) -> TileChoice:
     """``choice``, or its tile with the deeper ring unsplit, where that grid is at most
-    one CTA an SM and ``choice`` splits K at most in two: as many bytes in flight or more
-    (12 stages against 6 a CTA, on as many SMs or half), and no split to sum. H100, bf16
-    / int8, us (benchmarks/RESULTS.md, session 27, ``bench_gemm_stages.py``): M = 64, N =
-    K = 4096: 14.8 against 16.6 (split 2) / 9.5 against 10.4 (unsplit); N = 4096, K =
-    14336: 43.1 against 44.2 / 24.0 against 25.5 (both split 2). Where the grid is more
-    than a wave (N = 14336: 224 tiles) the 6-stage tile runs two CTAs an SM and stays."""
-    deep = _DEEPER.get(choice.tile.name)
-    if deep is None or choice.split > 2 or _ctas(TileChoice(choice.tile), m, n) > num_sms:
+    one CTA an SM and ``choice`` splits K no more than the table allows: as many bytes in
+    flight or more on as many SMs or half, and no split to sum. H100, bf16 / int8, us
+    (benchmarks/RESULTS.md, session 27, ``bench_gemm_stages.py``):
+
+    - 64 tokens, 12 stages against 6: N = K = 4096: 14.8 against 16.6 (split 2) / 9.5
+      against 10.4 (unsplit); N = 4096, K = 14336: 43.1 against 44.2 / 24.0 against 25.5
+      (both split 2). Two tile-rows of it (int8, 128 tokens, N = K = 4096): 10.5 against
+      10.6.
+    - 128 tokens, 8 stages against 6, two tile-rows (256 tokens, N = K = 4096): 17.9
+      against 19.3 / 12.3 against 12.8. Not where the 6-stage tile splits K in two: 128
+      tokens, N = 4096, K = 14336, bf16: 49.4 unsplit against 46.1.
+
+    Where the grid is more than a wave (N = 14336: 224 tiles of 64 tokens) the 6-stage
+    tile runs two CTAs an SM and stays."""
+    deeper = _DEEPER.get(choice.tile.name)
+    if deeper is None:
+        return choice
+    deep, replaces_split = deeper
+    if choice.split > replaces_split or _ctas(TileChoice(choice.tile), m, n) > num_sms:
         return choice
     return TileChoice(_BY_NAME[deep])
 
