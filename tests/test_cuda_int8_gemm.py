@@ -95,13 +95,16 @@ def test_per_token_quant_scale_dtype_must_be_fp32():
 def test_int8_tiles_split_k_later():
     """int8 k-blocks hold 128 columns and a split of K needs 32 of them per CTA (the
     bf16 kernel: 8 of 64 columns), so decode shapes with K = 4096 run unsplit in int8
-    and K = 14336 splits in two, as measured fastest on an H100."""
+    and K = 14336 splits in two, as measured fastest on an H100. (From 33 tokens, where
+    one wave holds the unsplit grid, the deep-ring tile runs unsplit instead.)"""
     # M = 1, N = 4096: 64 tiles of 64 weight rows, so up to 2 CTAs per tile fit 132 SMs.
     assert choose_tile(1, 4096, 4096).split == 2  # bf16: 64 k-blocks
     assert choose_tile(1, 4096, 4096, element_bytes=1).split == 1  # int8: 32
     assert choose_tile(16, 4096, 14336, element_bytes=1).split == 2  # int8: 112
-    assert choose_tile(64, 4096, 8192, element_bytes=1).split == 2  # int8: 64
-    assert choose_tile(64, 4096, 8064, element_bytes=1).split == 1  # int8: 63
+    assert choose_tile(32, 4096, 8192, element_bytes=1).split == 2  # int8: 64
+    assert choose_tile(32, 4096, 8064, element_bytes=1).split == 1  # int8: 63
+    deep = choose_tile(64, 4096, 8192, element_bytes=1)
+    assert (deep.tile.name, deep.split) == ("swap-64x64-deep", 1)
     assert choose_tile(4096, 4096, 4096, element_bytes=1) == choose_tile(4096, 4096, 4096)
 
 
