@@ -80,8 +80,11 @@ if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
   for name in ${GPU_CHECK_BENCHES:-bench_cuda bench_backward bench_jit bench_gemm bench_quant_gemm bench_runtime bench_decoder_layer}; do
     bench="benchmarks/$name.py"
     [ -f "$bench" ] || continue
+    extra=()  # the decoder layer also draws its figure (benchmarks/decoder_layer.svg's kind)
+    [ "$name" = bench_decoder_layer ] && extra=(--figure "$out/decoder_layer.svg")
     # shellcheck disable=SC2086
-    python3 "$bench" ${GPU_CHECK_BENCH_ARGS:-} --out "$out/$name.md" 2>&1 | tee "$out/$name.log"
+    python3 "$bench" ${GPU_CHECK_BENCH_ARGS:-} ${extra[@]+"${extra[@]}"} --out "$out/$name.md" 2>&1 \
+      | tee "$out/$name.log"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || status=$rc
     echo "- $name: exit $rc, table in $name.md" >> "$out/summary.md"
