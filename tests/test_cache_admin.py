@@ -169,6 +169,21 @@ def test_staging_leftovers_and_logs(fresh_cache):
     assert report.busy == [live] and live.is_dir() and not dead.exists()
 
 
+def test_a_shared_root_loses_nothing_but_entries(fresh_cache):
+    """MLLM_KERNEL_CACHE_DIR=~/.cache: other programs' directories there (any name that
+    is not an entry's) are neither listed nor removed, dry run or not."""
+    module = fake_module(fresh_cache, "alpha", "1")
+    others = [fresh_cache / "huggingface" / "hub", fresh_cache / "pip", fresh_cache / "alpha_cpu"]
+    for other in others:
+        other.mkdir(parents=True)
+        (other / "weights.safetensors").write_text("keep me")
+    assert [m.path for m in cache_admin.cached_modules()] == [module]
+    assert _names(cache_admin.clear_cache(dry_run=True)) == {module.name}
+    report = cache_admin.clear_cache()
+    assert _names(report) == {module.name} and report.skipped == []
+    assert all((o / "weights.safetensors").read_text() == "keep me" for o in others)
+
+
 def test_missing_root_is_fine(fresh_cache):
     assert not fresh_cache.exists()
     report = cache_admin.clear_cache()

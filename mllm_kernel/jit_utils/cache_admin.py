@@ -1,7 +1,8 @@
 """Inspecting and clearing the cache: what is built, for which kernel, and removing it safely.
 
-Only the cache root's direct children are ever touched: module directories,
-leftovers under ``.staging/`` and logs under ``.logs/``. Symlinks are never
+Only the cache root's direct children are ever touched: module directories (named as
+entries: a root shared with other files loses none of them), leftovers under
+``.staging/`` and logs under ``.logs/``. Symlinks are never
 followed (nor removed), and a module whose build lock is held is skipped: a
 build in progress is never pulled from under its builder.
 
@@ -24,7 +25,13 @@ from typing import Any
 
 from mllm_kernel.jit_utils import cache, env, paths, prebuilt, registry, trust
 from mllm_kernel.jit_utils.cache_key import ModuleKey
-from mllm_kernel.jit_utils.cache_names import LOGS_DIR, STAGING_DIR, belongs_to, entry_of
+from mllm_kernel.jit_utils.cache_names import (
+    LOGS_DIR,
+    STAGING_DIR,
+    belongs_to,
+    entry_of,
+    is_entry_name,
+)
 from mllm_kernel.jit_utils.cuda_arch import (
     ArchSupport,
     CudaArch,
@@ -88,13 +95,15 @@ def tree_size(path: Path) -> int:
 
 
 def _module_dirs(root: Path) -> Iterator[Path]:
+    """The entry directories directly under ``root``: named as an entry
+    (:func:`.cache_names.is_entry_name`), not links; whatever else the root holds is
+    never listed, so never removed."""
     if not root.is_dir():
         return
     with os.scandir(root) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
-            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-                continue
-            yield Path(entry.path)
+            if is_entry_name(entry.name) and entry.is_dir(follow_symlinks=False):
+                yield Path(entry.path)
 
 
 def root_in_use() -> Path:
@@ -421,7 +430,7 @@ def clear_cache(
 
     with os.scandir(root) as entries:
         for entry in entries:
-            if entry.is_symlink():
+            if entry.is_symlink() and is_entry_name(entry.name):
                 report.skipped.append((Path(entry.path), "a symlink (never followed)"))
     for module in cached_modules(root):
         if not _matches_kernel(module.path.name, kernels, module.manifest):

@@ -37,6 +37,8 @@ _HASH_CHARS = 16
 _MAX_ARGS_CHARS = 64
 _MAX_LABEL_CHARS = 48
 _FILE_SUFFIXES = (".lock", ".owner", ".log")
+# What every entry name ends with: an underscore and the first 16 hex digits of its hash.
+_ENTRY_SUFFIX = re.compile(rf"_[0-9a-f]{{{_HASH_CHARS}}}$")
 
 
 def entry_dirname(spec: BuildSpec, key_hash: str) -> str:
@@ -51,6 +53,18 @@ def binary_dirname(kind: str, label: str, target: str, key_hash: str) -> str:
     ``cuda_<kind>_<label>_<target>_<hash[:16]>``, e.g. ``cuda_cubin_add_sm_90a_0123...``."""
     label = _UNSAFE_IN_DIRNAME.sub("-", label)[:_MAX_LABEL_CHARS]
     return f"cuda_{kind}_{label}_{target}_{key_hash[:_HASH_CHARS]}"
+
+
+def is_entry_name(name: str) -> bool:
+    """Whether ``name`` has the form of an entry directory (:func:`entry_dirname`,
+    :func:`binary_dirname`: it ends in ``_`` and 16 hex digits of its key's hash). The
+    cache's listing and clear-cache take nothing else under the root, so a root that
+    also holds other things (``MLLM_KERNEL_CACHE_DIR=~/.cache``) loses none of them.
+
+    >>> is_entry_name("rmsnorm_cpu_fp32_t_0123456789abcdef"), is_entry_name("huggingface")
+    (True, False)
+    """
+    return _ENTRY_SUFFIX.search(name) is not None
 
 
 def belongs_to(entry: str, kernels: Iterable[str]) -> bool:
