@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -276,7 +277,7 @@ def test_scan_includes_follows_headers_outside_the_toolchain(tmp_path):
         ]
     )
     unit = build_inputs.CompiledUnit(found, dirs, text)
-    inputs = build_inputs.record([unit], [str(toolchain_dir)])
+    inputs = build_inputs.record([unit], [str(toolchain_dir)], started_ns=time.time_ns())
     assert set(inputs.toolchain_deps) == {str(toolchain_dir / "tk.h")}
     assert inputs.include_search[0]["names"]["absent.h"] == -1  # probed, recorded missing
     assert build_inputs.check(inputs) == build_inputs.Verdict()
@@ -285,3 +286,38 @@ def test_scan_includes_follows_headers_outside_the_toolchain(tmp_path):
         build_inputs.check(inputs).reason
         == f"{inc / 'absent.h'} now exists (the build found no absent.h)"
     )
+
+
+def test_files_written_while_compiling_are_recorded_changed_but_clock_skew_is_not(tmp_path):
+    """record() after a build: a source or toolchain header whose mtime falls after the
+    build started was written while the compilers ran (they may have read the old text),
+    so the next check() finds it changed even though its content is what record() read;
+    an mtime past the present is a skewed clock, recorded as usual (else every lookup
+    would rebuild)."""
+    toolchain_dir = tmp_path / "tc"
+    edited = _write(tmp_path / "src" / "edited.h", "#pragma once\n")
+    skewed = _write(tmp_path / "src" / "skewed.h", "#pragma once\n")
+    header = _write(toolchain_dir / "tk.h", "#pragma once\n")
+    old = time.time_ns() - 10**9
+    for path in (edited, skewed, header):
+        os.utime(path, ns=(old, old))
+    unit = build_inputs.CompiledUnit([str(edited), str(skewed), str(header)], [], b"")
+    started = time.time_ns()
+    inputs = build_inputs.record([unit], [str(toolchain_dir)], started_ns=started)
+    assert build_inputs.check(inputs) == build_inputs.Verdict()  # nothing written since
+
+    future = time.time_ns() + 3600 * 10**9
+    os.utime(skewed, ns=(future, future))
+    time.sleep(0.02)  # past the kernel's coarse mtime clock
+    started = time.time_ns()
+    time.sleep(0.02)
+    edited.write_text("#pragma once\n")  # saved again, same text, while compiling
+    inputs = build_inputs.record([unit], [str(toolchain_dir)], started_ns=started)
+    assert inputs.deps[str(edited)] == build_inputs.CHANGED_WHILE_COMPILING
+    assert build_inputs.check(inputs).reason == f"{edited} changed"
+    del inputs.deps[str(edited)]
+    assert build_inputs.check(inputs) == build_inputs.Verdict()  # the skewed one is fine
+
+    header.write_text("#pragma once\n")  # the toolchain's headers are checked first
+    inputs = build_inputs.record([unit], [str(toolchain_dir)], started_ns=started)
+    assert build_inputs.check(inputs).reason == f"{header} changed"

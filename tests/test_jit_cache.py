@@ -68,7 +68,11 @@ def spy(tmp_path) -> dict[str, str]:
     compiler.write_text(
         f'#!/bin/sh\necho "$@" >> "{log}"\n'
         f'if [ -n "$SPY_SLEEP" ]; then sleep "$SPY_SLEEP"; fi\n'
-        f'exec {real} "$@"\n'
+        f'if [ -z "$SPY_SLEEP_AFTER" ]; then exec {real} "$@"; fi\n'
+        # The compiler has read every input; then a pause (SPY_SLEEP_AFTER seconds) before
+        # the build goes on, announced in SPY_LOG.done.
+        f'{real} "$@"; status=$?\n'
+        f'echo "$@" >> "{log}.done"; sleep "$SPY_SLEEP_AFTER"; exit $status\n'
     )
     compiler.chmod(0o755)
     return child_env(
@@ -131,6 +135,23 @@ def test_warm_load_spawns_no_compiler_and_header_edit_rebuilds(kernel, spy):
     assert again.stdout.strip() == "35" and len(_spy_calls(spy)) == calls
 
 
+def test_sources_and_cache_under_paths_with_hash_dollar_and_space(kernel, spy, tmp_path):
+    """The compilers' depfiles escape '#', '$' and ' ' in paths (parse_depfile): such a
+    source directory and cache root build, load warm, and see a header edit."""
+    odd = tmp_path / "src #1 $x y"
+    kernel.parent.rename(odd)
+    env = {**spy, "MLLM_KERNEL_CACHE_DIR": str(tmp_path / "cache #2 $z")}
+    source = odd / kernel.name
+    first = _probe(env, source)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "31"
+    builds = len(_builds(env))
+    assert _probe(env, source).stdout.strip() == "31" and len(_builds(env)) == builds
+    (odd / "helper.h").write_text("#pragma once\n#define HELPER_VALUE 5\n")
+    edited = _probe(env, source)
+    assert edited.stdout.strip() == "35" and "helper.h changed" in edited.stderr
+
+
 def test_template_args_and_flags_get_their_own_directories(kernel, spy):
     assert _probe(spy, kernel, k=2).stdout.strip() == "21"
     assert _probe(spy, kernel, k=4).stdout.strip() == "41"
@@ -185,6 +206,33 @@ def test_sigkill_mid_build_leaves_nothing_loadable(kernel, spy):
     assert "removing an interrupted build" in rerun.stderr
     staging = Path(spy["MLLM_KERNEL_CACHE_DIR"]) / ".staging"
     assert list(staging.iterdir()) == []
+
+
+def test_a_header_edited_while_compiling_is_built_again_on_the_next_load(kernel, spy):
+    """The compiler reads helper.h, then the user saves an edit before the build ends:
+    the module holds the old header, so the next load must not take it as current."""
+    paused = {**spy, "SPY_SLEEP_AFTER": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(kernel), "3"],
+        env=paused,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    done = Path(spy["SPY_LOG"] + ".done")
+    deadline = time.monotonic() + 120
+    while not (done.is_file() and " -c " in done.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (kernel.parent / "helper.h").write_text("#pragma once\n#define HELPER_VALUE 5\n")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.strip() == "31"  # built from the header as the compiler read it
+
+    again = _probe(spy, kernel)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "35" and "helper.h changed" in again.stderr
+    calls = len(_spy_calls(spy))
+    assert _probe(spy, kernel).stdout.strip() == "35" and len(_spy_calls(spy)) == calls
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])

@@ -130,7 +130,12 @@ def _link_command(spec: BuildSpec, objects: list[Path], artifact: Path) -> list[
 
 
 def parse_depfile(text: str) -> list[str]:
-    """The prerequisites of a make-style depfile (``-MMD`` output)."""
+    r"""The prerequisites of a make-style depfile (``-MMD`` output): gcc and nvcc write a
+    space in a path as ``\ ``, a ``#`` as ``\#`` and a ``$`` as ``$$``.
+
+    >>> parse_depfile("m.o: /a\\ b/x.h /c\\#d/y$$z.h \\\n /e.h\n")
+    ['/a b/x.h', '/c#d/y$z.h', '/e.h']
+    """
     body = text.replace("\\\n", " ")
     deps: list[str] = []
     for rule in body.splitlines():
@@ -140,7 +145,7 @@ def parse_depfile(text: str) -> list[str]:
         # Escaped spaces belong to the path; unescaped ones separate paths.
         for token in re.split(r"(?<!\\)\s+", prerequisites.strip()):
             if token:
-                deps.append(token.replace("\\ ", " ").replace("$$", "$"))
+                deps.append(re.sub(r"\\([ #])", r"\1", token).replace("$$", "$"))
     return deps
 
 
@@ -272,7 +277,7 @@ def _log_commands(commands: list[list[str]]) -> None:
 
 def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
     """Compiles and links ``spec`` inside ``staging``; raises KernelBuildError on failure."""
-    started = time.monotonic()
+    started, started_ns = time.monotonic(), time.time_ns()
     units = []
     for filename, text in spec.translation_units().items():
         unit = staging / filename
@@ -296,7 +301,7 @@ def build(spec: BuildSpec, staging: Path, log_path: Path) -> BuildResult:
     if failed:
         raise _build_error(spec, log, log_path, staging)
 
-    inputs = _record_inputs(spec, staging, jobs)
+    inputs = _record_inputs(spec, staging, jobs, started_ns)
     inputs.deps.update(_link_inputs(spec))
     for _, obj, depfile in jobs:  # only the .so and the generated sources are kept
         obj.unlink()
@@ -338,11 +343,12 @@ def _link_inputs(spec: BuildSpec) -> dict[str, str]:
 
 
 def _record_inputs(
-    spec: BuildSpec, staging: Path, jobs: list[tuple[Path, Path, Path]]
+    spec: BuildSpec, staging: Path, jobs: list[tuple[Path, Path, Path]], started_ns: int
 ) -> build_inputs.BuildInputs:
     """What the manifest keeps of the compilers' dependency output (see
     :mod:`.build_inputs`): the files each compiler opened, by the paths it opened them
-    under, each unit's search path, and the generated unit's own directives."""
+    under, each unit's search path, and the generated unit's own directives; a file
+    written since ``started_ns`` as changed (the next lookup builds again)."""
     units = []
     generated = os.path.normpath(staging)
     for unit, _, depfile in jobs:
@@ -352,7 +358,7 @@ def _record_inputs(
         opened = [p for p in opened if os.path.dirname(os.path.normpath(p)) != generated]
         dirs = include_search.search_path(spec, unit)
         units.append(build_inputs.CompiledUnit(opened, dirs, unit.read_bytes()))
-    return build_inputs.record(units, include_search.toolchain_dirs(spec))
+    return build_inputs.record(units, include_search.toolchain_dirs(spec), started_ns=started_ns)
 
 
 def cache_write_error(spec: BuildSpec, exc: OSError) -> KernelBuildError | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,10 +93,22 @@ class CompiledUnit:
     text: bytes = b""
 
 
-def record(units: Sequence[CompiledUnit], toolchain_dirs: Sequence[str]) -> BuildInputs:
-    """The records of a build, right after it (see the module docstring)."""
+# The digest recorded for a file written while the compilers ran: it matches no content,
+# so the next lookup finds the file changed and builds again (the build may have read the
+# file before the edit, or half of it).
+CHANGED_WHILE_COMPILING = "changed-while-compiling"
+
+
+def record(
+    units: Sequence[CompiledUnit], toolchain_dirs: Sequence[str], *, started_ns: int
+) -> BuildInputs:
+    """The records of a build, right after it (see the module docstring). ``started_ns``:
+    the wall clock (``time.time_ns()``) before the compilers started; a file written
+    since is recorded as :data:`CHANGED_WHILE_COMPILING`, not by its new content, which
+    the build may not have read (:func:`_written_during`)."""
     owned_by_toolchain = tuple(d + os.sep for d in toolchain_dirs)
     inputs = BuildInputs()
+    window = (started_ns, time.time_ns())
     for unit in units:
         quoted_by_dir: dict[str, set[str]] = {}
         quoted, angled = include_search.directives(unit.text)
@@ -103,10 +116,19 @@ def record(units: Sequence[CompiledUnit], toolchain_dirs: Sequence[str]) -> Buil
         for path in unit.opened:
             if os.path.normpath(path).startswith(owned_by_toolchain):
                 if path not in inputs.toolchain_deps:
-                    inputs.toolchain_deps[path] = fingerprint(path)
+                    # A stat no file has, so that the lookup hashes the header again.
+                    inputs.toolchain_deps[path] = (
+                        f"0:0:0:0:{CHANGED_WHILE_COMPILING}"
+                        if _written_during(path, window)
+                        else fingerprint(path)
+                    )
                 continue
             text = _read(path)
-            inputs.deps[path] = hashlib.sha256(text).hexdigest()
+            inputs.deps[path] = (
+                CHANGED_WHILE_COMPILING
+                if _written_during(path, window)
+                else hashlib.sha256(text).hexdigest()
+            )
             quoted, angled = include_search.directives(text)
             # "..." is looked up next to the includer as the compiler named it.
             quoted_by_dir.setdefault(os.path.dirname(path), set()).update(quoted)
@@ -116,6 +138,16 @@ def record(units: Sequence[CompiledUnit], toolchain_dirs: Sequence[str]) -> Buil
         )
         inputs.include_search += include_search.record_includers(unit.dirs, quoted_by_dir)
     return inputs
+
+
+def _written_during(path: str, window: tuple[int, int]) -> bool:
+    """Whether ``path``'s mtime lies in ``window`` (start, end: wall-clock ns). A file's
+    mtime comes from the kernel's coarse clock, a few ms behind the wall clock, so an
+    edit that early in a build can pass unseen, and an edit before it never counts; an
+    mtime past the end is clock skew (a file unpacked from a machine whose clock runs
+    ahead), not an edit, and counts neither: it would rebuild on every lookup."""
+    start, end = window
+    return start < os.stat(path).st_mtime_ns <= end
 
 
 def scan_includes(

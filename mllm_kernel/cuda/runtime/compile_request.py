@@ -83,12 +83,15 @@ def search_path(request: CompileRequest, options: Sequence[str]) -> list[str]:
 
 
 def record_inputs(
-    request: CompileRequest, opened: list[str], dirs: Sequence[str]
+    request: CompileRequest, opened: list[str], dirs: Sequence[str], started_ns: int
 ) -> build_inputs.BuildInputs:
     """The manifest's records of what compiling ``request`` read (see
     :mod:`mllm_kernel.jit_utils.build_inputs`): the headers ``opened``, the toolkit's
     and the C++ compiler's fingerprinted, and how each name resolved in ``dirs``. Source
-    text counts by its directives (the key holds the text itself)."""
+    text counts by its directives (the key holds the text itself). A file written since
+    ``started_ns`` (the wall clock before compiling) counts as changed."""
     text = request.source.encode() if request.source_path is None else b""
     unit = build_inputs.CompiledUnit(opened, dirs, text)
-    return build_inputs.record([unit], include_search.toolchain_dirs_of(cuda=True))
+    return build_inputs.record(
+        [unit], include_search.toolchain_dirs_of(cuda=True), started_ns=started_ns
+    )

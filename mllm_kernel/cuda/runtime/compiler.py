@@ -142,7 +142,7 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         str(artifact),
         unit,
     ]
-    started = time.monotonic()
+    started, started_ns = time.monotonic(), time.time_ns()
     ((code, output),) = build.run_compilers([command], staging)
     log = f"$ {shlex.join(command)}\n{output}"
     if code != 0 or not artifact.is_file():
@@ -152,7 +152,10 @@ def _compile_with_nvcc(request: CompileRequest, staging: Path) -> CompileOutput:
         log=log,
         seconds=time.monotonic() - started,
         inputs=record_inputs(
-            request, _opened(staging / "deps.d", staging), search_path(request, request.options)
+            request,
+            _opened(staging / "deps.d", staging),
+            search_path(request, request.options),
+            started_ns,
         ),
         toolchain={"nvcc": cuda.nvcc_version().text},
     )

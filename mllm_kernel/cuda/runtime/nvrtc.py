@@ -80,7 +80,7 @@ def compile_with_nvrtc(request: CompileRequest, staging: Path) -> CompileOutput:
     """Compiles ``request`` with NVRTC into ``staging``; CompileFailed carries the log."""
     nvrtc = _bindings()
     options = _options(request)
-    started = time.monotonic()
+    started, started_ns = time.monotonic(), time.time_ns()
     # Messages name the file as nvcc's do: the path given, or "<label>.cu" for text.
     name = str(request.source_path) if request.source_path else request.source_name
     result, program = nvrtc.nvrtcCreateProgram(request.source.encode(), name.encode(), 0, [], [])
@@ -109,12 +109,14 @@ def compile_with_nvrtc(request: CompileRequest, staging: Path) -> CompileOutput:
         artifact=artifact,
         log=log,
         seconds=time.monotonic() - started,
-        inputs=_inputs(request, options),
+        inputs=_inputs(request, options, started_ns),
         toolchain={"nvrtc": identity()},
     )
 
 
-def _inputs(request: CompileRequest, options: list[str]) -> build_inputs.BuildInputs:
+def _inputs(
+    request: CompileRequest, options: list[str], started_ns: int
+) -> build_inputs.BuildInputs:
     """What NVRTC read: it reports no dependencies, so the directives are read (every
     branch of an ``#if``; its built-in headers are not files and are left out)."""
     dirs = search_path(request, options)
@@ -123,4 +125,4 @@ def _inputs(request: CompileRequest, options: list[str]) -> build_inputs.BuildIn
     opened = build_inputs.scan_includes(request.source.encode(), dirs, toolchain_dirs, here)
     if request.source_path is not None:
         opened.insert(0, str(request.source_path))
-    return record_inputs(request, opened, dirs)
+    return record_inputs(request, opened, dirs, started_ns)
