@@ -127,6 +127,21 @@ def test_cache_once_does_not_cache_exceptions_and_rejects_unhashable():
         flaky([1])
 
 
+def test_cache_once_tells_equal_arguments_of_other_types_apart():
+    """1, 1.0 and True are one dict key, but three template arguments to make_cpp_args
+    (``1``, ``1.0``, ``true``): each must get its own module, positional or keyword."""
+    calls = []
+
+    @cache_once
+    def spelled(value, *, other=0):
+        calls.append((value, other))
+        return f"{make_cpp_args(value)}, {make_cpp_args(other)}"
+
+    assert [spelled(v) for v in (1, 1.0, True, 1)] == ["1, 0", "1.0, 0", "true, 0", "1, 0"]
+    assert [spelled(0, other=v) for v in (0, 0.0, False)] == ["0, 0", "0, 0.0", "0, false"]
+    assert len(calls) == 6
+
+
 def test_cache_once_clear_and_uncached():
     calls = []
 

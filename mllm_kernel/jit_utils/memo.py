@@ -17,7 +17,9 @@ _KWARGS = object()  # separates positional from keyword arguments in a key
 def cache_once(fn: F) -> F:
     """Memoises ``fn`` on its arguments; concurrent first calls run ``fn`` once.
 
-    A hit is one dict lookup (no lock). On a miss, callers with the same key
+    Arguments are told apart by type too (``1``, ``1.0`` and ``True`` are equal keys
+    to a dict, but make_cpp_args spells them as three C++ values: three modules). A
+    hit is one dict lookup (no lock). On a miss, callers with the same key
     wait for one of them to compute the value; an exception is not cached, so
     a later call retries. The wrapper has ``cache_clear()`` and ``uncached``
     (the original function).
@@ -29,6 +31,8 @@ def cache_once(fn: F) -> F:
     ...     return x * x
     >>> square(3), square(3), calls
     (9, 9, [3])
+    >>> square(3.0), calls
+    (9.0, [3, 3.0])
     """
     cache: dict[Any, Any] = {}
     key_locks: dict[Any, threading.Lock] = {}
@@ -36,7 +40,11 @@ def cache_once(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        key = (*args, _KWARGS, *sorted(kwargs.items())) if kwargs else args
+        if kwargs:
+            named = sorted(kwargs.items())
+            key = (*args, _KWARGS, *named, *map(type, args), *(type(v) for _, v in named))
+        else:
+            key = (*args, *map(type, args))
         try:
             value = cache.get(key, _MISSING)
         except TypeError:
