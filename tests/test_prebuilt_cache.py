@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -544,8 +545,27 @@ def test_a_cpu_cache_packs_into_a_wheel_with_a_valid_record(cpu_prebuilt, tmp_pa
 
 
 def test_packing_a_directory_without_entries_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="holds no cache entries to pack; fill it with"):
+    with pytest.raises(FileNotFoundError, match="holds no current cache entries to pack; fill"):
         cache_wheel.pack(tmp_path, tmp_path / "dist")
+
+
+def test_stale_entries_are_left_out_of_the_wheel(cpu_prebuilt, tmp_path, warnings_logged):
+    """An entry whose source changed since precompile (its recorded digest no longer
+    matches) would be refused by every load: the wheel leaves it out and says so."""
+    copy = tmp_path / "cache"
+    shutil.copytree(cpu_prebuilt, copy)
+    entries = sorted(p for p in copy.iterdir() if not p.name.startswith("."))
+    stale = entries[0]
+    manifest = json.loads((stale / "manifest.json").read_text())
+    manifest["deps"] = {dep: "0" * 64 for dep in manifest["deps"]}
+    (stale / "manifest.json").write_text(json.dumps(manifest))
+    with zipfile.ZipFile(cache_wheel.pack(copy, tmp_path / "dist")) as archive:
+        packed = {name.split("/")[2] for name in archive.namelist() if "/cache/" in name}
+    assert packed == {p.name for p in entries[1:]}
+    assert [w for w in warnings_logged if "not packed" in w] == [
+        f"not packed: {stale} is stale ({next(iter(manifest['deps']))} changed); "
+        "precompile it again"
+    ]
 
 
 PIP_INSTALL = (sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile")

@@ -30,8 +30,9 @@ from pathlib import Path
 import tvm_ffi
 
 from mllm_kernel import __version__
-from mllm_kernel.jit_utils import cache
+from mllm_kernel.jit_utils import build_inputs, cache
 from mllm_kernel.jit_utils.cuda_arch import parse_arch_list
+from mllm_kernel.jit_utils.logging_setup import get_logger
 from mllm_kernel.jit_utils.prebuilt import CACHE_PACKAGE_PREFIX, CACHE_SUBDIR
 
 # Fixed timestamps and modes: the same cache packs into the same bytes.
@@ -52,19 +53,27 @@ CACHE_DIR = Path(__file__).parent / "{subdir}"
 
 
 def cache_entries(cache_dir: Path) -> list[Path]:
-    """The entry directories of the prebuilt cache ``cache_dir`` (those with a manifest);
-    FileNotFoundError when there are none."""
-    entries = [
-        path
-        for path in sorted(cache_dir.iterdir())
-        if not path.name.startswith(".")
-        and path.is_dir()
-        and not path.is_symlink()
-        and (path / cache.MANIFEST).is_file()
-    ]
+    """The current entry directories of the prebuilt cache ``cache_dir``: those with a
+    manifest whose sources are the package's and the user's files as they are now. A
+    stale entry (a source changed since it was built: a load would refuse it and build
+    instead) is left out with a WARNING; FileNotFoundError when none is left."""
+    entries = []
+    for path in sorted(cache_dir.iterdir()):
+        if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
+            continue
+        if not (path / cache.MANIFEST).is_file():
+            continue
+        try:  # as a prebuilt lookup checks it: sources only, no toolchain here
+            reason = build_inputs.check(cache.Manifest.read(path).inputs(), toolchain=False).reason
+        except (OSError, ValueError, TypeError) as exc:
+            reason = f"no readable manifest ({exc})"
+        if reason is None:
+            entries.append(path)
+        else:
+            get_logger().warning("not packed: %s is stale (%s); precompile it again", path, reason)
     if not entries:
         raise FileNotFoundError(
-            f"{cache_dir} holds no cache entries to pack; fill it with "
+            f"{cache_dir} holds no current cache entries to pack; fill it with "
             "`python -m mllm_kernel precompile --output DIR` first"
         )
     return entries
