@@ -196,7 +196,13 @@ def test_untrusted_root_is_not_used_and_builds_go_to_a_private_fallback(
     (warning,) = [w for w in warnings_logged if "instead of the cache" in w]
     assert f"using {fallback} instead of the cache at {shared}" in warning
     assert expected in warning and f"mode {mode:04o}" in warning
-    assert "MLLM_KERNEL_CACHE_DIR at a directory only you can write" in warning
+    if mode & 0o1000:  # a shared directory: its mode must stay, the cache goes inside it
+        assert (
+            f"Fix: leave {shared} as it is" in warning and f"mkdir -m 700 {shared}/$USER" in warning
+        )
+        assert "chmod" not in warning
+    else:
+        assert "MLLM_KERNEL_CACHE_DIR at a directory only you can write" in warning
     for created in (home / ".cache", fallback, fallback / ".locks", fallback / ".staging"):
         assert _mode(created) == 0o700, created
 
@@ -512,6 +518,17 @@ def test_a_build_directory_under_a_directory_others_can_write_is_an_error(
     shutil.rmtree(build_directory / planted)
     shutil.copytree(entry, build_directory / planted)
     assert _load_into(source, build_directory).f() == 3
+
+
+def test_a_build_directory_neither_needs_nor_makes_the_cache_root(ok_source, tmp_path, monkeypatch):
+    """load_*_jit(build_directory=...) caches the module there "instead of the cache
+    root": the root is not chosen, checked or created (it may be unusable)."""
+    never = tmp_path / "never" / "cache"
+    monkeypatch.setenv("MLLM_KERNEL_CACHE_DIR", str(never))
+    assert _load_into(ok_source, tmp_path / "modules").f() == 3
+    assert not (tmp_path / "never").exists()
+    entries = [p.name for p in (tmp_path / "modules").iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and entries[0].startswith("ok_cpu_3_")
 
 
 def test_only_a_passing_path_is_remembered(tmp_path, monkeypatch):

@@ -113,9 +113,12 @@ def key_material(spec: BuildSpec) -> dict:
     return material
 
 
-def module_key(spec: BuildSpec) -> ModuleKey:
+def module_key(spec: BuildSpec, root: Path | None = None) -> ModuleKey:
+    """``spec``'s key in the cache ``root`` (default: the writable cache root, which is
+    then chosen and checked; a ``build_directory`` needs neither)."""
     digest = stable_hash(key_material(spec))
-    return ModuleKey(hash=digest, dirname=entry_dirname(spec, digest), root=trust.writable_root())
+    root = trust.writable_root() if root is None else root
+    return ModuleKey(hash=digest, dirname=entry_dirname(spec, digest), root=root)
 
 
 def relocatable_key_material(spec: BuildSpec) -> dict:

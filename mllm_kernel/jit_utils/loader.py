@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import platform
 import shutil
@@ -343,7 +342,7 @@ def load_spec(spec: BuildSpec, build_directory: str | Path | None = None) -> tvm
     if build_directory is not None:
         root = Path(build_directory).expanduser().absolute()
         try:
-            key = dataclasses.replace(module_key(spec), root=root)
+            key = module_key(spec, root)
         except ToolchainError as missing:
             return _load_without_toolchain(spec, root, missing)
         found = cache.lookup(key)

@@ -168,9 +168,10 @@ def _trust_owner_fix(uid: int) -> str:
     return f"if you trust {owner_name(uid)}, set {TRUSTED_OWNERS_VARIABLE}={name}"
 
 
-def fix_for(path: Path, reason: str, owner: int | None = None) -> str:
+def fix_for(path: Path, reason: str, owner: int | None = None, *, shared: bool = False) -> str:
     """The commands that make ``path`` trusted, for a ``reason`` from :func:`problem`
-    (``owner``: the path's uid, named in the fix for a read-only cache's owner)."""
+    (``owner``: the path's uid, named in the fix for a read-only cache's owner;
+    ``shared``: the path is a sticky directory such as /tmp, whose mode must stay)."""
     private = "or point MLLM_KERNEL_CACHE_DIR at a directory only you can write"
     if TRUSTED_OWNERS_VARIABLE in reason and owner is not None:
         return (
@@ -179,6 +180,11 @@ def fix_for(path: Path, reason: str, owner: int | None = None) -> str:
         )
     if reason.startswith("is owned by"):
         return f"remove it (rm -rf {path}) or take it over (chown -R $USER {path}), {private}"
+    if reason.startswith("is writable") and shared:
+        return (
+            f"leave {path} as it is (a directory every user shares, sticky as /tmp is) and "
+            f"keep the cache in a directory of your own inside it (mkdir -m 700 {path}/$USER)"
+        )
     if reason.startswith("is writable"):
         return f"chmod -R go-w {path}, {private}"
     return f"remove it (rm {path}), {private}"
@@ -188,7 +194,7 @@ def explain(path: Path, info: os.stat_result, reason: str) -> str:
     """One sentence for a WARNING or an error: path, what is wrong, owner, mode, fix."""
     return (
         f"{path} {reason} ({describe(info)}): another local user could have written it. "
-        f"Fix: {fix_for(path, reason, info.st_uid)}"
+        f"Fix: {fix_for(path, reason, info.st_uid, shared=bool(info.st_mode & stat.S_ISVTX))}"
     )
 
 
