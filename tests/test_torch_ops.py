@@ -237,6 +237,41 @@ def test_compile_through_aot_autograd_functionalizes_and_matches_eager():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _strided_out_calls():
+    """(name, fn(buf) -> buf): an op writing a non-contiguous view of ``buf`` [4, 64]
+    through out= (which Dynamo cannot trace: a graph break, the op run eagerly)."""
+    torch.manual_seed(1)
+    x, w, gate = torch.randn(4, 32), torch.randn(32), torch.randn(4, 64)
+    return [
+        ("add_constant", lambda buf: cpu.add_constant(x, 4, out=buf[:, ::2])),
+        ("add_constant_runtime", lambda buf: cpu.add_constant_runtime(x, 0.5, out=buf[:, 32:])),
+        ("rmsnorm", lambda buf: cpu.rmsnorm(x, w, 1e-6, out=buf[:, 32:])),
+        ("silu_and_mul", lambda buf: cpu.silu_and_mul(gate, out=buf[:, 32:])),
+        ("softmax", lambda buf: cpu.softmax(x.t(), 0, out=buf[:, :32].t())),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "call"), _strided_out_calls(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_compile_with_a_strided_out_buffer_runs_it_eagerly_and_matches(name, call):
+    """Not fullgraph: the out= call breaks the graph and runs eagerly. Its registered
+    kernel must not be traced again (it routed back to the op under tracing, which broke
+    the graph again: RecursionError)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    def written(buf):
+        call(buf)
+        return buf * 1.0
+
+    expected = written(torch.zeros(4, 64))
+    got = torch.compile(written, backend="eager")(torch.zeros(4, 64))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert expected.count_nonzero() > 0
+
+
 # --------------------------------------------------------------------------- DLPack inputs
 def test_cpu_ops_take_numpy_arrays_and_return_torch_tensors():
     rng = np.random.default_rng(0)

@@ -133,6 +133,12 @@ class TorchOp:
         # (torch refuses one), so it refuses a required grad here, before detaching.
         mutable = self.mutable
 
+        # The kernels are never traced by Dynamo (torch.compiler.disable): where a compiled
+        # function runs the op eagerly (a graph break, such as an out= buffer that is not
+        # contiguous), Dynamo would trace the kernel's frame, the Python op there would
+        # route back to this op (it does so under tracing), break the graph again, and so
+        # on until RecursionError.
+        @torch.compiler.disable
         def run(*args: Any, **kwargs: Any) -> Any:
             if mutable:
                 refuse_grad(self.name, *_tensors(args), *_tensors(kwargs.values()))
@@ -141,6 +147,7 @@ class TorchOp:
         _library.impl(self.name, run, key)
         if self.out is not None:
 
+            @torch.compiler.disable
             def write_out(*args: Any, **kwargs: Any) -> None:
                 self._refuse_out_grad(*args, *kwargs.values())
                 fn(*_detached(args), **_detached(kwargs))
