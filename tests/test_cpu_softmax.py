@@ -107,6 +107,26 @@ def test_softmax_writes_into_out(dim):
     torch.testing.assert_close(in_place.double(), reference(x, dim), **TOL[torch.float32])
 
 
+def tiny_temperature_reference(x: torch.Tensor, temperature: float, dim: int = -1):
+    """softmax(x / t) in float64 as (x - max) / t: finite for any t > 0, where x / t
+    itself overflows (the limit: the maxima share 1, ties alike)."""
+    x = x.double()
+    return torch.softmax((x - x.amax(dim, keepdim=True)) / temperature, dim)
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 2e-39, 1e-45, 5e-324])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_tiny_temperature_is_the_limit_not_nan(dtype, temperature):
+    """Below t = 1 / FLT_MAX the float scale 1 / t overflowed: the max's term was
+    0 * inf = NaN and every output NaN."""
+    x = torch.tensor([[1.0, 2.0, 3.0], [3.0, 3.0, -1.0], [0.5, 0.5 + 2**-20, 0.0]], dtype=dtype)
+    x = torch.cat([x, randn(5, 3, dtype=dtype)])
+    for got, dim in ((softmax(x, -1, temperature), -1), (softmax(x.t(), 0, temperature).t(), -1)):
+        torch.testing.assert_close(
+            got.double(), tiny_temperature_reference(x, temperature, dim), **TOL[dtype]
+        )
+
+
 @pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf"), float("nan")])
 def test_softmax_temperature_must_be_finite_and_positive(temperature):
     with pytest.raises(ValueError, match=r"argument 'temperature': expected a finite value > 0"):

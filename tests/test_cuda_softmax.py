@@ -201,6 +201,20 @@ def test_softmax_temperature_and_masking(dtype, hidden):
     _close(softmax(x, temperature=0.7), ref)
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 2e-39, 1e-45, 5e-324])
+@pytest.mark.parametrize("hidden", [9, 4096, 65536])
+def test_softmax_tiny_temperature_is_the_limit_not_nan(hidden, temperature):
+    """The scale log2(e) / t overflowed float below t = 4.2e-39: the max's term was
+    0 * inf = NaN (the CPU kernel's test has the reference's derivation)."""
+    from mllm_kernel.cuda.jit import softmax
+
+    x = (4 * torch.randn(3, hidden, device="cuda")).float()
+    x[1, :2] = x[1].max() + 1  # a tie at the max
+    xd = x.double()
+    ref = torch.softmax((xd - xd.amax(-1, keepdim=True)) / temperature, -1)
+    _close(softmax(x, temperature=temperature), ref)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_layouts(dtype):
     from mllm_kernel.cuda.jit import softmax

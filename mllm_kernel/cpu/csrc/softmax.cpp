@@ -2,6 +2,7 @@
 // requested dim last, so that dim may have any stride). Three passes over a row, in
 // float32: the max; exp((x - max) / temperature) into a per-thread buffer (a contiguous
 // float32 row: into `out`), summed; the scaled store.
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -89,8 +90,11 @@ inline void softmax(TensorView out, TensorView x, double temperature, int64_t nu
   verify_output(out, "out", {{x, "x", Aliasing::kSameView}});
   ValueCheck(temperature > 0.0 && std::isfinite(temperature),
              "argument 'temperature': expected a finite value > 0, got ", temperature);
-  // max(x / t) = max(x) / t for t > 0, so the max pass reads x unscaled.
-  const float scale = static_cast<float>(1.0 / temperature);
+  // max(x / t) = max(x) / t for t > 0, so the max pass reads x unscaled. Below
+  // t = 1 / FLT_MAX the scale would be inf and the max's (x - max) * scale = 0 * inf a
+  // NaN: FLT_MAX instead keeps every other factor at exp(-huge) = 0 as 1 / t would, and
+  // the few that differ by a denormal step agree with 1 / t to float precision.
+  const float scale = static_cast<float>(std::fmin(1.0 / temperature, FLT_MAX));
 
   const RowLayout x_rows(x), out_rows(out);
   const int64_t n = x_rows.cols(), xs = x_rows.col_stride(), os = out_rows.col_stride();

@@ -30,6 +30,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "mllm_kernel/cuda/cp_async.cuh"
@@ -534,7 +535,9 @@ inline void softmax_forward(TensorView out, TensorView x, double temperature) {
            .out_stride = ys.row_stride,
            .in = xs.data,
            .in_stride = xs.row_stride,
-           .scale = static_cast<float>(kLog2e / temperature)};
+           // Capped where log2(e) / t passes FLT_MAX (t < 4.2e-39): as the CPU kernel's
+           // scale, so that the max's (x - max) * scale is 0, not 0 * inf = NaN.
+           .scale = static_cast<float>(std::fmin(kLog2e / temperature, FLT_MAX))};
   const DLDevice dev = device.value();
 
   dispatch_dtype<fp32_t, fp16_t, bf16_t>(dtype.value(), "x", [&](auto tag) {
