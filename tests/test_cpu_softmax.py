@@ -140,3 +140,9 @@ def test_softmax_out_must_match_and_not_overlap():
     square = torch.randn(8, 8)
     with pytest.raises(ValueError, match=r"^argument 'out': overlaps argument 'x'"):
         softmax(square, out=square.t())
+    # Along another dim the views are moved to the last: the error names them as passed.
+    shape = r"^argument 'out': expected shape \[2, 3(, 4)?\] \(the shape of 'x'\) but got \[{}\]"
+    with pytest.raises(ValueError, match=shape.format("3, 2")):
+        softmax(torch.randn(2, 3), 0, out=torch.empty(3, 2))
+    with pytest.raises(ValueError, match=shape.format("5")):
+        softmax(torch.randn(2, 3, 4), 1, out=torch.empty(5))

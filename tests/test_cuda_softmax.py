@@ -299,6 +299,15 @@ def test_bad_inputs():
         softmax(x, out=torch.empty(4, 32, device="cuda"))
     with pytest.raises(TypeError, match="'out'"):
         softmax(x, out=torch.empty(4, 64, device="cuda", dtype=torch.float16))
+    # Another dim goes through a copy into out=: never broadcast, cast or moved there.
+    for bad, error in (
+        (torch.empty(2, 4, 64, device="cuda"), ValueError),
+        (torch.empty(4, 64, device="cuda", dtype=torch.float16), TypeError),
+        (torch.empty(4, 64), ValueError),
+        (torch.empty(64, 4, device="cuda"), ValueError),
+    ):
+        with pytest.raises(error, match=r"^argument 'out'"):
+            softmax(x, 0, out=bad)
     with pytest.raises(ValueError, match="'grad_out'"):
         softmax_backward(torch.randn(4, 32, device="cuda"), x)
     with pytest.raises(TypeError, match="'grad_out'"):

@@ -25,7 +25,9 @@ def softmax(x, dim, temperature, out):
     if dim != -1:
         dim = op_inputs.dim(dim, x.dim())
     out = torch.empty_like(x) if out is None else out
-    if dim in (-1, x.dim() - 1):
+    # The last dim, or an out= of another shape: the kernel's check names it as passed
+    # (moved, its shape would read swapped, or fail to move at all).
+    if dim in (-1, x.dim() - 1) or out.shape != x.shape:
         _SOFTMAX[()].softmax(out, x, t, torch.get_num_threads())
     else:  # the kernel normalises the last dim: move `dim` there (views, no copies)
         _SOFTMAX[()].softmax(out.movedim(dim, -1), x.movedim(dim, -1), t, torch.get_num_threads())

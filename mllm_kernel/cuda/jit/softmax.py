@@ -52,7 +52,12 @@ def softmax(x, dim, temperature, out):
     if dim != -1:
         dim = op_inputs.dim(dim, x.dim())
     module = _SOFTMAX[x.get_device()]
-    if dim in (-1, x.dim() - 1) and _rows_in_place(x):
+    # In place along the last dim; or an out= the copy below would take wrongly (copy_
+    # broadcasts, casts and crosses devices), which the kernel's checks refuse as passed.
+    mismatched = out is not None and (
+        out.shape != x.shape or out.dtype != x.dtype or out.device != x.device
+    )
+    if (dim in (-1, x.dim() - 1) and _rows_in_place(x)) or mismatched:
         out = torch.empty_like(x) if out is None else out
         module.softmax_forward(out, x, t)
         return out
