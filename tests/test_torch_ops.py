@@ -272,6 +272,31 @@ def test_compile_with_a_strided_out_buffer_runs_it_eagerly_and_matches(name, cal
     assert expected.count_nonzero() > 0
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda t: cpu.add_constant_runtime(t, True), "'constant': expected a number but got bool"),
+        (lambda t: cpu.add_constant(t, True), "'constant': expected an int but got bool"),
+        (lambda t: cpu.softmax(t, True), "'dim': expected an int but got bool"),
+        (lambda t: cpu.rmsnorm(t, torch.ones(2), True), "'eps': expected a number but got bool"),
+    ],
+    ids=["add_constant_runtime", "add_constant", "softmax", "rmsnorm"],
+)
+def test_a_bool_for_a_number_is_refused_when_traced_as_when_eager(call, message):
+    """torch's schema would take True as 1 / 1.0: the traced call refuses it as the eager
+    one does (make_fx, and torch.compile, which runs the refused call eagerly)."""
+    import torch._dynamo
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match=message):
+        call(torch.zeros(2, 2))
+    with pytest.raises(TypeError, match=message):
+        make_fx(call)(torch.zeros(2, 2))
+    with pytest.raises(TypeError, match=message):
+        torch.compile(call, backend="eager")(torch.zeros(2, 2))
+
+
 # --------------------------------------------------------------------------- DLPack inputs
 def test_cpu_ops_take_numpy_arrays_and_return_torch_tensors():
     rng = np.random.default_rng(0)

@@ -294,6 +294,20 @@ def _conversion(op: Op, name: str, annotation: Any) -> tuple[str, dict[str, Any]
     )
 
 
+def _bool_refusal(op: Op, name: str, annotation: Any) -> str | None:
+    """For argument ``name`` if it is an int or a float (or either | None), and not one
+    torch may pass a symbol for: the call of its converter, in the generated code, which
+    refuses a bool (the eager call's refusal); else None."""
+    if name in op.symbolic:
+        return None
+    for kind in (int, float):
+        if annotation is kind or _is_optional(annotation, kind):
+            if name in op.convert:
+                return f"_convert_{name}({name})"
+            return f"{_SCALARS[kind][1]}({name}, {name!r})"
+    return None
+
+
 def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
     """The eager function of ``op`` on ``device`` around ``kernel`` (module docstring)."""
     params = op.signature.parameters
@@ -353,6 +367,14 @@ def _generate(op: Op, device: str, kernel: Callable[..., Any]) -> Callable[..., 
     lines.append(
         "    if _tracing() or _dispatch_modes() or _functorch() or _jit_tracing() is not None:"
     )
+    # torch's schema takes a bool for an int or a float (as 1 or 1.0), where the eager
+    # call refuses it: the traced call refuses it too, through the argument's converter.
+    for name in names:
+        refusal = _bool_refusal(op, name, params[name].annotation)
+        if refusal is not None:
+            if name in op.convert:
+                namespace[f"_convert_{name}"] = op.convert[name]
+            lines.append(f"        if type({name}) is bool: {refusal}")
     lines.append(f"        return _op({traced_args})")
     for name in names:
         line, extra = _conversion(op, name, params[name].annotation)
