@@ -271,8 +271,26 @@ def test_overlapping_views_are_refused(mod, views):
         (lambda: torch.empty(4, 5).t(), False),
         (lambda: torch.empty(2, 3, 4).permute(2, 0, 1), False),
         (lambda: torch.empty(6, 1, 4)[:, :, ::2], False),
+        # 18 dims of size 2, the last two both of stride 1 (past the 16 once looked at).
+        (
+            lambda: torch.empty(2**17 + 8).as_strided(
+                [2] * 18, [2**i for i in range(16, 0, -1)] + [1, 1]
+            ),
+            True,
+        ),
+        (lambda: torch.empty(2**18).view([2] * 18).permute(*range(17, -1, -1)), False),
     ],
-    ids=["diagonal", "unfold", "rows-overlap", "rows-touch", "transposed", "permuted", "every-2nd"],
+    ids=[
+        "diagonal",
+        "unfold",
+        "rows-overlap",
+        "rows-touch",
+        "transposed",
+        "permuted",
+        "every-2nd",
+        "18-dims-overlap",
+        "18-dims",
+    ],
 )
 def test_an_output_whose_elements_share_memory_is_refused(mod, make, overlaps):
     out = make()

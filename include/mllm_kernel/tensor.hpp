@@ -32,6 +32,7 @@
 #include <numeric>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "mllm_kernel/utils.hpp"
 
@@ -495,15 +496,22 @@ inline Footprint footprint(const TensorView& t) {
 /// unfold views): ordered by stride, each dim of size > 1 must step past all the
 /// elements of the dims below it.
 inline bool overlaps_itself(const TensorView& t) {
-  std::array<std::pair<int64_t, int64_t>, 16> dims{};  // (|stride|, size), sizes > 1
+  // (|stride|, size) of the dims of size > 1: on the stack up to 16 dims (every call's
+  // output is checked: no allocation on the hot path), on the heap past that.
+  constexpr int kOnStack = 16;
+  std::array<std::pair<int64_t, int64_t>, kOnStack> on_stack{};
+  std::vector<std::pair<int64_t, int64_t>> on_heap;
+  std::pair<int64_t, int64_t>* dims = on_stack.data();
+  if (t.ndim() > kOnStack) {
+    on_heap.resize(static_cast<size_t>(t.ndim()));
+    dims = on_heap.data();
+  }
   int count = 0;
   for (int i = 0; i < t.ndim(); ++i) {
     if (t.size(i) == 0) return false;
-    if (t.size(i) > 1 && count < static_cast<int>(dims.size())) {
-      dims[count++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), t.size(i)};
-    }
+    if (t.size(i) > 1) dims[count++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), t.size(i)};
   }
-  std::sort(dims.begin(), dims.begin() + count);
+  std::sort(dims, dims + count);
   int64_t reach = 0;  // the farthest element of the dims so far, in elements
   for (int i = 0; i < count; ++i) {
     if (dims[i].first <= reach) return true;
