@@ -188,6 +188,34 @@ def test_a_str_where_the_loaders_take_a_list_is_refused(ok_source, monkeypatch, 
 
 
 @pytest.mark.parametrize(
+    ("load", "arg"), _LOADER_LISTS, ids=[f"{f.__name__}-{a}" for f, a in _LOADER_LISTS]
+)
+def test_an_item_of_another_type_in_a_loader_list_is_refused(ok_source, monkeypatch, load, arg):
+    """Before: a bare TypeError from inside subprocess (a flag that is an int) or a str()
+    of whatever was given."""
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0a")
+    wrappers = "cuda_wrappers" if arg == "cuda_files" else "cpp_wrappers"
+    kwargs = {"cpp_files": [ok_source], wrappers: [("f", "ok::f<1>")]}
+    kind = "a str or a path" if arg.endswith(("_files", "_paths")) else "a str"
+    good = ok_source if arg.endswith(("_files", "_paths")) else "-O2"
+    with pytest.raises(TypeError, match=rf"^{arg}: each item must be {kind}, but got 3 \(int\)"):
+        load("listed", **{**kwargs, arg: [good, 3]})
+
+
+@pytest.mark.parametrize("load", [load_cpu_jit, load_cuda_jit], ids=lambda f: f.__name__)
+def test_wrappers_must_be_two_str_and_a_module_needs_a_source(ok_source, monkeypatch, load):
+    monkeypatch.setenv("MLLM_KERNEL_CUDA_ARCH_LIST", "9.0a")
+    for bad in (("f", 5), ("f", None), (b"f", "ok::f<1>")):
+        with pytest.raises(TypeError, match=r"^each of cpp_wrappers must be .*two str, got"):
+            load("wrapped", cpp_files=[ok_source], cpp_wrappers=[bad])
+    for sources in (None, []):
+        with pytest.raises(
+            ValueError, match=r"cpp_files.*: no source file given for module 'bare'"
+        ):
+            load("bare", cpp_files=sources, cpp_wrappers=[("f", "ok::f<1>")])
+
+
+@pytest.mark.parametrize(
     "arg",
     [
         "cpp_files",

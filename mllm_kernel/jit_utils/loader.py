@@ -105,9 +105,15 @@ def _template_args(args: Iterable[Any]) -> tuple[str, ...]:
 def _wrappers(wrappers: WrapperList, what: str) -> tuple[Wrapper, ...]:
     result = []
     for item in wrappers or ():
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise TypeError(f"each of {what} must be (export_name, cpp_expression), got {item!r}")
-        result.append(Wrapper(str(item[0]), str(item[1])))
+        if not (
+            isinstance(item, (tuple, list))
+            and len(item) == 2
+            and all(isinstance(part, str) for part in item)
+        ):
+            raise TypeError(
+                f"each of {what} must be (export_name, cpp_expression), two str, got {item!r}"
+            )
+        result.append(Wrapper(item[0], item[1]))
     return tuple(result)
 
 
@@ -115,9 +121,16 @@ def _paths(items: Iterable[str | Path] | None) -> tuple[Path, ...]:
     return tuple(Path(p).absolute() for p in items or ())
 
 
+# The list arguments that name files or directories (str or path items); the others
+# hold flags (str items).
+_PATH_LISTS = frozenset({"cpp_files", "cuda_files", "extra_include_paths"})
+
+
 def check_list(value: Any, name: str, where: str = "") -> None:
     """TypeError naming ``name`` when ``value`` is a str, bytes or path where a list of
-    them belongs: iterated, a str would give one file or flag per character.
+    them belongs (iterated, a str would give one file or flag per character), or a list
+    or tuple with an item of another type than its kind takes (paths: str or
+    os.PathLike, for the file and directory lists; flags: str).
 
     ``where`` prefixes the message (``"@jit: "``)."""
     if isinstance(value, str | bytes | os.PathLike):
@@ -126,6 +139,15 @@ def check_list(value: Any, name: str, where: str = "") -> None:
             f"{where}{name} must be a list, e.g. {name}=[{shown!r}], but got a "
             f"{type(value).__name__} (a str would be read one character at a time)"
         )
+    kinds, wanted = (
+        ((str, os.PathLike), "a str or a path") if name in _PATH_LISTS else (str, "a str")
+    )
+    for item in value if isinstance(value, list | tuple) else ():
+        if not isinstance(item, kinds):
+            raise TypeError(
+                f"{where}{name}: each item must be {wanted}, but got {item!r} "
+                f"({type(item).__name__})"
+            )
 
 
 def _check_build_directory(build_directory: str | Path | None) -> None:
@@ -226,11 +248,16 @@ def cpu_spec(
     }
     for arg, value in lists.items():
         check_list(value, arg)
+    if not cpp_files:
+        raise ValueError(
+            f"cpp_files: no source file given for module {name!r}; pass the files "
+            "that define what the wrappers call"
+        )
     return BuildSpec(
         name=name,
         device="cpu",
         template_args=_template_args(template_args),
-        cpp_files=tuple(resolve_source(p, "cpu") for p in cpp_files),
+        cpp_files=tuple(resolve_source(p, "cpu") for p in cpp_files or ()),
         cpp_wrappers=_wrappers(cpp_wrappers, "cpp_wrappers"),
         cxx_flags=(*DEFAULT_CXX_FLAGS, *DEFAULT_CPU_OPENMP_FLAGS, *(extra_cxx_flags or ())),
         ldflags=(*DEFAULT_CPU_LDFLAGS, *(extra_ldflags or ())),
@@ -316,6 +343,11 @@ def cuda_spec(
     }
     for arg, value in lists.items():
         check_list(value, arg)
+    if not cpp_files and not cuda_files:
+        raise ValueError(
+            f"cpp_files, cuda_files: no source file given for module {name!r}; "
+            "pass the files that define what the wrappers call"
+        )
     return BuildSpec(
         name=name,
         device="cuda",
