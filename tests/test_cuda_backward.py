@@ -174,8 +174,13 @@ def test_rmsnorm_backward_empty():
     empty = torch.empty(0, 16, device="cuda")
     _, grad_weight = rmsnorm_backward(empty, empty, weight)
     assert torch.equal(grad_weight, torch.zeros(16, device="cuda"))  # overwritten with zeros
-    zero_width = torch.empty(3, 0, device="cuda")
-    rmsnorm_backward(zero_width, zero_width, torch.empty(0, device="cuda"))
+    # Zero width, up to many rows (the workspace is sized from the rows, not numel / 0).
+    for rows in (3, 16, 1000):
+        zero_width = torch.empty(rows, 0, device="cuda")
+        grad_input, grad_weight = rmsnorm_backward(
+            zero_width, zero_width, torch.empty(0, device="cuda")
+        )
+        assert grad_input.shape == (rows, 0) and grad_weight.shape == (0,)
 
 
 @pytest.mark.cuda

@@ -408,6 +408,14 @@ def test_gemm_bad_inputs(gemm_path):
             ValueError,
             "argument 'out'",
         ),
+        # A 1-D out: the C++ check names it (the sm_80 path sized its workspace from out's
+        # shape first: IndexError).
+        (
+            (a, b),
+            {"out": torch.empty(16 * 72, device="cuda", dtype=torch.bfloat16)},
+            ValueError,
+            "argument 'out'",
+        ),
         # out_dtype defaults to the input dtype, whatever out's dtype: say float32 to get it.
         ((a, b), {"out": torch.empty(16, 72, device="cuda")}, TypeError, "argument 'out'"),
         (

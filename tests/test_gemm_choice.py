@@ -81,6 +81,14 @@ def test_deep_ring_choice(m, n, k, element_bytes, expected):
     assert str(choose_tile(m, n, k, SMS, element_bytes)) == expected
 
 
+@pytest.mark.parametrize("element_bytes", [BF16, INT8])
+@pytest.mark.parametrize("m", [0, 1, 128, 129, 300, 4096])
+def test_an_empty_output_has_a_choice(m, element_bytes):
+    """N = 0 (an empty [M, 0] output, which the kernel returns at once): a tile, not a
+    ZeroDivisionError in the wave efficiency past 128 tokens."""
+    assert choose_tile(m, 0, 64, 132, element_bytes).tile in TILES
+
+
 def test_deep_ring_needs_one_wave():
     """The same shape on fewer SMs than its tiles keeps the 6-stage tile."""
     assert str(choose_tile(64, 8192, 4096, 114, BF16)) == "swap-64x64"

@@ -167,6 +167,8 @@ def choose_tile(
         # Clusters of `multicast` CTAs walk the tiles; the last round may run part-full.
         units = _ceil_div(_ceil_div(m, tile.tile_m), tile.multicast) * _ceil_div(n, tile.tile_n)
         slots = num_sms // tile.multicast
+        if units == 0:  # N = 0: an empty output, nothing runs
+            return 1.0
         return units / (_ceil_div(units, slots) * slots)
 
     # 128 x 128 tiles ran 1-22% slower than 128 x 256 where both filled their rounds

@@ -174,7 +174,9 @@ def bind_gemm(choice: Sm80Choice, index: int, dtype: torch.dtype) -> Callable[..
     split = choice.split
 
     def launch(out, a, b, bias, out_dtype):
-        workspace = _workspace(choice, out.shape[0], out.shape[1], a.device)
+        # Sized from the operands (2-D: the op checked their ranks), so that an out of
+        # another rank meets the C++ check, which names it.
+        workspace = _workspace(choice, a.shape[0], b.shape[0], a.device)
         kernel(out, a, b, bias, out_dtype, split, workspace)
 
     return launch
@@ -204,7 +206,7 @@ def bind_int8_scaled_mm(choice: Sm80Choice, index: int) -> Callable[..., None]:
     split = choice.split
 
     def launch(out, mat_a, mat_b, scales_a, scales_b, bias):
-        workspace = _workspace(choice, out.shape[0], out.shape[1], mat_a.device)
+        workspace = _workspace(choice, mat_a.shape[0], mat_b.shape[1], mat_a.device)
         kernel(out, mat_a, mat_b, scales_a, scales_b, bias, split, workspace)
 
     return launch

@@ -3,6 +3,8 @@ the residual add (in place), gated by silu(z), and the backward."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mllm_kernel.jit_utils.kernel_module import KernelModule
@@ -73,7 +75,8 @@ def rmsnorm_backward(grad_output, input, weight, eps):
     """
     module = _RMSNORM[input.get_device()]
     hidden = input.shape[-1] if input.dim() else 0
-    rows = input.numel() // hidden if hidden else 0
+    # The rows are the leading dims' product, also where hidden is 0 (numel is then 0).
+    rows = math.prod(input.shape[:-1]) if input.dim() else 0
     workspace = torch.empty(
         (module.rmsnorm_backward_workspace_rows(rows), hidden),
         dtype=torch.float32,
