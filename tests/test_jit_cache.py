@@ -105,6 +105,17 @@ def _probe(env, kernel, k=3, **kwargs) -> subprocess.CompletedProcess:
     )
 
 
+def _start_probe(env, kernel, k, **popen) -> subprocess.Popen:
+    """The probe as a running child (its output piped), for a test that acts meanwhile."""
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(kernel), str(k)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )
+
+
 def _module_dirs(env) -> list[Path]:
     root = Path(env["MLLM_KERNEL_CACHE_DIR"])
     return [p for p in root.iterdir() if not p.name.startswith(".")]
@@ -184,14 +195,7 @@ def test_four_processes_build_a_cold_module_once(kernel, spy):
 
 
 def test_sigkill_mid_build_leaves_nothing_loadable(kernel, spy):
-    slow = {**spy, "SPY_SLEEP": "60"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PROBE, str(kernel), "9"],
-        env=slow,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc = _start_probe({**spy, "SPY_SLEEP": "60"}, kernel, 9, start_new_session=True)
     deadline = time.monotonic() + 60
     while not _builds(spy) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -211,14 +215,7 @@ def test_sigkill_mid_build_leaves_nothing_loadable(kernel, spy):
 def test_a_header_edited_while_compiling_is_built_again_on_the_next_load(kernel, spy):
     """The compiler reads helper.h, then the user saves an edit before the build ends:
     the module holds the old header, so the next load must not take it as current."""
-    paused = {**spy, "SPY_SLEEP_AFTER": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PROBE, str(kernel), "3"],
-        env=paused,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_probe({**spy, "SPY_SLEEP_AFTER": "1"}, kernel, 3, text=True)
     done = Path(spy["SPY_LOG"] + ".done")
     deadline = time.monotonic() + 120
     while not (done.is_file() and " -c " in done.read_text()) and time.monotonic() < deadline:
