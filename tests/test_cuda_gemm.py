@@ -161,15 +161,18 @@ def test_every_tile_and_split(config):
 
 
 @needs_hopper
-@pytest.mark.parametrize("name", ["swap-64x64-deep", "swap-128x64-deep"])
-@pytest.mark.parametrize("k", [72, 760, 8200], ids=["under-the-ring", "one-wrap", "many-wraps"])
-def test_deep_ring_tiles_on_every_k_length(name, k):
-    """The deep-ring tiles with fewer k-blocks than stages, about one ring, and a ring
-    that wraps many times (each with a K tail), on one and two tile-rows with a row
-    tail, into poisoned outputs."""
+@pytest.mark.parametrize("name", [t.name for t in gemm_module.TILES if t.name.endswith("-deep")])
+@pytest.mark.parametrize(
+    "blocks", [1, "ring", 128], ids=["under-the-ring", "one-wrap", "many-wraps"]
+)
+def test_deep_ring_tiles_on_every_k_length(name, blocks):
+    """The deep-ring tiles with fewer k-blocks (64 k) than stages, one more than the
+    ring, and a ring that wraps many times (each with a K tail of 8), on one and two
+    tile-rows with a row tail, into poisoned outputs."""
     from mllm_kernel.cuda.jit.gemm import TileChoice, _launch
 
     deep = gemm_module._BY_NAME[name]
+    k = 64 * (deep.stages if blocks == "ring" else blocks) + 8
     for m in (deep.tile_q // 2 + 1, deep.tile_q + 3):
         a, b = _operands(m, 4104, k, torch.bfloat16)
         out = torch.full((m, 4104), float("nan"), device="cuda", dtype=torch.bfloat16)

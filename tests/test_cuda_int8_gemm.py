@@ -94,17 +94,14 @@ def test_per_token_quant_scale_dtype_must_be_fp32():
 
 def test_int8_tiles_split_k_later():
     """int8 k-blocks hold 128 columns and a split of K needs 32 of them per CTA (the
-    bf16 kernel: 8 of 64 columns), so decode shapes with K = 4096 run unsplit in int8
-    and K = 14336 splits in two, as measured fastest on an H100. (From 33 tokens, where
-    one wave holds the unsplit grid, the deep-ring tile runs unsplit instead.)"""
-    # M = 1, N = 4096: 64 tiles of 64 weight rows, so up to 2 CTAs per tile fit 132 SMs.
-    assert choose_tile(1, 4096, 4096).split == 2  # bf16: 64 k-blocks
-    assert choose_tile(1, 4096, 4096, element_bytes=1).split == 1  # int8: 32
-    assert choose_tile(16, 4096, 14336, element_bytes=1).split == 2  # int8: 112
-    assert choose_tile(32, 4096, 8192, element_bytes=1).split == 2  # int8: 64
-    assert choose_tile(32, 4096, 8064, element_bytes=1).split == 1  # int8: 63
-    deep = choose_tile(64, 4096, 8192, element_bytes=1)
-    assert (deep.tile.name, deep.split) == ("swap-64x64-deep", 1)
+    bf16 kernel: 8 of 64 columns), so int8 splits K later than bf16, as measured
+    fastest on an H100. Seen at N = 1024 (16 tiles of 64 weight rows: up to 8 CTAs a
+    tile fit 132 SMs), where splits past 2 remain; a split of 2 or none gives way to
+    the deep-ring tile unsplit (test_gemm_choice)."""
+    assert str(choose_tile(1, 1024, 4096)) == "swap-16x64, split-K 8"  # bf16: 64 k-blocks
+    assert str(choose_tile(1, 1024, 16384, element_bytes=1)) == "swap-16x64, split-K 4"  # 128
+    assert str(choose_tile(1, 1024, 16256, element_bytes=1)) == "swap-16x64-deep"  # int8: 127
+    assert str(choose_tile(1, 1024, 4096, element_bytes=1)) == "swap-16x64-deep"  # int8: 32
     assert choose_tile(4096, 4096, 4096, element_bytes=1) == choose_tile(4096, 4096, 4096)
 
 
@@ -176,13 +173,16 @@ def test_int8_every_tile_and_split(config):
 
 @pytest.mark.cuda
 @needs_hopper
-@pytest.mark.parametrize("name", ["swap-64x64-deep", "swap-128x64-deep"])
-@pytest.mark.parametrize("k", [112, 1552, 16400], ids=["under-the-ring", "one-wrap", "many-wraps"])
-def test_int8_deep_ring_tiles_on_every_k_length(name, k):
-    """The deep-ring tiles with fewer k-blocks than stages, about one ring, and a ring
-    that wraps many times (each with a K tail), on one and two tile-rows with a row
-    tail, into poisoned outputs."""
+@pytest.mark.parametrize("name", [t.name for t in TILES if t.name.endswith("-deep")])
+@pytest.mark.parametrize(
+    "blocks", [0, "ring", 128], ids=["under-the-ring", "one-wrap", "many-wraps"]
+)
+def test_int8_deep_ring_tiles_on_every_k_length(name, blocks):
+    """The deep-ring tiles with fewer k-blocks (128 k) than stages, one more than the
+    ring, and a ring that wraps many times (each with a K tail of 16), on one and two
+    tile-rows with a row tail, into poisoned outputs."""
     deep = next(t for t in TILES if t.name == name)
+    k = 128 * (deep.stages if blocks == "ring" else blocks) + 16
     n = 4112
     w, scales_b = _int8(n, k), _scales(n)
     for m in (deep.tile_q // 2 + 1, deep.tile_q + 3):

@@ -73,8 +73,16 @@ def test_measured_choice(m, n, k, element_bytes, expected):
         (100, 4096, 512, BF16, "swap-128x64-deep"),
         (128, 4096, 4096, BF16, "swap-128x64, split-K 2"),
         (128, 4096, 14336, INT8, "swap-128x64, split-K 2"),
-        # The 16- and 32-token tiles have no deeper build.
-        (32, 4096, 4096, BF16, "swap-32x64, split-K 2"),
+        # 1-32 tokens: the 16-stage rings unsplit where the 8-stage ones split K in two
+        # or not at all (H100, bench_gemm_stages.py --m 16,32, session 28).
+        (32, 4096, 4096, BF16, "swap-32x64-deep"),
+        (32, 4096, 14336, INT8, "swap-32x64-deep"),
+        (16, 4096, 4096, BF16, "swap-16x64-deep"),
+        (16, 4096, 14336, INT8, "swap-16x64-deep"),
+        (1, 6144, 4096, BF16, "swap-16x64-deep"),
+        (16, 14336, 4096, BF16, "swap-16x64"),  # 224 tiles: more than a wave
+        (32, 28672, 8192, INT8, "swap-32x64"),
+        (1, 1024, 4096, BF16, "swap-16x64, split-K 8"),  # past a split of 2
     ],
 )
 def test_deep_ring_choice(m, n, k, element_bytes, expected):

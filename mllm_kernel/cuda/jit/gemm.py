@@ -97,12 +97,15 @@ TILES = (
     # is empty or the tiles are too few to fill the SMs: K is split over a cluster then
     # (choose_tile's mid-M rules; a split of 4 ran slower than 2 at every mid-M shape).
     TileConfig("128x128", swap_ab=False, consumers=2, tile_q=128, stages=6, max_split=2),
+    # Each swapped tile is followed by its deep-ring twin, taken unsplit where the grid
+    # is at most one wave (choose_tile's _deep_ring rule): 16 stages for 16 and 32
+    # tokens (160 and 192 KB in flight: one CTA an SM), 12 for 64 (192 KB), 8 for 128
+    # (192 KB).
     TileConfig("swap-16x64", swap_ab=True, consumers=1, tile_q=16, stages=8, max_split=8),
+    TileConfig("swap-16x64-deep", swap_ab=True, consumers=1, tile_q=16, stages=16),
     TileConfig("swap-32x64", swap_ab=True, consumers=1, tile_q=32, stages=8, max_split=8),
+    TileConfig("swap-32x64-deep", swap_ab=True, consumers=1, tile_q=32, stages=16),
     TileConfig("swap-64x64", swap_ab=True, consumers=1, tile_q=64, stages=6, max_split=4),
-    # The 64-token tile with twice the ring (192 KB in flight: one CTA an SM), unsplit,
-    # where the grid is at most one wave (choose_tile's _deep_ring rule; the 128-token
-    # one's below with 8 stages, also 192 KB).
     TileConfig("swap-64x64-deep", swap_ab=True, consumers=1, tile_q=64, stages=12),
     TileConfig("swap-128x64", swap_ab=True, consumers=1, tile_q=128, stages=6, max_split=2),
     TileConfig("swap-128x64-deep", swap_ab=True, consumers=1, tile_q=128, stages=8),
@@ -201,7 +204,12 @@ def _swapped(
 
 # Swapped tiles -> (the same tile with a deeper ring, the largest split of the shallow
 # tile that the deep one unsplit replaces).
-_DEEPER = {"swap-64x64": ("swap-64x64-deep", 2), "swap-128x64": ("swap-128x64-deep", 1)}
+_DEEPER = {
+    "swap-16x64": ("swap-16x64-deep", 2),
+    "swap-32x64": ("swap-32x64-deep", 2),
+    "swap-64x64": ("swap-64x64-deep", 2),
+    "swap-128x64": ("swap-128x64-deep", 1),
+}
 
 
 def _deep_ring(choice: TileChoice, m: int, n: int, num_sms: int) -> TileChoice:
@@ -210,6 +218,11 @@ def _deep_ring(choice: TileChoice, m: int, n: int, num_sms: int) -> TileChoice:
     flight or more on as many SMs or half, and no split to sum. H100, bf16 / int8, us
     (benchmarks/RESULTS.md, session 27, ``bench_gemm_stages.py``):
 
+    - 16 and 32 tokens, 16 stages against 8 (session 28): N = K = 4096, 16 tokens: 14.0
+      against 15.3 (split 2) / 8.8 against 9.0 (unsplit); 32 tokens: 14.5 against 16.1
+      (split 2) / 9.6 against 9.8; N = 4096, K = 14336 (all split 2), 16 tokens: 41.2
+      against 42.3 / 23.0 against 24.1; 32 tokens: 41.8 against 43.1 / 23.4 against
+      24.9.
     - 64 tokens, 12 stages against 6: N = K = 4096: 14.8 against 16.6 (split 2) / 9.5
       against 10.4 (unsplit); N = 4096, K = 14336: 43.1 against 44.2 / 24.0 against 25.5
       (both split 2). Two tile-rows of it (int8, 128 tokens, N = K = 4096): 10.5 against
